@@ -1,0 +1,37 @@
+"""`create_app(settings)`: the HTTP face of Kiln."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api.context import ApiContext
+from app.api.errors import install_error_handlers
+from app.api.routes import health, jobs, models
+from app.core.config import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.kiln = ApiContext.build(settings)
+        try:
+            yield
+        finally:
+            app.state.kiln.close()
+
+    app = FastAPI(
+        title="Kiln",
+        version="0.1.0",
+        summary="Batch inference: submit jobs, poll status, fetch results.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(models.router)
+    return app

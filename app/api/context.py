@@ -1,0 +1,41 @@
+"""What the API process holds: built by `create_app`, disposed at shutdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core.config import Settings
+from app.db.session import make_engine, make_session_factory
+from app.storage import ObjectStore, open_store
+from workers.celery_app import CeleryDispatcher, KilnCelery, make_celery
+
+
+@dataclass
+class ApiContext:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    store: ObjectStore
+    celery: KilnCelery
+    dispatcher: CeleryDispatcher
+
+    @classmethod
+    def build(cls, settings: Settings) -> ApiContext:
+        # Creating these objects opens no connection; the first request does.
+        engine = make_engine(settings.database_url)
+        celery = make_celery(settings)
+        return cls(
+            settings=settings,
+            engine=engine,
+            sessions=make_session_factory(engine),
+            store=open_store(settings),
+            celery=celery,
+            dispatcher=CeleryDispatcher(celery),
+        )
+
+    def close(self) -> None:
+        self.engine.dispose()
+        self.celery.close()

@@ -1,0 +1,70 @@
+"""Request dependencies as `Annotated` aliases, the one place routes get their tools from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app.api.context import ApiContext
+from app.auth import tenant_for_key
+from app.core.config import Settings
+from app.storage import ObjectStore
+
+
+def get_context(request: Request) -> ApiContext:
+    context: ApiContext = request.app.state.kiln
+    return context
+
+
+ContextDep = Annotated[ApiContext, Depends(get_context)]
+
+
+def get_session(context: ContextDep) -> Iterator[Session]:
+    with context.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_settings_dep(context: ContextDep) -> Settings:
+    return context.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+def get_store(context: ContextDep) -> ObjectStore:
+    return context.store
+
+
+StoreDep = Annotated[ObjectStore, Depends(get_store)]
+
+_bearer = HTTPBearer(auto_error=False, description="An API key from `kiln keys create`.")
+
+
+def get_tenant(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "Send an API key as 'Authorization: Bearer <key>'.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    tenant = tenant_for_key(session, credentials.credentials)
+    if tenant is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "The API key is unknown or revoked.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return tenant
+
+
+TenantDep = Annotated[str, Depends(get_tenant)]

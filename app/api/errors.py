@@ -1,0 +1,65 @@
+"""Every error leaves the API as a status code and one sentence, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from app.core.errors import (
+    ConflictError,
+    InputError,
+    KilnError,
+    NotFoundError,
+    TransientError,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RequestTooLargeError(InputError):
+    """The body or one file is over the configured limit."""
+
+
+_STATUS: list[tuple[type[KilnError], int]] = [
+    (RequestTooLargeError, status.HTTP_413_CONTENT_TOO_LARGE),
+    (NotFoundError, status.HTTP_404_NOT_FOUND),
+    (ConflictError, status.HTTP_409_CONFLICT),
+    (InputError, status.HTTP_422_UNPROCESSABLE_CONTENT),
+    (TransientError, status.HTTP_503_SERVICE_UNAVAILABLE),
+]
+
+
+def validation_sentence(errors: Sequence[Any]) -> str:
+    parts = []
+    for error in errors[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("body",))
+        parts.append(f"{where or 'body'}: {error.get('msg', 'invalid')}")
+    return "The request is not valid: " + "; ".join(parts) + "."
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(KilnError)
+    async def kiln_error(_request: Request, error: KilnError) -> JSONResponse:
+        code = next((c for kind, c in _STATUS if isinstance(error, kind)), 500)
+        headers = {"Retry-After": "5"} if code == 503 else None
+        return JSONResponse({"detail": str(error)}, status_code=code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": validation_sentence(error.errors())},
+            status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"detail": "Kiln hit an internal error; it has been logged."},
+            status_code=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )

@@ -1,0 +1,220 @@
+"""/v1/jobs: submit, inspect, page through items, download results, cancel."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+from starlette.datastructures import UploadFile
+
+from app import jobs, results
+from app.api.deps import ContextDep, SessionDep, StoreDep, TenantDep
+from app.api.errors import RequestTooLargeError, validation_sentence
+from app.api.schemas import CountsOut, ErrorOut, ItemOut, ItemsPage, JobCreate, JobOut, JobsPage
+from app.core.errors import InputError
+from app.db import queries
+from app.db.models import ItemStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)
+}
+
+
+def job_out(request: Request, session: Session, job: Any) -> JobOut:
+    report = jobs.progress(session, job)
+    c = report.counts
+    return JobOut(
+        id=job.id,
+        model=job.model,
+        status=job.status,
+        counts=CountsOut(
+            total=c.total, succeeded=c.succeeded, failed=c.failed, pending=c.pending,
+            cancelled=c.cancelled,
+        ),
+        created_at=report.created_at,
+        started_at=report.started_at,
+        finished_at=report.finished_at,
+        items_per_second=report.items_per_second,
+        results_url=str(request.url_for("get_results", job_id=job.id)),
+        error=job.error,
+    )
+
+
+@router.post(
+    "", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut, responses=ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {"schema": JobCreate.model_json_schema()},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["model", "files"],
+                        "properties": {
+                            "model": {"type": "string"},
+                            "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                            "idempotency_key": {"type": "string"},
+                            "options": {"type": "string", "description": "A JSON object."},
+                        },
+                    }
+                },
+            },
+            "required": True,
+        }
+    },
+)
+async def create_job(
+    request: Request, response: Response, context: ContextDep, tenant: TenantDep,
+    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+) -> JobOut:
+    """Submit a job: multipart uploads (`model` + `files`) or JSON (`model` + `inputs`)."""
+    job_request = await _read_request(request, context.settings, tenant, idempotency_key)
+
+    def submit() -> JobOut:
+        with context.sessions() as session:
+            submitted = jobs.submit_job(
+                session, context.store, context.dispatcher, context.settings, job_request
+            )
+            if not submitted.created:
+                response.status_code = status.HTTP_200_OK
+            return job_out(request, session, submitted.job)
+
+    out = await run_in_threadpool(submit)
+    response.headers["Location"] = str(request.url_for("get_job", job_id=out.id))
+    return out
+
+
+async def _read_request(
+    request: Request, settings: Any, tenant: str, header_key: str | None
+) -> jobs.JobRequest:
+    content_type = request.headers.get("content-type", "")
+    length = int(request.headers.get("content-length") or 0)
+    if length > settings.max_upload_bytes * settings.max_files_per_job:
+        raise RequestTooLargeError("The request is larger than Kiln accepts for one job.")
+    if content_type.startswith("multipart/form-data"):
+        return await _read_multipart(request, settings, tenant, header_key)
+    if content_type.startswith("application/json"):
+        try:
+            body = JobCreate.model_validate_json(await request.body())
+        except ValidationError as error:
+            raise InputError(validation_sentence(error.errors())) from None
+        return jobs.JobRequest(
+            tenant=tenant, model=body.model,
+            inputs=[jobs.InputRef(uri=i.uri, text=i.text) for i in body.inputs],
+            options=body.options, idempotency_key=body.idempotency_key or header_key,
+        )
+    raise InputError("Send the job as multipart/form-data (files) or application/json (inputs).")
+
+
+async def _read_multipart(
+    request: Request, settings: Any, tenant: str, header_key: str | None
+) -> jobs.JobRequest:
+    form = await request.form(max_files=settings.max_files_per_job, max_fields=20)
+    model = form.get("model")
+    if not isinstance(model, str) or not model:
+        raise InputError("The form needs a 'model' field naming the model to run.")
+    uploads = []
+    for entry in form.getlist("files"):
+        if not isinstance(entry, UploadFile):
+            raise InputError("'files' must be file uploads.")
+        data = await entry.read(settings.max_upload_bytes + 1)
+        if len(data) > settings.max_upload_bytes:
+            raise RequestTooLargeError(
+                f"{entry.filename} is larger than the {settings.max_upload_bytes:,}-byte limit."
+            )
+        uploads.append(jobs.Upload(entry.filename or "", data, entry.content_type))
+    if not uploads:
+        raise InputError("The form needs one or more 'files'.")
+    key = form.get("idempotency_key")
+    return jobs.JobRequest(
+        tenant=tenant, model=model, uploads=uploads,
+        options=_options(form.get("options")),
+        idempotency_key=key if isinstance(key, str) and key else header_key,
+    )
+
+
+def _options(raw: object) -> dict[str, Any]:
+    if raw is None or raw == "":
+        return {}
+    try:
+        options = json.loads(str(raw))
+    except json.JSONDecodeError:
+        raise InputError("'options' must be a JSON object.") from None
+    if not isinstance(options, dict):
+        raise InputError("'options' must be a JSON object.")
+    return options
+
+
+@router.get("", response_model=JobsPage, responses=ERRORS)
+def list_jobs(
+    request: Request, session: SessionDep, tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    after: Annotated[str | None, Query(max_length=36, description="`next` from the last page")] = None,
+) -> JobsPage:
+    """Your jobs, newest first."""
+    cursor = queries.tenant_job(session, tenant, after) if after else None
+    if after and cursor is None:
+        raise InputError(f"{after!r} is not a cursor from this listing.")
+    page = queries.list_jobs(session, tenant, after=cursor, limit=limit)
+    return JobsPage(
+        jobs=[job_out(request, session, job) for job in page],
+        next=page[-1].id if len(page) == limit else None,
+    )
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
+def get_job(request: Request, job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
+    return job_out(request, session, jobs.get_job(session, tenant, job_id))
+
+
+@router.get("/{job_id}/items", response_model=ItemsPage, responses=ERRORS)
+def list_items(
+    job_id: str, session: SessionDep, tenant: TenantDep,
+    status_: Annotated[ItemStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[int, Query(ge=0, description="`next` from the last page")] = 0,
+) -> ItemsPage:
+    """The job's items in submission order, optionally of one status."""
+    jobs.get_job(session, tenant, job_id)
+    page = queries.list_items(session, job_id, status=status_, after=after, limit=limit)
+    return ItemsPage(
+        items=[
+            ItemOut(
+                key=i.key, status=i.status, error=i.error, attempts=i.attempts,
+                duration_ms=i.duration_ms, outputs=i.outputs,
+            )
+            for i in page
+        ],
+        next=str(page[-1].id) if len(page) == limit else None,
+    )
+
+
+@router.get(
+    "/{job_id}/results",
+    responses={**ERRORS, 200: {"content": {"application/vnd.apache.parquet": {}}}},
+    response_class=Response,
+)
+def get_results(job_id: str, session: SessionDep, store: StoreDep, tenant: TenantDep) -> Response:
+    """All results so far as one Parquet file (`key`, `status`, `error`, model outputs)."""
+    job = jobs.get_job(session, tenant, job_id)
+    table = results.combined_table(store, job_id)
+    return Response(
+        results.to_parquet(table),
+        media_type="application/vnd.apache.parquet",
+        headers={
+            "Content-Disposition": f'attachment; filename="{job_id}.parquet"',
+            "X-Kiln-Job-Status": job.status,
+        },
+    )
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=ERRORS)
+def cancel_job(request: Request, job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
+    """Cancel: pending items never run; finished results are kept."""
+    return job_out(request, session, jobs.cancel_job(session, tenant, job_id))

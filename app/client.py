@@ -1,0 +1,61 @@
+"""A small HTTP client for the Kiln API, used by the CLI's remote commands."""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.core.errors import KilnError
+
+
+class ApiError(KilnError):
+    """The API answered with an error; the message is its sentence."""
+
+
+class KilnClient:
+    def __init__(self, base_url: str, api_key: str | None, timeout: float = 60.0) -> None:
+        if not api_key:
+            raise ApiError("Set KILN_API_KEY to a key from `kiln keys create --tenant NAME`.")
+        self.http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise ApiError(f"Could not reach the Kiln API at {self.http.base_url}: {error}.") from None
+        if response.is_error:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiError(f"{detail} (HTTP {response.status_code})")
+        return response
+
+    def submit(self, files: list[Path], model: str) -> dict[str, Any]:
+        parts = [
+            ("files", (f.name, f.read_bytes(), mimetypes.guess_type(f.name)[0] or "application/octet-stream"))
+            for f in files
+        ]
+        result: dict[str, Any] = self._call("POST", "/v1/jobs", data={"model": model}, files=parts).json()
+        return result
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}").json()
+        return result
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
+        return result
+
+    def results(self, job_id: str) -> bytes:
+        return self._call("GET", f"/v1/jobs/{job_id}/results").content
+
+    def close(self) -> None:
+        self.http.close()

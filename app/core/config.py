@@ -1,0 +1,68 @@
+"""Kiln's one settings object: every knob comes from `KILN_*` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Validated configuration. Build it with `get_settings()`; nothing here connects."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    data_dir: Path = Field(Path(".kiln"), description="Where the embedded defaults keep state.")
+    database_url: str = Field("", description="SQLAlchemy URL; default SQLite under data_dir.")
+    broker_url: str = Field("", description="Celery broker; default kombu's filesystem transport.")
+    storage_url: str = Field("", description="s3://bucket/prefix or file:///path.")
+    s3_endpoint_url: str | None = Field(None, description="MinIO or another S3-compatible endpoint.")
+    s3_region: str = "us-east-1"
+
+    max_batch: int = Field(16, ge=1, le=4096)
+    max_delay_ms: float = Field(10.0, ge=0, le=60_000)
+    chunk_size: int = Field(32, ge=1, le=10_000)
+    runners: int = Field(1, ge=1, le=64, description="Engine runner threads per model.")
+    engine_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = auto.")
+    worker_concurrency: int = Field(8, ge=1, le=256, description="Task threads per worker.")
+    filesystem_polling_ms: float = Field(20.0, gt=0, description="Embedded broker poll interval.")
+
+    max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
+    max_files_per_job: int = Field(1000, ge=1)
+    max_image_pixels: int = Field(50_000_000, ge=1, description="Decompression-bomb cap.")
+    model_cache_dir: Path | None = None
+
+    api_url: str = "http://127.0.0.1:8000"
+    api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _fill_embedded_defaults(self) -> Settings:
+        data_dir = self.data_dir.expanduser().resolve()
+        self.data_dir = data_dir
+        if not self.database_url:
+            self.database_url = f"sqlite:///{data_dir / 'kiln.db'}"
+        if not self.broker_url:
+            self.broker_url = "filesystem://localhost/"
+        if not self.storage_url:
+            self.storage_url = (data_dir / "objects").as_uri()
+        if self.model_cache_dir is None:
+            self.model_cache_dir = data_dir / "models"
+        return self
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url.startswith("filesystem:")
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+    @property
+    def max_delay_s(self) -> float:
+        return self.max_delay_ms / 1000.0
+
+
+def get_settings(**overrides: object) -> Settings:
+    """Read the environment (plus explicit overrides) into a fresh `Settings`."""
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,166 @@
+"""Small query functions over jobs and items. They never commit: the caller owns the transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.db.models import (
+    OPEN_ITEM_STATUSES,
+    OPEN_JOB_STATUSES,
+    Item,
+    ItemStatus,
+    Job,
+    JobStatus,
+    utcnow,
+)
+
+
+@dataclass(frozen=True)
+class Counts:
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    pending: int = 0  # pending or running: not finished yet
+    cancelled: int = 0
+
+    @property
+    def done(self) -> int:
+        return self.succeeded + self.failed + self.cancelled
+
+
+def job_counts(session: Session, job_id: str) -> Counts:
+    """Counters derived from the items themselves, so they can never drift."""
+    rows = session.execute(
+        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
+    ).all()
+    by_status: dict[str, int] = {status: n for status, n in rows}
+    return Counts(
+        total=sum(by_status.values()),
+        succeeded=by_status.get(ItemStatus.SUCCEEDED, 0),
+        failed=by_status.get(ItemStatus.FAILED, 0),
+        pending=sum(by_status.get(s, 0) for s in OPEN_ITEM_STATUSES),
+        cancelled=by_status.get(ItemStatus.CANCELLED, 0),
+    )
+
+
+def tenant_job(session: Session, tenant: str, job_id: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.id == job_id, Job.tenant == tenant))
+
+
+def lease_items(session: Session, job_id: str, item_ids: Sequence[int]) -> list[Item]:
+    """Mark the chunk's unfinished items running and return them; finished ones are skipped."""
+    session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.id.in_(item_ids), Item.status.in_(OPEN_ITEM_STATUSES))
+        .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1, started_at=utcnow())
+    )
+    return list(
+        session.scalars(
+            select(Item)
+            .where(Item.id.in_(item_ids), Item.status == ItemStatus.RUNNING)
+            .order_by(Item.id)
+        )
+    )
+
+
+def mark_job_running(session: Session, job_id: str) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.RUNNING, started_at=utcnow())
+    )
+
+
+def upsert_results(session: Session, job_id: str, results: Sequence[dict[str, Any]]) -> None:
+    """One statement for the whole chunk, keyed by (job_id, key): a replay changes nothing.
+
+    Only a running item takes a result, so a cancelled item stays cancelled.
+    """
+    if not results:
+        return
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    rows = [{"job_id": job_id, **r} for r in results]
+    statement = insert(Item).values(rows)
+    excluded = statement.excluded
+    statement = statement.on_conflict_do_update(
+        index_elements=[Item.job_id, Item.key],
+        set_={
+            "status": excluded.status,
+            "error": excluded.error,
+            "outputs": excluded.outputs,
+            "duration_ms": excluded.duration_ms,
+            "finished_at": excluded.finished_at,
+        },
+        where=Item.status == ItemStatus.RUNNING,
+    )
+    session.execute(statement)
+
+
+def finished_items(session: Session, item_ids: Sequence[int]) -> list[Item]:
+    return list(
+        session.scalars(
+            select(Item)
+            .where(Item.id.in_(item_ids), Item.status.not_in(OPEN_ITEM_STATUSES))
+            .order_by(Item.id)
+        )
+    )
+
+
+def finish_job_if_done(session: Session, job_id: str) -> str | None:
+    """Close the job once no item is open; returns the final status if this call closed it."""
+    open_items = exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES))
+    now = utcnow()
+    for current, final in (
+        (JobStatus.CANCELLING, JobStatus.CANCELLED),
+        (JobStatus.QUEUED, JobStatus.COMPLETED),
+        (JobStatus.RUNNING, JobStatus.COMPLETED),
+    ):
+        result = session.execute(
+            update(Job)
+            .where(and_(Job.id == job_id, Job.status == current, ~open_items))
+            .values(status=final, finished_at=now, started_at=func.coalesce(Job.started_at, now))
+        )
+        if result.rowcount:  # type: ignore[attr-defined]
+            return final.value
+    return None
+
+
+def cancel_items(session: Session, job_id: str) -> int:
+    result = session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
+        .values(status=ItemStatus.CANCELLED, finished_at=utcnow(), error="The job was cancelled.")
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def list_items(
+    session: Session, job_id: str, *, status: str | None, after: int, limit: int
+) -> list[Item]:
+    query = select(Item).where(Item.job_id == job_id, Item.id > after)
+    if status:
+        query = query.where(Item.status == status)
+    return list(session.scalars(query.order_by(Item.id).limit(limit)))
+
+
+def list_jobs(session: Session, tenant: str, *, after: Job | None, limit: int) -> list[Job]:
+    """The tenant's jobs, newest first; `after` is the last job of the previous page."""
+    query = select(Job).where(Job.tenant == tenant)
+    if after is not None:
+        query = query.where(
+            or_(
+                Job.created_at < after.created_at,
+                and_(Job.created_at == after.created_at, Job.id < after.id),
+            )
+        )
+    return list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)))
+
+
+def is_open(job: Job) -> bool:
+    return job.status in OPEN_JOB_STATUSES

@@ -1,0 +1,221 @@
+"""Submitting, cancelling and reporting on jobs: plain functions shared by the API and CLI."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.catalog import get_model
+from app.core.config import Settings
+from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
+from app.db import queries
+from app.db.models import Item, Job, JobStatus, aware, utcnow
+from app.storage import ObjectStore
+from app.storage.s3 import parse_s3_uri
+
+log = logging.getLogger(__name__)
+
+INTERACTIVE_MAX_ITEMS = 256  # larger jobs go to the bulk queue so small ones are not starved
+
+
+class Dispatcher(Protocol):
+    """Sends chunk messages (ids only, never bytes) to the workers."""
+
+    def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Upload:
+    filename: str
+    data: bytes
+    content_type: str | None = None
+
+
+@dataclass(frozen=True)
+class InputRef:
+    uri: str | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    tenant: str
+    model: str
+    uploads: Sequence[Upload] = ()
+    inputs: Sequence[InputRef] = ()
+    options: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    created: bool
+
+
+def submit_job(
+    session: Session, store: ObjectStore, dispatcher: Dispatcher, settings: Settings,
+    request: JobRequest,
+) -> Submitted:
+    """Store inputs, record the job and its items in one transaction, then enqueue chunks."""
+    if request.idempotency_key:
+        existing = _by_idempotency_key(session, request.tenant, request.idempotency_key)
+        if existing is not None:
+            return Submitted(existing, created=False)
+    _check_request(session, settings, request)
+    job_id = str(uuid.uuid4())
+    items = _store_inputs(store, job_id, request)
+    job = Job(
+        id=job_id, tenant=request.tenant, model=request.model, status=JobStatus.QUEUED,
+        options=request.options or {}, idempotency_key=request.idempotency_key,
+        chunk_count=-(-len(items) // settings.chunk_size),
+    )
+    for index, item in enumerate(items):
+        item.job_id, item.chunk = job_id, index // settings.chunk_size
+    try:
+        session.add(job)
+        session.flush()
+        session.add_all(items)
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        _delete_inputs(store, job_id, request)
+        if request.idempotency_key:  # a concurrent request with the same key won the race
+            existing = _by_idempotency_key(session, request.tenant, request.idempotency_key)
+            if existing is not None:
+                return Submitted(existing, created=False)
+        raise
+    dispatch_job(session, dispatcher, job)
+    return Submitted(job, created=True)
+
+
+def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job) -> None:
+    chunks: dict[int, list[int]] = {}
+    for item_id, chunk in session.execute(
+        select(Item.id, Item.chunk).where(Item.job_id == job.id).order_by(Item.id)
+    ):
+        chunks.setdefault(chunk, []).append(item_id)
+    total = sum(len(ids) for ids in chunks.values())
+    queue = "interactive" if total <= INTERACTIVE_MAX_ITEMS else "bulk"
+    try:
+        for chunk, ids in sorted(chunks.items()):
+            dispatcher.enqueue_chunk(job.id, chunk, ids, queue)
+    except Exception as error:
+        log.exception("could not enqueue job %s", job.id)
+        job.status, job.error, job.finished_at = JobStatus.FAILED, "Kiln could not reach its queue.", utcnow()
+        session.commit()
+        raise TransientError("The job could not be queued: the broker is unreachable.") from error
+    if not chunks:  # a job with no items is complete at once
+        queries.finish_job_if_done(session, job.id)
+        session.commit()
+
+
+def _by_idempotency_key(session: Session, tenant: str, key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key))
+
+
+def _check_request(session: Session, settings: Settings, request: JobRequest) -> None:
+    try:
+        model = get_model(session, request.model)
+    except NotFoundError as error:
+        raise InputError(str(error)) from None
+    count = len(request.uploads) + len(request.inputs)
+    if count == 0:
+        raise InputError("A job needs at least one input: upload files or list inputs.")
+    if count > settings.max_files_per_job:
+        raise InputError(
+            f"A job takes at most {settings.max_files_per_job} inputs; this one has {count}."
+        )
+    for ref in request.inputs:
+        if (ref.uri is None) == (ref.text is None):
+            raise InputError('Each input needs exactly one of "uri" or "text".')
+        if ref.text is not None and model.input != "text":
+            raise InputError(f"Model {model.name!r} takes images, not text.")
+        if ref.uri is not None:
+            parse_s3_uri(ref.uri)
+    if request.uploads and model.input != "image":
+        raise InputError(f"Model {model.name!r} takes text, not files.")
+
+
+def _item_keys(request: JobRequest) -> list[str]:
+    keys = [u.filename for u in request.uploads]
+    keys += [ref.uri or f"text-{i}" for i, ref in enumerate(request.inputs)]
+    seen: set[str] = set()
+    for key in keys:
+        if not key:
+            raise InputError("Every uploaded file needs a filename.")
+        if key in seen:
+            raise InputError(f"Two inputs share the name {key!r}; names identify items.")
+        seen.add(key)
+    return keys
+
+
+def _store_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> list[Item]:
+    """Uploaded bytes go to storage before the job exists, so any worker can fetch them."""
+    keys = _item_keys(request)
+    items: list[Item] = []
+    for index, upload in enumerate(request.uploads):
+        object_key = f"jobs/{job_id}/inputs/{index:06d}"
+        store.put(object_key, upload.data, upload.content_type)
+        items.append(Item(key=keys[index], source=f"store:{object_key}"))
+    offset = len(request.uploads)
+    for index, ref in enumerate(request.inputs):
+        items.append(Item(key=keys[offset + index], source=ref.uri, text=ref.text))
+    return items
+
+
+def _delete_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> None:
+    for index in range(len(request.uploads)):
+        store.delete(f"jobs/{job_id}/inputs/{index:06d}")
+
+
+def cancel_job(session: Session, tenant: str, job_id: str) -> Job:
+    """Stop a job: pending items are cancelled now, running chunks drain, results are kept."""
+    job = get_job(session, tenant, job_id)
+    if not queries.is_open(job):
+        raise ConflictError(f"Job {job_id} is already {job.status}; only open jobs can be cancelled.")
+    job.status = JobStatus.CANCELLING
+    queries.cancel_items(session, job_id)
+    session.flush()
+    queries.finish_job_if_done(session, job_id)
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def get_job(session: Session, tenant: str, job_id: str) -> Job:
+    job = queries.tenant_job(session, tenant, job_id)
+    if job is None:
+        raise NotFoundError(f"There is no job {job_id}.")
+    return job
+
+
+@dataclass(frozen=True)
+class Progress:
+    job: Job
+    counts: queries.Counts
+    items_per_second: float | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    created_at: datetime
+
+
+def progress(session: Session, job: Job) -> Progress:
+    counts = queries.job_counts(session, job.id)
+    started, finished = aware(job.started_at), aware(job.finished_at)
+    rate = None
+    if started is not None:
+        elapsed = ((finished or utcnow()) - started).total_seconds()
+        finished_items = counts.succeeded + counts.failed
+        rate = round(finished_items / elapsed, 2) if elapsed > 0 else None
+    created = aware(job.created_at)
+    assert created is not None
+    return Progress(job, counts, rate, started, finished, created)

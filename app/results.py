@@ -1,0 +1,78 @@
+"""Results in object storage: one Parquet shard per chunk, a manifest, and their union."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from app.db.models import Item
+from app.storage import ObjectStore
+
+BASE_FIELDS = [
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("error", pa.string()),
+    pa.field("duration_ms", pa.float32()),
+]
+
+
+def results_prefix(job_id: str) -> str:
+    return f"results/{job_id}/"
+
+
+def shard_key(job_id: str, chunk: int) -> str:
+    return f"{results_prefix(job_id)}part-{chunk:06d}.parquet"
+
+
+def manifest_key(job_id: str) -> str:
+    return f"{results_prefix(job_id)}manifest.json"
+
+
+def to_parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def items_table(items: Sequence[Item], output_fields: Sequence[pa.Field]) -> pa.Table:
+    """Rows for finished items: the base columns, then the model's own output columns."""
+    names = [f.name for f in output_fields]
+    rows: list[dict[str, Any]] = []
+    for item in items:
+        outputs = item.outputs or {}
+        row = {"key": item.key, "status": item.status, "error": item.error}
+        row["duration_ms"] = item.duration_ms
+        row.update({name: outputs.get(name) for name in names})
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=pa.schema([*BASE_FIELDS, *output_fields]))
+
+
+def write_shard(
+    store: ObjectStore, job_id: str, chunk: int, items: Sequence[Item],
+    output_fields: Sequence[pa.Field],
+) -> str:
+    """Write (or overwrite, on redelivery) the chunk's shard; returns its key."""
+    key = shard_key(job_id, chunk)
+    store.put(key, to_parquet(items_table(items, output_fields)), "application/vnd.apache.parquet")
+    return key
+
+
+def shard_keys(store: ObjectStore, job_id: str) -> list[str]:
+    return sorted(k for k in store.list(results_prefix(job_id)) if k.endswith(".parquet"))
+
+
+def combined_table(store: ObjectStore, job_id: str) -> pa.Table:
+    tables = [pq.read_table(io.BytesIO(store.get(key))) for key in shard_keys(store, job_id)]
+    if not tables:
+        return pa.schema(BASE_FIELDS).empty_table()
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def write_manifest(store: ObjectStore, job_id: str, manifest: dict[str, Any]) -> None:
+    manifest = {**manifest, "shards": shard_keys(store, job_id)}
+    store.put(manifest_key(job_id), json.dumps(manifest, indent=2).encode(), "application/json")

@@ -1,0 +1,54 @@
+"""The `ObjectStore` protocol and the URL-based factory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from app.core.config import Settings
+
+
+class ObjectStore(Protocol):
+    """Keys are `/`-separated paths relative to the store's root."""
+
+    def put(self, key: str, data: bytes, content_type: str | None = None) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> Iterator[str]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def ping(self) -> None:
+        """Raise if the store cannot be reached."""
+
+    def describe(self, key: str) -> str:
+        """A URL a human can use to find `key` (s3://… or file://…)."""
+
+
+def check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{key!r} is not a valid object key.")
+    return key
+
+
+def open_store(settings: Settings) -> ObjectStore:
+    """Open the store named by `KILN_STORAGE_URL`."""
+    url = settings.storage_url
+    scheme = urlparse(url).scheme
+    if scheme == "file":
+        from app.storage.local import LocalStore
+
+        return LocalStore.from_url(url)
+    if scheme == "s3":
+        from app.storage.s3 import S3Store, make_s3_client
+
+        return S3Store.from_url(url, make_s3_client(settings))
+    raise ValueError(
+        f"KILN_STORAGE_URL must start with s3:// or file://, not {url!r}."
+    )

@@ -1,0 +1,62 @@
+"""A folder as an object store: the embedded default, and what tests compare S3 against."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from app.core.errors import NotFoundError
+from app.storage.base import check_key
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    @classmethod
+    def from_url(cls, url: str) -> LocalStore:
+        return cls(Path(unquote(urlparse(url).path)))
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def put(self, key: str, data: bytes, content_type: str | None = None) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write then rename, so a reader never sees half an object.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        Path(tmp).replace(path)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise NotFoundError(f"No object at {self.describe(key)}.") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[str]:
+        if not self.root.is_dir():
+            return
+        for path in sorted(self.root.rglob("*")):
+            if path.is_file() and not path.name.startswith(".tmp-"):
+                key = path.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    yield key
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def ping(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.root, os.W_OK):
+            raise OSError(f"{self.root} is not writable.")
+
+    def describe(self, key: str) -> str:
+        return self._path(key).as_uri()

@@ -1,0 +1,110 @@
+"""S3 (or any S3-compatible endpoint) as an object store, through boto3."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from app.core.errors import InputError, NotFoundError, TransientError
+from app.storage.base import check_key
+
+if TYPE_CHECKING:
+    from app.core.config import Settings
+
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+_DENIED = {"AccessDenied", "403", "NoSuchBucket", "AllAccessDisabled"}
+
+
+def make_s3_client(settings: Settings) -> Any:
+    """A client with adaptive retries: throttling and 5xx back off inside botocore."""
+    config = Config(retries={"max_attempts": 8, "mode": "adaptive"}, max_pool_connections=32)
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        config=config,
+    )
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise InputError(f"{uri!r} is not an S3 URI like s3://bucket/key.")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def translate(error: Exception, where: str) -> Exception:
+    """Map boto errors onto Kiln's taxonomy, with a sentence naming the object."""
+    if isinstance(error, ClientError):
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        if code in _MISSING:
+            return NotFoundError(f"No object at {where}.")
+        if code in _DENIED:
+            return InputError(f"Access to {where} was refused ({code}).")
+        return TransientError(f"S3 error at {where}: {code or error}.")
+    return TransientError(f"Could not reach S3 for {where}: {error}.")
+
+
+class S3Store:
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+    @classmethod
+    def from_url(cls, url: str, client: Any) -> S3Store:
+        bucket, prefix = parse_s3_uri(url)
+        return cls(client, bucket, prefix)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def put(self, key: str, data: bytes, content_type: str | None = None) -> None:
+        extra = {"ContentType": content_type} if content_type else {}
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
+        except (ClientError, BotoCoreError) as error:
+            raise translate(error, self.describe(key)) from error
+
+    def get(self, key: str) -> bytes:
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return bytes(response["Body"].read())
+        except (ClientError, BotoCoreError) as error:
+            raise translate(error, self.describe(key)) from error
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as error:
+            if isinstance(translate(error, key), NotFoundError):
+                return False
+            raise translate(error, self.describe(key)) from error
+        return True
+
+    def list(self, prefix: str) -> Iterator[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix)
+        try:
+            for page in pages:
+                for entry in page.get("Contents", []):
+                    yield entry["Key"][len(self.prefix) :]
+        except (ClientError, BotoCoreError) as error:
+            raise translate(error, self.describe(prefix)) from error
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def ping(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except (ClientError, BotoCoreError) as error:
+            raise translate(error, f"s3://{self.bucket}") from error
+
+    def describe(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{key}"

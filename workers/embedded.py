@@ -1,0 +1,123 @@
+"""`kiln run`: the whole pipeline in one process, on the embedded defaults.
+
+The same submit path and Celery task code as production, with a Celery worker running in a
+thread of this process over kombu's filesystem transport: no server to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from celery.worker import WorkController
+
+from app import jobs, results
+from app.core.config import Settings
+from app.core.errors import InputError
+from app.db.migrate import upgrade
+from app.db.models import Job
+from app.db.queries import is_open
+from app.storage import open_store
+from workers.celery_app import WORK_QUEUES, CeleryDispatcher, KilnCelery, make_celery
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
+LOCAL_TENANT = "local"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    job_id: str
+    progress: jobs.Progress
+    table: pa.Table
+    seconds: float
+
+
+def collect_inputs(source: str) -> list[Path]:
+    """A folder (recursively), a single file, or a glob pattern → image files, sorted."""
+    path = Path(source)
+    if path.is_dir():
+        files = [p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES]
+    elif path.is_file():
+        files = [path]
+    else:
+        files = [p for p in Path().glob(source) if p.is_file()]
+    if not files:
+        raise InputError(f"No images found at {source!r}.")
+    return sorted(files)
+
+
+def _uploads(files: list[Path]) -> list[jobs.Upload]:
+    root = Path(*_common_parts(files))
+    return [jobs.Upload(str(f.relative_to(root)) if root.parts else str(f), f.read_bytes()) for f in files]
+
+
+def _common_parts(files: list[Path]) -> tuple[str, ...]:
+    parents = [f.resolve().parent.parts for f in files]
+    common: list[str] = []
+    for parts in zip(*parents, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return tuple(common)
+
+
+@contextmanager
+def embedded_worker(app: KilnCelery, concurrency: int) -> Iterator[WorkController]:
+    """A Celery worker on a thread of this process, stopped (warm) on exit."""
+    from celery.worker import state
+
+    worker = app.WorkController(
+        pool_cls="threads", concurrency=concurrency, queues=list(WORK_QUEUES),
+        hostname=f"embedded-{time.monotonic_ns()}@localhost",
+        without_heartbeat=True, without_mingle=True, without_gossip=True,
+        loglevel="WARNING",
+    )
+    thread = threading.Thread(target=worker.start, name="kiln-embedded-worker", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        state.should_terminate = 0  # the documented way to stop a worker thread (celery.contrib.testing)
+        thread.join(30)
+        state.should_terminate = None
+        app.close_runtime()
+
+
+def run_embedded(
+    settings: Settings, source: str, model: str,
+    on_progress: Callable[[jobs.Progress], None] = lambda _p: None,
+) -> RunOutcome:
+    files = collect_inputs(source)
+    upgrade(settings)
+    app = make_celery(settings)
+    store = open_store(settings)
+    started = time.monotonic()
+    with embedded_worker(app, settings.worker_concurrency):
+        runtime = app.runtime()
+        with runtime.sessions() as session:
+            submitted = jobs.submit_job(
+                session, store, CeleryDispatcher(app), settings,
+                jobs.JobRequest(tenant=LOCAL_TENANT, model=model, uploads=_uploads(files)),
+            )
+            job_id = submitted.job.id
+        report = _wait(runtime.sessions, job_id, on_progress)
+    return RunOutcome(job_id, report, results.combined_table(store, job_id), time.monotonic() - started)
+
+
+def _wait(sessions: Callable[[], object], job_id: str, on_progress: Callable[[jobs.Progress], None]) -> jobs.Progress:
+    while True:
+        with sessions() as session:  # type: ignore[attr-defined]
+            job = session.get(Job, job_id)
+            report = jobs.progress(session, job)
+        on_progress(report)
+        if not is_open(report.job):
+            return report
+        time.sleep(0.1)

@@ -1,0 +1,58 @@
+"""ONNX Runtime engine: the CPU path tests and CPU hosts run, and CUDA when available."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from workers.engines.base import TensorSpec
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+
+
+def session_options(threads: int) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Spinning intra-op threads steal the cores that decode images (see DESIGN.md).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def default_threads(runners: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, runners))
+
+
+class OnnxRuntimeEngine:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_batch: int,
+        providers: list[str] | None = None,
+        threads: int = 0,
+        runners: int = 1,
+    ) -> None:
+        providers = providers or ["CPUExecutionProvider"]
+        options = session_options(threads or default_threads(runners))
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        self.backend = f"onnxruntime:{self.session.get_providers()[0]}"
+        self.max_batch = max_batch
+        self.inputs = [_spec(i) for i in self.session.get_inputs()]
+        self.outputs = [_spec(o) for o in self.session.get_outputs()]
+        self._output_names = [o.name for o in self.outputs]
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = self.session.run(self._output_names, feeds)
+        return dict(zip(self._output_names, results, strict=True))
+
+
+def _spec(node: ort.NodeArg) -> TensorSpec:
+    return TensorSpec(node.name, tuple(node.shape), _DTYPES.get(node.type, node.type))

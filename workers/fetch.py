@@ -1,0 +1,55 @@
+"""Fetch an item's bytes from wherever its source points."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from app.core.config import Settings
+from app.core.errors import InputError
+from app.storage import ObjectStore
+from app.storage.s3 import make_s3_client, parse_s3_uri, translate
+
+
+class Fetcher:
+    """`store:<key>` reads Kiln's own store; `s3://bucket/key` reads any bucket."""
+
+    def __init__(self, settings: Settings, store: ObjectStore) -> None:
+        self.settings = settings
+        self.store = store
+        self._s3: Any = None
+        self._lock = threading.Lock()
+
+    def _s3_client(self) -> Any:
+        with self._lock:  # boto3 clients are thread-safe once built, but building is not
+            if self._s3 is None:
+                self._s3 = make_s3_client(self.settings)
+            return self._s3
+
+    def fetch(self, source: str | None, max_bytes: int) -> bytes:
+        if not source:
+            raise InputError("The item has no source to read.")
+        if source.startswith("store:"):
+            data = self.store.get(source.removeprefix("store:"))
+        elif source.startswith("s3://"):
+            data = self._fetch_s3(source, max_bytes)
+        else:
+            raise InputError(f"Kiln cannot read {source!r}; use s3:// URIs or uploads.")
+        if len(data) > max_bytes:
+            raise InputError(f"The object is {len(data):,} bytes, over the {max_bytes:,} limit.")
+        return data
+
+    def _fetch_s3(self, uri: str, max_bytes: int) -> bytes:
+        bucket, key = parse_s3_uri(uri)
+        try:
+            response = self._s3_client().get_object(Bucket=bucket, Key=key)
+            if int(response.get("ContentLength", 0)) > max_bytes:
+                raise InputError(
+                    f"The object is {response['ContentLength']:,} bytes, "
+                    f"over the {max_bytes:,} limit."
+                )
+            return bytes(response["Body"].read())
+        except (ClientError, BotoCoreError) as error:
+            raise translate(error, uri) from error

@@ -1,0 +1,38 @@
+"""What every model family provides to the chunk processor and the Batcher."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass
+class Prepared:
+    """One decoded input, ready to be stacked into a batch."""
+
+    pixels: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Pipeline(Protocol):
+    """A model family: `prepare` and `finish` run on task threads, `infer` on the Batcher's."""
+
+    name: str
+    backend: str
+    max_batch: int
+
+    def prepare(self, data: bytes) -> Prepared:
+        """Decode and resize one input; raise `InputError` with a sentence if it is bad."""
+
+    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
+        """Run one batch through the engine; one raw result per row."""
+
+    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
+        """Turn one raw result into the item's JSON outputs (small, Postgres-friendly)."""
+
+    def arrow_fields(self) -> list[pa.Field]:
+        """Columns this model adds to the Parquet results, named like `finish`'s keys."""

@@ -1,0 +1,49 @@
+"""Build a model family's pipeline inside the worker process that will run it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from app.catalog import ModelInfo
+from app.core.config import Settings
+from app.storage import ObjectStore
+from workers.engines.select import build_engine
+from workers.models import classify, detect, ocr
+from workers.models.base import Pipeline
+
+
+def load_pipeline(info: ModelInfo, settings: Settings, store: ObjectStore) -> Pipeline:
+    engine_args = {
+        "max_batch": settings.max_batch,
+        "threads": settings.engine_threads,
+        "runners": settings.runners,
+    }
+    if info.kind == "detect":
+        engine = build_engine(detect.model_path(), **engine_args)
+        return detect.DetectorPipeline(engine, max_pixels=settings.max_image_pixels)
+    if info.kind == "ocr":
+        return ocr.OcrPipeline(max_pixels=settings.max_image_pixels)
+    if info.kind == "classify":
+        path = fetch_onnx(info, settings, store)
+        engine = build_engine(path, **engine_args)
+        return classify.ClassifyPipeline(
+            info.name, engine, info.spec, max_pixels=settings.max_image_pixels
+        )
+    raise ValueError(f"Model {info.name!r} has kind {info.kind!r}, which this worker cannot run.")
+
+
+def fetch_onnx(info: ModelInfo, settings: Settings, store: ObjectStore) -> Path:
+    """Download a registered model once per host, verified by its sha256."""
+    assert info.onnx_key and info.sha256 and settings.model_cache_dir
+    path = settings.model_cache_dir / f"{info.sha256}.onnx"
+    if path.is_file():
+        return path
+    data = store.get(info.onnx_key)
+    if hashlib.sha256(data).hexdigest() != info.sha256:
+        raise RuntimeError(f"The ONNX file for {info.name!r} in storage does not match its sha256.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,122 @@
+"""Decode and resize on the CPU; normalise and lay out once per batch over an array module.
+
+`normalize` takes `xp` (NumPy here, CuPy on a GPU) so the same code is tested on CPU and
+used on a device. Decoding stays uint8 per image because float work per image costs more
+than one vectorised pass over the batch.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from app.core.errors import InputError
+
+Image.MAX_IMAGE_PIXELS = None  # Kiln enforces its own cap below, with a clear sentence.
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """How an image was fitted into the model's square input, to map boxes back."""
+
+    scale: float
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """An RGB image, possibly decoded at reduced scale, and its full upright size."""
+
+    image: Image.Image
+    width: int
+    height: int
+
+
+_ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+
+
+def decode_image(data: bytes, *, max_pixels: int, draft_to: int | None = None) -> Decoded:
+    """Bytes → upright RGB image; bad or oversized input raises `InputError`."""
+    if not data:
+        raise InputError("The file is empty.")
+    try:
+        image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise InputError("The file is not an image Kiln can read.") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise InputError(
+            f"The image is {width}×{height} pixels, over the limit of {max_pixels:,} pixels."
+        )
+    if image.getexif().get(0x0112) in _ROTATED:
+        width, height = height, width
+    if draft_to and image.format == "JPEG":
+        # JPEG can decode at 1/2, 1/4, 1/8 scale directly: far cheaper than a full decode.
+        image.draft("RGB", (draft_to, draft_to))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            image = ImageOps.exif_transpose(image) or image
+            return Decoded(image.convert("RGB"), width, height)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise InputError(f"The image could not be decoded: {error}.") from None
+
+
+def letterbox(decoded: Decoded, size: int) -> tuple[np.ndarray, Letterbox]:
+    """Fit the longest side to `size`, pad right and bottom with black: uint8 HWC."""
+    image, width, height = decoded.image, decoded.width, decoded.height
+    scale = size / max(width, height)
+    new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
+    resized = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    canvas = np.zeros((size, size, 3), dtype=np.uint8)
+    canvas[:new_h, :new_w] = np.asarray(resized)
+    return canvas, Letterbox(scale, width, height)
+
+
+def center_crop(decoded: Decoded, size: int, crop_ratio: float = 0.875) -> np.ndarray:
+    """Resize the short side to size/crop_ratio and take the centre square: uint8 HWC."""
+    image = decoded.image
+    width, height = image.size
+    short = round(size / crop_ratio)
+    scale = short / min(width, height)
+    resized = image.resize(
+        (max(size, round(width * scale)), max(size, round(height * scale))),
+        Image.Resampling.BILINEAR,
+    )
+    left = (resized.width - size) // 2
+    top = (resized.height - size) // 2
+    return np.asarray(resized.crop((left, top, left + size, top + size)))
+
+
+def normalize(
+    xp: ModuleType,
+    batch: Any,
+    *,
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    scale: float = 1 / 255,
+    layout: str = "NCHW",
+    dtype: str = "float32",
+) -> Any:
+    """uint8 NHWC → (x·scale − mean) / std in `layout` and `dtype`, in one pass on `xp`."""
+    if batch.ndim != 4 or batch.shape[-1] != 3:
+        raise ValueError(f"Expected an NHWC batch with 3 channels, got shape {batch.shape}.")
+    mean_a = xp.asarray(mean, dtype=xp.float32)
+    inv_std = 1.0 / xp.asarray(std, dtype=xp.float32)
+    out = (batch.astype(xp.float32) * xp.float32(scale) - mean_a) * inv_std
+    if layout == "NCHW":
+        out = out.transpose(0, 3, 1, 2)
+    elif layout != "NHWC":
+        raise ValueError(f"Unknown layout {layout!r}; use NCHW or NHWC.")
+    return xp.ascontiguousarray(out.astype(dtype, copy=False))
+
+
+def stack(rows: list[np.ndarray]) -> np.ndarray:
+    return np.stack(rows) if rows else np.empty((0, 0, 0, 3), dtype=np.uint8)

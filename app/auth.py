@@ -31,7 +31,8 @@ def digest(key: str) -> str:
 def create_key(session: Session, tenant: str) -> NewKey:
     if not _TENANT.match(tenant):
         raise InputError(
-            "A tenant name is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit."
+            "A tenant name is 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit."
         )
     prefix = secrets.token_hex(4)
     secret = f"kiln_{prefix}_{secrets.token_urlsafe(32)}"

@@ -98,7 +98,11 @@ class ClassifierSpec:
 
 
 def register_model(
-    session: Session, store: ObjectStore, name: str, onnx_path: Path, kind: str,
+    session: Session,
+    store: ObjectStore,
+    name: str,
+    onnx_path: Path,
+    kind: str,
     spec: ClassifierSpec,
 ) -> ModelInfo:
     """Copy the ONNX file into object storage (so any worker can fetch it) and record it."""

@@ -94,8 +94,11 @@ def models_add(
     label_list = labels.read_text().splitlines() if labels else []
     try:
         spec = ClassifierSpec(
-            input_size=input_size, labels=[x.strip() for x in label_list if x.strip()],
-            mean=_triple(mean), std=_triple(std), top_k=top_k,
+            input_size=input_size,
+            labels=[x.strip() for x in label_list if x.strip()],
+            mean=_triple(mean),
+            std=_triple(std),
+            top_k=top_k,
         )
         with _session() as session:
             info = register_model(session, open_store(_settings()), name, onnx, kind, spec)
@@ -133,7 +136,9 @@ def api(
 @app.command("worker")
 def worker(
     concurrency: Annotated[int | None, typer.Option(help="Task threads.")] = None,
-    queues: Annotated[str, typer.Option(help="Queues, highest priority first.")] = "interactive,bulk",
+    queues: Annotated[
+        str, typer.Option(help="Queues, highest priority first.")
+    ] = "interactive,bulk",
     hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
 ) -> None:
@@ -166,7 +171,7 @@ def flower(port: Annotated[int, typer.Option(help="Port for the Flower UI.")] = 
     auth = os.environ.get("KILN_FLOWER_BASIC_AUTH")
     if not auth or ":" not in auth:
         raise _fail(KilnError("Set KILN_FLOWER_BASIC_AUTH=user:password; Flower never runs open."))
-    make_celery(_settings()).start(["celery", "flower", f"--port={port}", f"--basic-auth={auth}"])
+    make_celery(_settings()).start(["flower", f"--port={port}", f"--basic-auth={auth}"])
 
 
 @app.command("beat")
@@ -195,8 +200,13 @@ def run(
 
     logging.basicConfig(level=logging.WARNING)
     settings = _settings()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=errors) as bar:
         task = bar.add_task(f"{model}", total=None, rate="")
 
@@ -217,8 +227,13 @@ def _summary(outcome: Any, output: Path) -> None:
     table = Table("job", "status", "total", "succeeded", "failed", "items/s", "seconds")
     rate = c.done / outcome.seconds if outcome.seconds else 0.0
     table.add_row(
-        outcome.job_id[:8], outcome.progress.job.status, str(c.total), str(c.succeeded),
-        str(c.failed), f"{rate:.2f}", f"{outcome.seconds:.2f}",
+        outcome.job_id[:8],
+        outcome.progress.job.status,
+        str(c.total),
+        str(c.succeeded),
+        str(c.failed),
+        f"{rate:.2f}",
+        f"{outcome.seconds:.2f}",
     )
     console.print(table)
     console.print(f"results: {output} ({outcome.table.num_rows} rows)")
@@ -284,7 +299,7 @@ def cancel(job_id: str) -> None:
         _print_job(client.cancel(job_id))
 
 
-class _client:  # noqa: N801 - used as a context manager that reports API errors
+class _client:
     def __enter__(self) -> Any:
         from app.client import KilnClient
 
@@ -302,8 +317,14 @@ class _client:  # noqa: N801 - used as a context manager that reports API errors
 
 
 def _watch(client: Any, job_id: str) -> None:
-    with Progress(TextColumn(job_id[:8]), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=errors) as bar:
+    with Progress(
+        TextColumn(job_id[:8]),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=errors,
+    ) as bar:
         task = bar.add_task("job", total=None, rate="")
         while True:
             job = client.job(job_id)
@@ -345,3 +366,7 @@ def _redact(url: str) -> str:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

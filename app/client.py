@@ -29,7 +29,9 @@ class KilnClient:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as error:
-            raise ApiError(f"Could not reach the Kiln API at {self.http.base_url}: {error}.") from None
+            raise ApiError(
+                f"Could not reach the Kiln API at {self.http.base_url}: {error}."
+            ) from None
         if response.is_error:
             try:
                 detail = response.json().get("detail", response.text)
@@ -40,10 +42,19 @@ class KilnClient:
 
     def submit(self, files: list[Path], model: str) -> dict[str, Any]:
         parts = [
-            ("files", (f.name, f.read_bytes(), mimetypes.guess_type(f.name)[0] or "application/octet-stream"))
+            (
+                "files",
+                (
+                    f.name,
+                    f.read_bytes(),
+                    mimetypes.guess_type(f.name)[0] or "application/octet-stream",
+                ),
+            )
             for f in files
         ]
-        result: dict[str, Any] = self._call("POST", "/v1/jobs", data={"model": model}, files=parts).json()
+        result: dict[str, Any] = self._call(
+            "POST", "/v1/jobs", data={"model": model}, files=parts
+        ).json()
         return result
 
     def job(self, job_id: str) -> dict[str, Any]:

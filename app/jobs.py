@@ -62,7 +62,10 @@ class Submitted:
 
 
 def submit_job(
-    session: Session, store: ObjectStore, dispatcher: Dispatcher, settings: Settings,
+    session: Session,
+    store: ObjectStore,
+    dispatcher: Dispatcher,
+    settings: Settings,
     request: JobRequest,
 ) -> Submitted:
     """Store inputs, record the job and its items in one transaction, then enqueue chunks."""
@@ -74,8 +77,12 @@ def submit_job(
     job_id = str(uuid.uuid4())
     items = _store_inputs(store, job_id, request)
     job = Job(
-        id=job_id, tenant=request.tenant, model=request.model, status=JobStatus.QUEUED,
-        options=request.options or {}, idempotency_key=request.idempotency_key,
+        id=job_id,
+        tenant=request.tenant,
+        model=request.model,
+        status=JobStatus.QUEUED,
+        options=request.options or {},
+        idempotency_key=request.idempotency_key,
         chunk_count=-(-len(items) // settings.chunk_size),
     )
     for index, item in enumerate(items):
@@ -110,7 +117,11 @@ def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job) -> None:
             dispatcher.enqueue_chunk(job.id, chunk, ids, queue)
     except Exception as error:
         log.exception("could not enqueue job %s", job.id)
-        job.status, job.error, job.finished_at = JobStatus.FAILED, "Kiln could not reach its queue.", utcnow()
+        job.status, job.error, job.finished_at = (
+            JobStatus.FAILED,
+            "Kiln could not reach its queue.",
+            utcnow(),
+        )
         session.commit()
         raise TransientError("The job could not be queued: the broker is unreachable.") from error
     if not chunks:  # a job with no items is complete at once
@@ -181,7 +192,9 @@ def cancel_job(session: Session, tenant: str, job_id: str) -> Job:
     """Stop a job: pending items are cancelled now, running chunks drain, results are kept."""
     job = get_job(session, tenant, job_id)
     if not queries.is_open(job):
-        raise ConflictError(f"Job {job_id} is already {job.status}; only open jobs can be cancelled.")
+        raise ConflictError(
+            f"Job {job_id} is already {job.status}; only open jobs can be cancelled."
+        )
     job.status = JobStatus.CANCELLING
     queries.cancel_items(session, job_id)
     session.flush()

@@ -45,15 +45,22 @@ def items_table(items: Sequence[Item], output_fields: Sequence[pa.Field]) -> pa.
     rows: list[dict[str, Any]] = []
     for item in items:
         outputs = item.outputs or {}
-        row = {"key": item.key, "status": item.status, "error": item.error}
-        row["duration_ms"] = item.duration_ms
+        row: dict[str, Any] = {
+            "key": item.key,
+            "status": item.status,
+            "error": item.error,
+            "duration_ms": item.duration_ms,
+        }
         row.update({name: outputs.get(name) for name in names})
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=pa.schema([*BASE_FIELDS, *output_fields]))
 
 
 def write_shard(
-    store: ObjectStore, job_id: str, chunk: int, items: Sequence[Item],
+    store: ObjectStore,
+    job_id: str,
+    chunk: int,
+    items: Sequence[Item],
     output_fields: Sequence[pa.Field],
 ) -> str:
     """Write (or overwrite, on redelivery) the chunk's shard; returns its key."""

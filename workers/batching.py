@@ -124,7 +124,11 @@ class Batcher(Generic[In, Out]):
         while len(batch) < self.max_batch:
             remaining = deadline - time.monotonic()
             try:
-                entry = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                entry = (
+                    self._queue.get(timeout=remaining)
+                    if remaining > 0
+                    else self._queue.get_nowait()
+                )
             except queue.Empty:
                 break
             if entry is _STOP:

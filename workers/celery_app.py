@@ -6,7 +6,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from kombu import Queue
+from kombu.entity import Queue
 
 from app.core.config import Settings
 
@@ -55,7 +55,7 @@ def make_celery(settings: Settings) -> KilnCelery:
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         task_default_queue="interactive",
-        task_queues=[Queue(name, routing_key=name) for name in QUEUES],
+        task_queues=[Queue(name, routing_key=name) for name in QUEUES],  # type: ignore[no-untyped-call]
         task_create_missing_queues=False,
         broker_transport_options=_transport_options(settings),
         worker_send_task_events=True,

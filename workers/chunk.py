@@ -44,7 +44,9 @@ class _Work:
     error: str | None = None
 
 
-def process_chunk(runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int]) -> ChunkReport:
+def process_chunk(
+    runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int]
+) -> ChunkReport:
     report = ChunkReport(job_id, chunk)
     with runtime.sessions() as session:
         job = session.get(Job, job_id)
@@ -167,8 +169,12 @@ def _write_manifest(runtime: WorkerRuntime, session: Any, job_id: str, status: s
             "model": job.model,
             "status": status,
             "engine": runner.pipeline.backend if runner else None,
-            "counts": {"total": counts.total, "succeeded": counts.succeeded,
-                       "failed": counts.failed, "cancelled": counts.cancelled},
+            "counts": {
+                "total": counts.total,
+                "succeeded": counts.succeeded,
+                "failed": counts.failed,
+                "cancelled": counts.cancelled,
+            },
             "created_at": job.created_at.isoformat(),
             "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         },

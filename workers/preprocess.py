@@ -8,13 +8,14 @@ than one vectorised pass over the batch.
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
 from app.core.errors import InputError
 
@@ -42,31 +43,44 @@ class Decoded:
 _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 
 
+# What Pillow raises on broken files, depending on where the damage is.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError)
+
+
 def decode_image(data: bytes, *, max_pixels: int, draft_to: int | None = None) -> Decoded:
     """Bytes → upright RGB image; bad or oversized input raises `InputError`."""
+    image = _open(data, max_pixels)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            width, height = image.size
+            if image.getexif().get(0x0112) in _ROTATED:
+                width, height = height, width
+            if draft_to and isinstance(image, JpegImagePlugin.JpegImageFile):
+                # JPEG decodes at 1/2, 1/4 or 1/8 scale directly: far cheaper than in full.
+                image.draft("RGB", (draft_to, draft_to))
+            image = ImageOps.exif_transpose(image) or image
+            return Decoded(image.convert("RGB"), width, height)
+    except _DECODE_ERRORS as error:
+        raise InputError(f"The image could not be decoded: {error}.") from None
+
+
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    """Read the header only, and refuse decompression bombs before any pixel is decoded."""
     if not data:
         raise InputError("The file is empty.")
     try:
-        image = Image.open(io.BytesIO(data))
+        image: Image.Image = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
         raise InputError("The file is not an image Kiln can read.") from None
+    except _DECODE_ERRORS as error:
+        raise InputError(f"The image header is damaged: {error}.") from None
     width, height = image.size
     if width * height > max_pixels:
         raise InputError(
             f"The image is {width}×{height} pixels, over the limit of {max_pixels:,} pixels."
         )
-    if image.getexif().get(0x0112) in _ROTATED:
-        width, height = height, width
-    if draft_to and image.format == "JPEG":
-        # JPEG can decode at 1/2, 1/4, 1/8 scale directly: far cheaper than a full decode.
-        image.draft("RGB", (draft_to, draft_to))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            image = ImageOps.exif_transpose(image) or image
-            return Decoded(image.convert("RGB"), width, height)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        raise InputError(f"The image could not be decoded: {error}.") from None
+    return image
 
 
 def letterbox(decoded: Decoded, size: int) -> tuple[np.ndarray, Letterbox]:

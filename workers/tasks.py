@@ -29,7 +29,10 @@ def register(app: KilnCelery) -> None:
         report = run(app.runtime(), job_id, chunk, item_ids)
         log.info(
             "chunk %s/%d: %d ok, %d failed, %s",
-            job_id, chunk, report.succeeded, report.failed,
+            job_id,
+            chunk,
+            report.succeeded,
+            report.failed,
             {k: round(v, 3) for k, v in report.seconds.items()},
         )
         return {"processed": report.processed, "job_status": report.job_status}

@@ -17,7 +17,9 @@ class Settings(BaseSettings):
     database_url: str = Field("", description="SQLAlchemy URL; default SQLite under data_dir.")
     broker_url: str = Field("", description="Celery broker; default kombu's filesystem transport.")
     storage_url: str = Field("", description="s3://bucket/prefix or file:///path.")
-    s3_endpoint_url: str | None = Field(None, description="MinIO or another S3-compatible endpoint.")
+    s3_endpoint_url: str | None = Field(
+        None, description="MinIO or another S3-compatible endpoint."
+    )
     s3_region: str = "us-east-1"
 
     max_batch: int = Field(16, ge=1, le=4096)

@@ -49,6 +49,4 @@ def open_store(settings: Settings) -> ObjectStore:
         from app.storage.s3 import S3Store, make_s3_client
 
         return S3Store.from_url(url, make_s3_client(settings))
-    raise ValueError(
-        f"KILN_STORAGE_URL must start with s3:// or file://, not {url!r}."
-    )
+    raise ValueError(f"KILN_STORAGE_URL must start with s3:// or file://, not {url!r}.")

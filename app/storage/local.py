@@ -35,7 +35,7 @@ class LocalStore:
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NotFoundError(f"No object at {self.describe(key)}.") from None
 
     def exists(self, key: str) -> bool:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from app.core.config import Settings
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
-_DENIED = {"AccessDenied", "403", "NoSuchBucket", "AllAccessDisabled"}
+_DENIED = {"AccessDenied", "403", "AllAccessDisabled"}
 
 
 def make_s3_client(settings: Settings) -> Any:
@@ -42,6 +42,8 @@ def translate(error: Exception, where: str) -> Exception:
     """Map boto errors onto Kiln's taxonomy, with a sentence naming the object."""
     if isinstance(error, ClientError):
         code = str(error.response.get("Error", {}).get("Code", ""))
+        if code == "NoSuchBucket":
+            return InputError(f"The bucket of {where} does not exist.")
         if code in _MISSING:
             return NotFoundError(f"No object at {where}.")
         if code in _DENIED:
@@ -98,12 +100,20 @@ class S3Store:
             raise translate(error, self.describe(prefix)) from error
 
     def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as error:
+            raise translate(error, self.describe(key)) from error
 
     def ping(self) -> None:
         try:
             self.client.head_bucket(Bucket=self.bucket)
-        except (ClientError, BotoCoreError) as error:
+        except ClientError as error:
+            code = str(error.response.get("Error", {}).get("Code", ""))
+            if code in _MISSING or code == "NoSuchBucket":
+                raise InputError(f"The bucket s3://{self.bucket} does not exist.") from error
+            raise translate(error, f"s3://{self.bucket}") from error
+        except BotoCoreError as error:
             raise translate(error, f"s3://{self.bucket}") from error
 
     def describe(self, key: str) -> str:

@@ -20,7 +20,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def top_k(probabilities: np.ndarray, labels: Sequence[str], k: int) -> list[dict[str, Any]]:
-    k = min(k, probabilities.shape[-1])
+    k = max(0, min(k, probabilities.shape[-1]))
     best = np.argsort(-probabilities, kind="stable")[:k]
     return [
         {

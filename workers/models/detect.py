@@ -63,7 +63,9 @@ def decode_yolo(
     for i in nms(boxes, scores, iou_threshold):
         detections.append(
             {
-                "label": LABELS[int(class_ids[i])] if class_ids[i] < len(LABELS) else str(class_ids[i]),
+                "label": LABELS[int(class_ids[i])]
+                if class_ids[i] < len(LABELS)
+                else str(class_ids[i]),
                 "score": round(float(scores[i]), 4),
                 "box": [round(float(v), 1) for v in boxes[i]],
             }
@@ -75,8 +77,13 @@ class DetectorPipeline:
     name = "detector"
 
     def __init__(
-        self, engine: Engine, *, max_pixels: int, size: int = 320,
-        score_threshold: float = 0.25, iou_threshold: float = 0.45,
+        self,
+        engine: Engine,
+        *,
+        max_pixels: int,
+        size: int = 320,
+        score_threshold: float = 0.25,
+        iou_threshold: float = 0.45,
     ) -> None:
         self.engine = engine
         self.backend = engine.backend
@@ -99,8 +106,10 @@ class DetectorPipeline:
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
         detections = decode_yolo(
-            raw, row.meta["fit"],
-            score_threshold=self.score_threshold, iou_threshold=self.iou_threshold,
+            raw,
+            row.meta["fit"],
+            score_threshold=self.score_threshold,
+            iou_threshold=self.iou_threshold,
         )
         return {"detections": detections}
 

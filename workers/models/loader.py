@@ -8,25 +8,29 @@ from pathlib import Path
 from app.catalog import ModelInfo
 from app.core.config import Settings
 from app.storage import ObjectStore
+from workers.engines.base import Engine
 from workers.engines.select import build_engine
 from workers.models import classify, detect, ocr
 from workers.models.base import Pipeline
 
 
 def load_pipeline(info: ModelInfo, settings: Settings, store: ObjectStore) -> Pipeline:
-    engine_args = {
-        "max_batch": settings.max_batch,
-        "threads": settings.engine_threads,
-        "runners": settings.runners,
-    }
+    def engine_for(path: Path) -> Engine:
+        return build_engine(
+            path,
+            max_batch=settings.max_batch,
+            threads=settings.engine_threads,
+            runners=settings.runners,
+        )
+
     if info.kind == "detect":
-        engine = build_engine(detect.model_path(), **engine_args)
+        engine = engine_for(detect.model_path())
         return detect.DetectorPipeline(engine, max_pixels=settings.max_image_pixels)
     if info.kind == "ocr":
         return ocr.OcrPipeline(max_pixels=settings.max_image_pixels)
     if info.kind == "classify":
         path = fetch_onnx(info, settings, store)
-        engine = build_engine(path, **engine_args)
+        engine = engine_for(path)
         return classify.ClassifyPipeline(
             info.name, engine, info.spec, max_pixels=settings.max_image_pixels
         )

@@ -54,7 +54,7 @@ class OcrPipeline:
             }
             for box, text, score in raw
         ]
-        return {"text": "\n".join(line["text"] for line in lines), "lines": lines}
+        return {"text": "\n".join(str(line["text"]) for line in lines), "lines": lines}
 
     def arrow_fields(self) -> list[pa.Field]:
         line = pa.struct(

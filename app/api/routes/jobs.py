@@ -34,7 +34,10 @@ def job_out(request: Request, session: Session, job: Any) -> JobOut:
         model=job.model,
         status=job.status,
         counts=CountsOut(
-            total=c.total, succeeded=c.succeeded, failed=c.failed, pending=c.pending,
+            total=c.total,
+            succeeded=c.succeeded,
+            failed=c.failed,
+            pending=c.pending,
             cancelled=c.cancelled,
         ),
         created_at=report.created_at,
@@ -47,7 +50,10 @@ def job_out(request: Request, session: Session, job: Any) -> JobOut:
 
 
 @router.post(
-    "", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut, responses=ERRORS,
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=ERRORS,
     openapi_extra={
         "requestBody": {
             "content": {
@@ -58,7 +64,10 @@ def job_out(request: Request, session: Session, job: Any) -> JobOut:
                         "required": ["model", "files"],
                         "properties": {
                             "model": {"type": "string"},
-                            "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                            "files": {
+                                "type": "array",
+                                "items": {"type": "string", "format": "binary"},
+                            },
                             "idempotency_key": {"type": "string"},
                             "options": {"type": "string", "description": "A JSON object."},
                         },
@@ -70,7 +79,10 @@ def job_out(request: Request, session: Session, job: Any) -> JobOut:
     },
 )
 async def create_job(
-    request: Request, response: Response, context: ContextDep, tenant: TenantDep,
+    request: Request,
+    response: Response,
+    context: ContextDep,
+    tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
 ) -> JobOut:
     """Submit a job: multipart uploads (`model` + `files`) or JSON (`model` + `inputs`)."""
@@ -105,9 +117,11 @@ async def _read_request(
         except ValidationError as error:
             raise InputError(validation_sentence(error.errors())) from None
         return jobs.JobRequest(
-            tenant=tenant, model=body.model,
+            tenant=tenant,
+            model=body.model,
             inputs=[jobs.InputRef(uri=i.uri, text=i.text) for i in body.inputs],
-            options=body.options, idempotency_key=body.idempotency_key or header_key,
+            options=body.options,
+            idempotency_key=body.idempotency_key or header_key,
         )
     raise InputError("Send the job as multipart/form-data (files) or application/json (inputs).")
 
@@ -133,7 +147,9 @@ async def _read_multipart(
         raise InputError("The form needs one or more 'files'.")
     key = form.get("idempotency_key")
     return jobs.JobRequest(
-        tenant=tenant, model=model, uploads=uploads,
+        tenant=tenant,
+        model=model,
+        uploads=uploads,
         options=_options(form.get("options")),
         idempotency_key=key if isinstance(key, str) and key else header_key,
     )
@@ -153,9 +169,13 @@ def _options(raw: object) -> dict[str, Any]:
 
 @router.get("", response_model=JobsPage, responses=ERRORS)
 def list_jobs(
-    request: Request, session: SessionDep, tenant: TenantDep,
+    request: Request,
+    session: SessionDep,
+    tenant: TenantDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    after: Annotated[str | None, Query(max_length=36, description="`next` from the last page")] = None,
+    after: Annotated[
+        str | None, Query(max_length=36, description="`next` from the last page")
+    ] = None,
 ) -> JobsPage:
     """Your jobs, newest first."""
     cursor = queries.tenant_job(session, tenant, after) if after else None
@@ -175,7 +195,9 @@ def get_job(request: Request, job_id: str, session: SessionDep, tenant: TenantDe
 
 @router.get("/{job_id}/items", response_model=ItemsPage, responses=ERRORS)
 def list_items(
-    job_id: str, session: SessionDep, tenant: TenantDep,
+    job_id: str,
+    session: SessionDep,
+    tenant: TenantDep,
     status_: Annotated[ItemStatus | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[int, Query(ge=0, description="`next` from the last page")] = 0,
@@ -186,8 +208,12 @@ def list_items(
     return ItemsPage(
         items=[
             ItemOut(
-                key=i.key, status=i.status, error=i.error, attempts=i.attempts,
-                duration_ms=i.duration_ms, outputs=i.outputs,
+                key=i.key,
+                status=i.status,
+                error=i.error,
+                attempts=i.attempts,
+                duration_ms=i.duration_ms,
+                outputs=i.outputs,
             )
             for i in page
         ],

@@ -14,7 +14,8 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 @router.get("", response_model=list[ModelOut])
 def get_models(session: SessionDep, _tenant: TenantDep) -> list[ModelOut]:
     return [
-        ModelOut(name=m.name, kind=m.kind, input=m.input, description=m.description,
-                 builtin=m.builtin)
+        ModelOut(
+            name=m.name, kind=m.kind, input=m.input, description=m.description, builtin=m.builtin
+        )
         for m in list_models(session)
     ]

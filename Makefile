@@ -1,0 +1,48 @@
+# One command per chore; CI runs the same ones (.ci/run).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+CONSTRAINTS := constraints/test.txt
+DEMO_DIR ?= .kiln/demo
+
+.PHONY: demo test check services unit integration clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.run: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	touch $@ $(VENV)/.run
+
+## demo: run the OCR model over examples/ with the embedded defaults (no servers)
+demo: $(VENV)/.run
+	KILN_DATA_DIR=$(DEMO_DIR) $(BIN)/kiln run examples --model ocr -o $(DEMO_DIR)/results.parquet
+
+## services: make sure PostgreSQL and Redis answer (starting or installing them if needed)
+services:
+	bash scripts/ensure-services.sh
+
+## test: install dev dependencies, start services, run the whole suite
+test: $(VENV)/.dev services
+	$(BIN)/python -m pytest
+
+unit: $(VENV)/.dev
+	$(BIN)/python -m pytest tests/app tests/workers
+
+integration: $(VENV)/.dev services
+	$(BIN)/python -m pytest tests/integration
+
+## check: lint, format and type checks
+check: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy app workers migrations
+
+clean:
+	rm -rf $(VENV) .kiln .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,123 @@
+"""`get_settings`: embedded defaults under the data dir, `KILN_*` overrides, validation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from app.core.config import Settings, get_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No `KILN_*` variable from the host leaks in; the data dir is a fresh folder."""
+    for name in list(os.environ):
+        if name.upper().startswith("KILN_"):
+            monkeypatch.delenv(name)
+    data_dir = tmp_path / "data"
+    monkeypatch.setenv("KILN_DATA_DIR", str(data_dir))
+    return data_dir
+
+
+def test_embedded_defaults_live_under_the_data_dir(clean_env: Path) -> None:
+    settings = get_settings()
+    data_dir = clean_env.resolve()
+    assert isinstance(settings, Settings)
+    assert settings.data_dir == data_dir
+    assert settings.database_url == f"sqlite:///{data_dir / 'kiln.db'}"
+    assert settings.database_url.startswith("sqlite:////")  # absolute path: four slashes
+    assert settings.broker_url.startswith("filesystem:")
+    assert settings.embedded_broker is True
+    assert settings.storage_url == (data_dir / "objects").as_uri()
+    assert settings.storage_url.startswith("file:///")
+    assert settings.model_cache_dir == data_dir / "models"
+    assert settings.broker_dir == data_dir / "broker"
+
+
+def test_plain_defaults() -> None:
+    settings = get_settings()
+    assert settings.max_batch == 16
+    assert settings.max_delay_ms == 10.0
+    assert settings.max_delay_s == pytest.approx(0.01)
+    assert settings.runners == 1
+    assert settings.s3_endpoint_url is None
+    assert settings.api_key is None
+
+
+def test_relative_data_dir_is_resolved(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KILN_DATA_DIR", "state")
+    settings = get_settings()
+    assert settings.data_dir == (tmp_path / "state").resolve()
+    assert settings.data_dir.is_absolute()
+    assert settings.database_url == f"sqlite:///{(tmp_path / 'state').resolve() / 'kiln.db'}"
+
+
+def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_MAX_BATCH", "64")
+    monkeypatch.setenv("KILN_MAX_DELAY_MS", "2.5")
+    monkeypatch.setenv("KILN_RUNNERS", "3")
+    monkeypatch.setenv("KILN_BROKER_URL", "redis://localhost:6379/0")
+    monkeypatch.setenv("KILN_DATABASE_URL", "postgresql+psycopg://kiln@db/kiln")
+    monkeypatch.setenv("KILN_STORAGE_URL", "s3://bucket/prefix")
+    monkeypatch.setenv("KILN_S3_ENDPOINT_URL", "http://minio:9000")
+    settings = get_settings()
+    assert settings.max_batch == 64
+    assert settings.max_delay_s == pytest.approx(0.0025)
+    assert settings.runners == 3
+    assert settings.broker_url == "redis://localhost:6379/0"
+    assert settings.embedded_broker is False
+    assert settings.database_url == "postgresql+psycopg://kiln@db/kiln"
+    assert settings.storage_url == "s3://bucket/prefix"
+    assert settings.s3_endpoint_url == "http://minio:9000"
+
+
+def test_variables_without_the_prefix_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAX_BATCH", "99")
+    assert get_settings().max_batch == 16
+
+
+def test_explicit_overrides_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_MAX_BATCH", "64")
+    assert get_settings(max_batch=8).max_batch == 8
+
+
+def test_each_call_reads_the_environment_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert get_settings().max_batch == 16
+    monkeypatch.setenv("KILN_MAX_BATCH", "32")
+    assert get_settings().max_batch == 32
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("KILN_MAX_BATCH", "0"),
+        ("KILN_MAX_BATCH", "5000"),
+        ("KILN_MAX_BATCH", "many"),
+        ("KILN_RUNNERS", "0"),
+        ("KILN_MAX_DELAY_MS", "-1"),
+        ("KILN_CHUNK_SIZE", "0"),
+        ("KILN_FILESYSTEM_POLLING_MS", "0"),
+    ],
+)
+def test_invalid_values_raise(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    field = name.removeprefix("KILN_").lower()
+    with pytest.raises(ValidationError, match=field):
+        get_settings()
+
+
+@pytest.mark.parametrize(
+    ("broker_url", "embedded"),
+    [
+        ("filesystem://localhost/", True),
+        ("filesystem:", True),
+        ("redis://localhost:6379/0", False),
+        ("memory://", False),
+    ],
+)
+def test_embedded_broker(broker_url: str, embedded: bool) -> None:
+    assert get_settings(broker_url=broker_url).embedded_broker is embedded

@@ -1,0 +1,174 @@
+"""Results as Parquet: one shard per chunk, read back as one table."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from app.db.models import ItemStatus
+from app.results import (
+    BASE_FIELDS,
+    combined_table,
+    items_table,
+    manifest_key,
+    shard_key,
+    shard_keys,
+    write_manifest,
+    write_shard,
+)
+from app.storage.local import LocalStore
+
+
+@dataclass
+class FakeItem:
+    """Stands in for `app.db.models.Item`: only the attributes `items_table` reads."""
+
+    key: str
+    status: str
+    error: str | None = None
+    duration_ms: float | None = None
+    outputs: dict[str, Any] | None = None
+
+
+LABEL = pa.struct([("label", pa.string()), ("score", pa.float32())])
+LABEL_FIELDS = [pa.field("labels", pa.list_(LABEL))]
+DETECTION = pa.struct(
+    [("label", pa.string()), ("score", pa.float32()), ("box", pa.list_(pa.float32(), 4))]
+)
+DETECTION_FIELDS = [pa.field("detections", pa.list_(DETECTION))]
+
+
+def classified(key: str, label: str = "cat") -> FakeItem:
+    return FakeItem(
+        key,
+        ItemStatus.SUCCEEDED,
+        duration_ms=12.5,
+        outputs={"labels": [{"label": label, "score": 0.75}], "ignored": 1},
+    )
+
+
+def failed(key: str) -> FakeItem:
+    return FakeItem(key, ItemStatus.FAILED, error="The file is empty.", duration_ms=1.0)
+
+
+def detected(key: str) -> FakeItem:
+    box = [1.0, 2.0, 3.0, 4.0]
+    return FakeItem(
+        key,
+        ItemStatus.SUCCEEDED,
+        duration_ms=30.0,
+        outputs={"detections": [{"label": "FACE_MALE", "score": 0.5, "box": box}]},
+    )
+
+
+def test_items_table_columns_and_rows() -> None:
+    table = items_table([classified("a.jpg"), failed("b.jpg")], LABEL_FIELDS)
+    assert table.column_names == ["key", "status", "error", "duration_ms", "labels"]
+    assert table.schema == pa.schema([*BASE_FIELDS, *LABEL_FIELDS])
+    assert table.to_pylist() == [
+        {
+            "key": "a.jpg",
+            "status": "succeeded",
+            "error": None,
+            "duration_ms": 12.5,
+            "labels": [{"label": "cat", "score": 0.75}],
+        },
+        {
+            "key": "b.jpg",
+            "status": "failed",
+            "error": "The file is empty.",
+            "duration_ms": 1.0,
+            "labels": None,
+        },
+    ]
+
+
+def test_items_table_without_output_fields() -> None:
+    table = items_table([failed("x")], [])
+    assert table.column_names == ["key", "status", "error", "duration_ms"]
+    assert table.num_rows == 1
+
+
+def test_items_table_empty() -> None:
+    table = items_table([], LABEL_FIELDS)
+    assert table.num_rows == 0
+    assert table.column_names == ["key", "status", "error", "duration_ms", "labels"]
+
+
+def test_items_table_missing_output_is_null() -> None:
+    item = FakeItem("c", ItemStatus.SUCCEEDED, outputs={"other": 1})
+    assert items_table([item], LABEL_FIELDS).column("labels").to_pylist() == [None]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "objects")
+
+
+def test_write_shard_writes_parquet_at_the_chunk_key(store: LocalStore) -> None:
+    key = write_shard(store, "job1", 3, [classified("a"), failed("b")], LABEL_FIELDS)
+    assert key == shard_key("job1", 3) == "results/job1/part-000003.parquet"
+    table = pq.read_table(io.BytesIO(store.get(key)))
+    assert table.column("key").to_pylist() == ["a", "b"]
+    assert table.column("labels").to_pylist() == [[{"label": "cat", "score": 0.75}], None]
+
+
+def test_combined_table_across_shards_with_different_fields(store: LocalStore) -> None:
+    write_shard(store, "job1", 0, [classified("a"), failed("b")], LABEL_FIELDS)
+    write_shard(store, "job1", 1, [detected("c"), failed("d")], DETECTION_FIELDS)
+    write_shard(store, "other-job", 0, [classified("z")], LABEL_FIELDS)
+    store.put(manifest_key("job1"), b"{}")  # not a shard
+
+    table = combined_table(store, "job1")
+    assert table.num_rows == 4
+    assert set(table.column_names) == {
+        "key",
+        "status",
+        "error",
+        "duration_ms",
+        "labels",
+        "detections",
+    }
+    rows = {row["key"]: row for row in table.to_pylist()}
+    assert sorted(rows) == ["a", "b", "c", "d"]
+    assert rows["a"]["labels"] == [{"label": "cat", "score": 0.75}]
+    assert rows["a"]["detections"] is None
+    assert rows["c"]["labels"] is None
+    assert rows["c"]["detections"] == [
+        {"label": "FACE_MALE", "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0]}
+    ]
+    assert rows["b"]["status"] == rows["d"]["status"] == "failed"
+    assert rows["d"]["error"] == "The file is empty."
+
+
+def test_redelivered_chunk_overwrites_its_shard(store: LocalStore) -> None:
+    write_shard(store, "job1", 0, [classified("a", "cat")], LABEL_FIELDS)
+    write_shard(store, "job1", 0, [classified("a", "dog")], LABEL_FIELDS)
+    table = combined_table(store, "job1")
+    assert table.num_rows == 1
+    assert table.column("labels").to_pylist() == [[{"label": "dog", "score": 0.75}]]
+
+
+def test_combined_table_of_a_job_without_shards(store: LocalStore) -> None:
+    table = combined_table(store, "nothing")
+    assert table.num_rows == 0
+    assert table.column_names == ["key", "status", "error", "duration_ms"]
+
+
+def test_manifest_lists_the_shards(store: LocalStore) -> None:
+    write_shard(store, "job1", 1, [failed("b")], [])
+    write_shard(store, "job1", 0, [failed("a")], [])
+    write_manifest(store, "job1", {"job_id": "job1", "shards": ["stale"]})
+    manifest = json.loads(store.get(manifest_key("job1")))
+    assert manifest == {
+        "job_id": "job1",
+        "shards": ["results/job1/part-000000.parquet", "results/job1/part-000001.parquet"],
+    }
+    assert shard_keys(store, "job1") == manifest["shards"]

@@ -1,0 +1,75 @@
+"""The classifier's softmax and top-k."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workers.models.classify import softmax, top_k
+
+
+def test_softmax_sums_to_one() -> None:
+    logits = np.random.default_rng(0).normal(size=(4, 10)).astype(np.float32)
+    probabilities = softmax(logits)
+    assert probabilities.shape == (4, 10)
+    np.testing.assert_allclose(probabilities.sum(axis=-1), 1.0, rtol=1e-6)
+    assert (probabilities > 0).all()
+    assert (probabilities.argmax(axis=-1) == logits.argmax(axis=-1)).all()
+
+
+def test_softmax_of_a_single_vector() -> None:
+    probabilities = softmax(np.array([0.0, np.log(3.0)]))
+    np.testing.assert_allclose(probabilities, [0.25, 0.75])
+
+
+@pytest.mark.parametrize("offset", [1000.0, -1000.0, 1e6])
+def test_softmax_is_stable_for_large_logits(offset: float) -> None:
+    # With pytest's warnings-as-errors, an overflow in exp would fail the test too.
+    logits = np.array([[0.0, 1.0, 2.0]]) + offset
+    probabilities = softmax(logits)
+    assert np.isfinite(probabilities).all()
+    np.testing.assert_allclose(probabilities, softmax(np.array([[0.0, 1.0, 2.0]])), rtol=1e-6)
+    np.testing.assert_allclose(probabilities.sum(), 1.0)
+
+
+def test_softmax_float32_large_logits() -> None:
+    probabilities = softmax(np.array([1000.0, 1000.0], dtype=np.float32))
+    np.testing.assert_allclose(probabilities, [0.5, 0.5])
+
+
+LABELS = ["cat", "dog", "fish", "bird"]
+
+
+def test_top_k_order_and_labels() -> None:
+    probabilities = np.array([0.1, 0.6, 0.05, 0.25])
+    assert top_k(probabilities, LABELS, 2) == [
+        {"label": "dog", "score": 0.6},
+        {"label": "bird", "score": 0.25},
+    ]
+
+
+def test_top_k_larger_than_the_number_of_classes() -> None:
+    probabilities = np.array([0.1, 0.6, 0.05, 0.25])
+    result = top_k(probabilities, LABELS, 10)
+    assert [r["label"] for r in result] == ["dog", "bird", "cat", "fish"]
+
+
+def test_top_k_ties_keep_class_order() -> None:
+    probabilities = np.array([0.25, 0.25, 0.25, 0.25])
+    assert [r["label"] for r in top_k(probabilities, LABELS, 3)] == ["cat", "dog", "fish"]
+
+
+def test_top_k_without_enough_labels_uses_the_index() -> None:
+    probabilities = np.array([0.1, 0.2, 0.7])
+    assert top_k(probabilities, ["a"], 3) == [
+        {"label": "2", "score": 0.7},
+        {"label": "1", "score": 0.2},
+        {"label": "a", "score": 0.1},
+    ]
+
+
+def test_top_k_scores_are_rounded_plain_floats() -> None:
+    probabilities = softmax(np.array([0.3, 1.7, -0.4], dtype=np.float32))
+    result = top_k(probabilities, ["a", "b", "c"], 1)
+    assert type(result[0]["score"]) is float
+    assert result[0]["score"] == round(float(probabilities[1]), 6)

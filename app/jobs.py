@@ -190,7 +190,9 @@ def _delete_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> None
 
 def cancel_job(session: Session, tenant: str, job_id: str) -> Job:
     """Stop a job: pending items are cancelled now, running chunks drain, results are kept."""
-    job = get_job(session, tenant, job_id)
+    job = queries.lock_job(session, job_id, tenant)
+    if job is None:
+        raise NotFoundError(f"There is no job {job_id}.")
     if not queries.is_open(job):
         raise ConflictError(
             f"Job {job_id} is already {job.status}; only open jobs can be cancelled."

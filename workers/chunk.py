@@ -49,7 +49,7 @@ def process_chunk(
 ) -> ChunkReport:
     report = ChunkReport(job_id, chunk)
     with runtime.sessions() as session:
-        job = session.get(Job, job_id)
+        job = queries.lock_job(session, job_id)
         if job is None:
             log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk)
             return report

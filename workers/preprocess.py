@@ -19,8 +19,6 @@ from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
 from app.core.errors import InputError
 
-Image.MAX_IMAGE_PIXELS = None  # Kiln enforces its own cap below, with a clear sentence.
-
 
 @dataclass(frozen=True)
 class Letterbox:
@@ -61,6 +59,8 @@ def decode_image(data: bytes, *, max_pixels: int, draft_to: int | None = None) -
                 image.draft("RGB", (draft_to, draft_to))
             image = ImageOps.exif_transpose(image) or image
             return Decoded(image.convert("RGB"), width, height)
+    except Image.DecompressionBombError as error:
+        raise InputError(f"The image is too large to decode safely: {error}") from None
     except _DECODE_ERRORS as error:
         raise InputError(f"The image could not be decoded: {error}.") from None
 
@@ -70,9 +70,14 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     if not data:
         raise InputError("The file is empty.")
     try:
-        image: Image.Image = Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():
+            # Pillow's own bomb warning; Kiln's cap below decides, with a sentence.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image: Image.Image = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
         raise InputError("The file is not an image Kiln can read.") from None
+    except Image.DecompressionBombError as error:
+        raise InputError(f"The image is too large to decode safely: {error}") from None
     except _DECODE_ERRORS as error:
         raise InputError(f"The image header is damaged: {error}.") from None
     width, height = image.size

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import OperationalError
+
 from app.core.errors import TransientError
 
 if TYPE_CHECKING:
@@ -17,7 +19,7 @@ def register(app: KilnCelery) -> None:
     @app.task(  # type: ignore[untyped-decorator]
         name="kiln.process_chunk",
         bind=True,
-        autoretry_for=(TransientError,),
+        autoretry_for=(TransientError, OperationalError),  # a DB restart is transient too
         retry_backoff=2,
         retry_backoff_max=120,
         retry_jitter=True,

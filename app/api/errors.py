@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from app.core.errors import (
     ConflictError,
@@ -54,6 +55,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             {"detail": validation_sentence(error.errors())},
             status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+        )
+
+    @app.exception_handler(OperationalError)
+    async def database_down(request: Request, error: OperationalError) -> JSONResponse:
+        log.warning("database error on %s %s: %s", request.method, request.url.path, error)
+        return JSONResponse(
+            {"detail": "The database is busy or unreachable; retry shortly."},
+            status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "2"},
         )
 
     @app.exception_handler(Exception)

@@ -53,8 +53,23 @@ def tenant_job(session: Session, tenant: str, job_id: str) -> Job | None:
     return session.scalar(select(Job).where(Job.id == job_id, Job.tenant == tenant))
 
 
+def lock_job(session: Session, job_id: str, tenant: str | None = None) -> Job | None:
+    """Lock the job row for this transaction.
+
+    Lock order is job row first, then its items: every writer that touches both (lease,
+    cancel) takes the job lock first, so they queue instead of deadlocking.
+    """
+    query = select(Job).where(Job.id == job_id)
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
+    return session.scalar(query.with_for_update())
+
+
 def lease_items(session: Session, job_id: str, item_ids: Sequence[int]) -> list[Item]:
-    """Mark the chunk's unfinished items running and return them; finished ones are skipped."""
+    """Mark the chunk's unfinished items running and return them; finished ones are skipped.
+
+    Call with the job locked (`lock_job`).
+    """
     session.execute(
         update(Item)
         .where(Item.job_id == job_id, Item.id.in_(item_ids), Item.status.in_(OPEN_ITEM_STATUSES))

@@ -44,11 +44,17 @@ class LocalStore:
     def list(self, prefix: str) -> Iterator[str]:
         if not self.root.is_dir():
             return
-        for path in sorted(self.root.rglob("*")):
-            if path.is_file() and not path.name.startswith(".tmp-"):
-                key = path.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    yield key
+        folder = prefix.rpartition("/")[0]  # walk only below the prefix's folder
+        start = self.root / folder if folder else self.root
+        if not start.is_dir():
+            return
+        keys = (
+            path.relative_to(self.root).as_posix()
+            for path in start.rglob("*")
+            if path.is_file() and not path.name.startswith(".tmp-")
+        )
+        # Whole-key order, as S3 lists (not folder by folder).
+        yield from sorted(k for k in keys if k.startswith(prefix))
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

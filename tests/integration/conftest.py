@@ -42,6 +42,18 @@ AWS_ENV = {
 }
 
 
+RUNNING: dict[str, Process] = {}  # long-lived processes whose logs explain a failure
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    if report.failed:
+        for name, proc in RUNNING.items():
+            report.sections.append((f"{name} log (last lines)", proc.log_tail()))
+    return report
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
@@ -172,12 +184,13 @@ def api_url(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> I
     port = free_port()
     api = Process("api", kiln_command("api", "--port", str(port)), _env(service_env), log_dir)
     url = f"http://127.0.0.1:{port}"
+    RUNNING["api"] = api
     try:
         wait_for(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "kiln api")
         yield url
     finally:
+        RUNNING.pop("api")
         api.stop()
-        print(f"--- api log ---\n{api.log_tail()}")
 
 
 @pytest.fixture(scope="session")
@@ -187,6 +200,7 @@ def worker(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> It
     from workers.celery_app import make_celery
 
     celery = make_celery(migrated)
+    RUNNING["worker"] = proc
     try:
         wait_for(
             lambda: proc.alive() and bool(celery.control.ping([node], timeout=1.0)),
@@ -196,9 +210,9 @@ def worker(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> It
         )
         yield proc
     finally:
+        RUNNING.pop("worker")
         celery.close()
         proc.stop()
-        print(f"--- worker log ---\n{proc.log_tail()}")
 
 
 def _key(sessions: object, tenant: str) -> str:

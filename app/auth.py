@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import InputError, NotFoundError
 from app.db.models import ApiKey, utcnow
 
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" allows a "\n"
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def digest(key: str) -> str:
 
 
 def create_key(session: Session, tenant: str) -> NewKey:
-    if not _TENANT.match(tenant):
+    if not _TENANT.fullmatch(tenant):
         raise InputError(
             "A tenant name is 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit."

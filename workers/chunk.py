@@ -10,14 +10,16 @@ import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from app import results
 from app.catalog import get_model
 from app.core.errors import KilnError, NotFoundError, TransientError
 from app.db import queries
-from app.db.models import Item, ItemStatus, Job, utcnow
+from app.db.models import Item, ItemStatus, Job, aware, utcnow
 from workers.models.base import Prepared
+from workers.models.loader import output_fields
 from workers.runtime import ModelRunner, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -139,35 +141,50 @@ def _write(runtime: WorkerRuntime, job_id: str, work: list[_Work]) -> None:
 def _finish(
     runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], model: Any
 ) -> str | None:
-    """Write the chunk's shard from what the database holds, then close the job if done."""
+    """Write the chunk's shard from what the database holds, then close the job if done.
+
+    Shards are complete before the job is closed, so a reader who sees `completed` gets every
+    row; a replay after a crash (or a failed manifest write) finishes what was left undone.
+    """
+    fields = output_fields(model)
     with runtime.sessions() as session:
         done = queries.finished_items(session, item_ids)
-        fields = _output_fields(runtime, model)
         if done:
             results.write_shard(runtime.store, job_id, chunk, done, fields)
+        if queries.has_open_items(session, job_id):
+            return None
+        _write_missing_shards(runtime, session, job_id, fields)
         final = queries.finish_job_if_done(session, job_id)
         session.commit()
-        if final:
-            _write_manifest(runtime, session, job_id, final)
+        job = session.get(Job, job_id)
+        if job is None or queries.is_open(job):
+            return final
+        if final or not runtime.store.exists(results.manifest_key(job_id)):
+            _write_manifest(runtime, session, job)
     return final
 
 
-def _output_fields(runtime: WorkerRuntime, model: Any) -> list[Any]:
-    runner = runtime.runners().get(model.name)
-    return runner.pipeline.arrow_fields() if runner else []
+def _write_missing_shards(
+    runtime: WorkerRuntime, session: Any, job_id: str, fields: list[Any]
+) -> None:
+    """Another chunk may have committed its results and not yet written its shard."""
+    written = set(results.shard_keys(runtime.store, job_id))
+    for chunk in queries.job_chunks(session, job_id):
+        if results.shard_key(job_id, chunk) not in written:
+            items = queries.chunk_items(session, job_id, chunk)
+            results.write_shard(runtime.store, job_id, chunk, items, fields)
 
 
-def _write_manifest(runtime: WorkerRuntime, session: Any, job_id: str, status: str) -> None:
-    job = session.get(Job, job_id)
-    counts = queries.job_counts(session, job_id)
+def _write_manifest(runtime: WorkerRuntime, session: Any, job: Job) -> None:
+    counts = queries.job_counts(session, job.id)
     runner = runtime.runners().get(job.model)
     results.write_manifest(
         runtime.store,
-        job_id,
+        job.id,
         {
-            "job_id": job_id,
+            "job_id": job.id,
             "model": job.model,
-            "status": status,
+            "status": job.status,
             "engine": runner.pipeline.backend if runner else None,
             "counts": {
                 "total": counts.total,
@@ -175,8 +192,13 @@ def _write_manifest(runtime: WorkerRuntime, session: Any, job_id: str, status: s
                 "failed": counts.failed,
                 "cancelled": counts.cancelled,
             },
-            "created_at": job.created_at.isoformat(),
-            "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+            "created_at": _iso(job.created_at),
+            "finished_at": _iso(job.finished_at),
         },
     )
-    log.info("job %s %s: %s", job_id, status, counts)
+    log.info("job %s %s: %s", job.id, job.status, counts)
+
+
+def _iso(value: datetime | None) -> str | None:
+    stamp = aware(value)
+    return stamp.isoformat() if stamp else None

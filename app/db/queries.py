@@ -127,6 +127,30 @@ def finished_items(session: Session, item_ids: Sequence[int]) -> list[Item]:
     )
 
 
+def has_open_items(session: Session, job_id: str) -> bool:
+    return bool(
+        session.scalar(
+            select(exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES)))
+        )
+    )
+
+
+def job_chunks(session: Session, job_id: str) -> list[int]:
+    return list(
+        session.scalars(
+            select(Item.chunk).where(Item.job_id == job_id).distinct().order_by(Item.chunk)
+        )
+    )
+
+
+def chunk_items(session: Session, job_id: str, chunk: int) -> list[Item]:
+    return list(
+        session.scalars(
+            select(Item).where(Item.job_id == job_id, Item.chunk == chunk).order_by(Item.id)
+        )
+    )
+
+
 def finish_job_if_done(session: Session, job_id: str) -> str | None:
     """Close the job once no item is open; returns the final status if this call closed it."""
     open_items = exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES))

@@ -6,14 +6,12 @@ import os
 import subprocess
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pyarrow.parquet as pq
-from onnx import TensorProto, helper, numpy_helper
 
 from tests.images import solid
 from tests.integration.conftest import run_kiln
 from tests.integration.services import kiln_command
+from tests.models import colour_classifier
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,28 +36,6 @@ def test_kiln_run_on_the_examples_reads_their_text(tmp_path: Path) -> None:
     assert "KILN" in rows["poster.png"]["text"]
     assert "Room 42" in rows["note.png"]["text"]
     assert all(len(line["box"]) == 4 for line in rows["poster.png"]["lines"])
-
-
-def colour_classifier(path: Path) -> None:
-    """A tiny real classifier: mean colour per channel → logits for red/green/blue/dark."""
-    weights = np.array([[10, 0, 0], [0, 10, 0], [0, 0, 10], [-5, -5, -5]], dtype=np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("GlobalAveragePool", ["images"], ["pooled"]),
-            helper.make_node("Flatten", ["pooled"], ["flat"]),
-            helper.make_node("Gemm", ["flat", "W", "B"], ["logits"], transB=1),
-        ],
-        "colours",
-        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 32])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])],
-        [
-            numpy_helper.from_array(weights, "W"),
-            numpy_helper.from_array(np.zeros(4, np.float32), "B"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
 
 
 def test_registered_classifier_runs_through_the_api(

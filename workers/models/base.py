@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import pyarrow as pa
 
 
 @dataclass
@@ -33,6 +32,3 @@ class Pipeline(Protocol):
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
         """Turn one raw result into the item's JSON outputs (small, Postgres-friendly)."""
-
-    def arrow_fields(self) -> list[pa.Field]:
-        """Columns this model adds to the Parquet results, named like `finish`'s keys."""

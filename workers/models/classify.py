@@ -12,6 +12,11 @@ from workers.engines.base import Engine
 from workers.models.base import Prepared
 from workers.preprocess import center_crop, decode_image, normalize, stack
 
+# Parquet columns this family adds, named like `finish`'s keys; known without loading a model.
+FIELDS = [
+    pa.field("labels", pa.list_(pa.struct([("label", pa.string()), ("score", pa.float32())])))
+]
+
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
@@ -57,7 +62,3 @@ class ClassifyPipeline:
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
         return {"labels": top_k(raw, self.labels, self.k)}
-
-    def arrow_fields(self) -> list[pa.Field]:
-        label = pa.struct([("label", pa.string()), ("score", pa.float32())])
-        return [pa.field("labels", pa.list_(label))]

@@ -21,6 +21,11 @@ LABELS = (
     "BUTTOCKS_COVERED",
 )  # fmt: skip
 
+_DETECTION = pa.struct(
+    [("label", pa.string()), ("score", pa.float32()), ("box", pa.list_(pa.float32(), 4))]
+)
+FIELDS = [pa.field("detections", pa.list_(_DETECTION))]
+
 
 def model_path() -> Path:
     import nudenet
@@ -112,9 +117,3 @@ class DetectorPipeline:
             iou_threshold=self.iou_threshold,
         )
         return {"detections": detections}
-
-    def arrow_fields(self) -> list[pa.Field]:
-        detection = pa.struct(
-            [("label", pa.string()), ("score", pa.float32()), ("box", pa.list_(pa.float32(), 4))]
-        )
-        return [pa.field("detections", pa.list_(detection))]

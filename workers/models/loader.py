@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pyarrow as pa
+
 from app.catalog import ModelInfo
 from app.core.config import Settings
 from app.storage import ObjectStore
@@ -35,6 +37,12 @@ def load_pipeline(info: ModelInfo, settings: Settings, store: ObjectStore) -> Pi
             info.name, engine, info.spec, max_pixels=settings.max_image_pixels
         )
     raise ValueError(f"Model {info.name!r} has kind {info.kind!r}, which this worker cannot run.")
+
+
+def output_fields(info: ModelInfo) -> list[pa.Field]:
+    """The Parquet columns a model family adds; known without loading the model."""
+    families = {"detect": detect.FIELDS, "ocr": ocr.FIELDS, "classify": classify.FIELDS}
+    return list(families.get(info.kind, []))
 
 
 def fetch_onnx(info: ModelInfo, settings: Settings, store: ObjectStore) -> Path:

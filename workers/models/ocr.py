@@ -18,6 +18,15 @@ from workers.preprocess import decode_image
 
 MAX_SIDE = 2000  # rapidocr shrinks larger images anyway; doing it here saves the copy
 
+_LINE = pa.struct(
+    [
+        ("text", pa.string()),
+        ("score", pa.float32()),
+        ("box", pa.list_(pa.list_(pa.float32(), 2), 4)),
+    ]
+)
+FIELDS = [pa.field("text", pa.string()), pa.field("lines", pa.list_(_LINE))]
+
 
 class OcrPipeline:
     name = "ocr"
@@ -55,13 +64,3 @@ class OcrPipeline:
             for box, text, score in raw
         ]
         return {"text": "\n".join(str(line["text"]) for line in lines), "lines": lines}
-
-    def arrow_fields(self) -> list[pa.Field]:
-        line = pa.struct(
-            [
-                ("text", pa.string()),
-                ("score", pa.float32()),
-                ("box", pa.list_(pa.list_(pa.float32(), 2), 4)),
-            ]
-        )
-        return [pa.field("text", pa.string()), pa.field("lines", pa.list_(line))]

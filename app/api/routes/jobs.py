@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from app import jobs, results
 from app.api.deps import ContextDep, SessionDep, StoreDep, TenantDep
@@ -129,7 +129,14 @@ async def _read_request(
 async def _read_multipart(
     request: Request, settings: Any, tenant: str, header_key: str | None
 ) -> jobs.JobRequest:
-    form = await request.form(max_files=settings.max_files_per_job, max_fields=20)
+    # The context closes the spooled upload files as soon as their bytes are read.
+    async with request.form(max_files=settings.max_files_per_job, max_fields=20) as form:
+        return await _job_from_form(form, settings, tenant, header_key)
+
+
+async def _job_from_form(
+    form: FormData, settings: Any, tenant: str, header_key: str | None
+) -> jobs.JobRequest:
     model = form.get("model")
     if not isinstance(model, str) or not model:
         raise InputError("The form needs a 'model' field naming the model to run.")

@@ -1,0 +1,423 @@
+"""The HTTP API on the embedded defaults: SQLite, a local store and the filesystem broker.
+
+No worker runs: chunk messages just accumulate in the broker's folder.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.exceptions import StarletteDeprecationWarning
+
+from app.api.app import create_app
+from app.auth import create_key, revoke_key
+from app.core.config import Settings
+from tests.images import solid
+
+with warnings.catch_warnings():
+    # Starlette 1.x warns when its TestClient falls back to `httpx` because `httpx2` (its
+    # preferred client) is not installed; the fallback works the same for these tests.
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
+
+MISSING_JOB = "00000000-0000-0000-0000-000000000000"
+
+# Known bug (see test_multipart_uploads_are_closed): the multipart form's spooled files are
+# never closed, so their finalizers warn. Silenced here so the other tests check what they
+# are about; the dedicated test below keeps the bug visible.
+UNCLOSED_UPLOAD = "ignore:Unclosed file <tempfile.SpooledTemporaryFile:ResourceWarning"
+pytestmark = pytest.mark.filterwarnings(UNCLOSED_UPLOAD)
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture
+def new_key(sessions: sessionmaker[Session]) -> Callable[[str], str]:
+    def make(tenant: str) -> str:
+        with sessions() as session:
+            key = create_key(session, tenant)
+            session.commit()
+        return key.secret
+
+    return make
+
+
+@pytest.fixture
+def client(settings: Settings, new_key: Callable[[str], str]) -> Iterator[TestClient]:
+    """A client for tenant `acme`."""
+    with TestClient(create_app(settings), headers=bearer(new_key("acme"))) as http:
+        yield http
+    gc.collect()  # finalize this test's request objects while its warning filters apply
+
+
+@pytest.fixture
+def other(client: TestClient, new_key: Callable[[str], str]) -> dict[str, str]:
+    """Headers for tenant `globex`, on the same app."""
+    return bearer(new_key("globex"))
+
+
+def files(*names: str) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [
+        ("files", (name, solid((20 * i, 100, 200)), "image/png")) for i, name in enumerate(names)
+    ]
+
+
+def submit(client: TestClient, n: int = 4, **kwargs: Any) -> dict[str, Any]:
+    response = client.post(
+        "/v1/jobs",
+        data={"model": "detector"},
+        files=files(*(f"f{i}.png" for i in range(n))),
+        **kwargs,
+    )
+    assert response.status_code == 202, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def queued_messages(settings: Settings) -> list[Path]:
+    return sorted((settings.broker_dir / "queue").glob("*.msg"))
+
+
+def assert_sentence(response: Any, status: int, *fragments: str) -> str:
+    assert response.status_code == status, response.text
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and detail.endswith("."), detail
+    for fragment in fragments:
+        assert fragment in detail, detail
+    return detail
+
+
+# --- authentication -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", f"/v1/jobs/{MISSING_JOB}"),
+        ("GET", f"/v1/jobs/{MISSING_JOB}/items"),
+        ("GET", f"/v1/jobs/{MISSING_JOB}/results"),
+        ("POST", f"/v1/jobs/{MISSING_JOB}/cancel"),
+        ("GET", "/v1/models"),
+    ],
+)
+def test_every_route_needs_a_key(client: TestClient, method: str, path: str) -> None:
+    client.headers.pop("Authorization")
+    response = client.request(method, path)
+    assert_sentence(response, 401, "Authorization: Bearer")
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_an_unknown_or_revoked_key_is_401(
+    client: TestClient, sessions: sessionmaker[Session], new_key: Callable[[str], str]
+) -> None:
+    response = client.get("/v1/jobs", headers=bearer("kiln_00000000_nope"))
+    assert_sentence(response, 401, "unknown or revoked")
+
+    secret = new_key("acme")
+    assert client.get("/v1/jobs", headers=bearer(secret)).status_code == 200
+    with sessions() as session:
+        revoke_key(session, secret.split("_")[1])
+        session.commit()
+    assert_sentence(client.get("/v1/jobs", headers=bearer(secret)), 401, "unknown or revoked")
+
+
+# --- submit and inspect -------------------------------------------------------------------
+
+
+def test_submit_multipart_is_accepted_and_queued(client: TestClient, settings: Settings) -> None:
+    response = client.post("/v1/jobs", data={"model": "detector"}, files=files(*"abcd"))
+
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert response.headers["Location"] == f"http://testserver/v1/jobs/{job['id']}"
+    assert job["status"] == "queued"
+    assert job["model"] == "detector"
+    assert job["counts"] == {"total": 4, "succeeded": 0, "failed": 0, "pending": 4, "cancelled": 0}
+    assert job["results_url"] == f"http://testserver/v1/jobs/{job['id']}/results"
+    assert job["started_at"] is None and job["items_per_second"] is None
+    assert len(queued_messages(settings)) == 2  # chunk_size 3: two chunk messages
+
+    shown = client.get(response.headers["Location"])
+    assert shown.status_code == 200
+    assert shown.json()["status"] == "queued"
+    assert shown.json()["counts"]["pending"] == 4
+    assert shown.json()["id"] == job["id"]
+
+
+def test_chunk_messages_carry_ids_not_bytes(client: TestClient, settings: Settings) -> None:
+    job = submit(client, n=2)
+    [message] = queued_messages(settings)
+    envelope = json.loads(message.read_text())
+    assert envelope["headers"]["task"] == "kiln.process_chunk"
+    assert envelope["properties"]["delivery_info"]["routing_key"] == "interactive"
+    assert job["id"] in message.read_text()
+    assert message.stat().st_size < 4096
+
+
+def test_submit_json_inputs(client: TestClient) -> None:
+    body = {
+        "model": "detector",
+        "inputs": [{"uri": "s3://photos/a.jpg"}, {"uri": "s3://photos/b.jpg"}],
+    }
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    items = client.get(f"/v1/jobs/{response.json()['id']}/items").json()["items"]
+    assert [i["key"] for i in items] == ["s3://photos/a.jpg", "s3://photos/b.jpg"]
+
+
+def test_idempotency_key_header_returns_the_same_job(
+    client: TestClient, settings: Settings
+) -> None:
+    first = client.post(
+        "/v1/jobs",
+        data={"model": "detector"},
+        files=files("a.png"),
+        headers={"Idempotency-Key": "upload-7"},
+    )
+    again = client.post(
+        "/v1/jobs",
+        data={"model": "detector"},
+        files=files("a.png"),
+        headers={"Idempotency-Key": "upload-7"},
+    )
+    assert first.status_code == 202
+    assert again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["Location"] == first.headers["Location"]
+    assert len(queued_messages(settings)) == 1
+
+
+def test_items_are_paged_with_a_next_cursor(client: TestClient) -> None:
+    job = submit(client, n=5)
+    url = f"/v1/jobs/{job['id']}/items"
+
+    first = client.get(url, params={"limit": 2}).json()
+    assert [i["key"] for i in first["items"]] == ["f0.png", "f1.png"]
+    assert first["next"] is not None
+    second = client.get(url, params={"limit": 2, "after": first["next"]}).json()
+    assert [i["key"] for i in second["items"]] == ["f2.png", "f3.png"]
+    third = client.get(url, params={"limit": 2, "after": second["next"]}).json()
+    assert [i["key"] for i in third["items"]] == ["f4.png"]
+    assert third["next"] is None
+
+    item = first["items"][0]
+    assert item == {
+        "key": "f0.png",
+        "status": "pending",
+        "error": None,
+        "attempts": 0,
+        "duration_ms": None,
+        "outputs": None,
+    }
+
+
+def test_items_filtered_by_status(client: TestClient) -> None:
+    job = submit(client, n=3)
+    url = f"/v1/jobs/{job['id']}/items"
+    assert len(client.get(url, params={"status": "pending"}).json()["items"]) == 3
+    assert client.get(url, params={"status": "succeeded"}).json()["items"] == []
+    assert_sentence(client.get(url, params={"status": "bogus"}), 422, "status")
+
+
+def test_jobs_are_listed_newest_first_with_a_cursor(
+    client: TestClient, other: dict[str, str]
+) -> None:
+    ids = [submit(client, n=1)["id"] for _ in range(3)]
+    submit(client, n=1, headers=other)  # another tenant's job is not listed
+
+    first = client.get("/v1/jobs", params={"limit": 2}).json()
+    rest = client.get("/v1/jobs", params={"limit": 2, "after": first["next"]}).json()
+    assert [j["id"] for j in first["jobs"] + rest["jobs"]] == ids[::-1]
+    assert rest["next"] is None
+    assert_sentence(client.get("/v1/jobs", params={"after": MISSING_JOB}), 422, "not a cursor")
+
+
+# --- bad requests -------------------------------------------------------------------------
+
+
+def test_json_with_an_unknown_field_is_422(client: TestClient) -> None:
+    body = {"model": "detector", "inputs": [{"uri": "s3://b/k.jpg"}], "priority": "high"}
+    assert_sentence(client.post("/v1/jobs", json=body), 422, "The request is not valid", "priority")
+
+
+def test_json_with_an_unknown_model_is_422(client: TestClient) -> None:
+    body = {"model": "nope", "inputs": [{"uri": "s3://b/k.jpg"}]}
+    assert_sentence(
+        client.post("/v1/jobs", json=body), 422, "no model named 'nope'", "detector", "ocr"
+    )
+
+
+def test_malformed_json_is_422(client: TestClient) -> None:
+    response = client.post(
+        "/v1/jobs",
+        content=b'{"model": "detector", "inputs": [',
+        headers={"Content-Type": "application/json"},
+    )
+    assert_sentence(response, 422, "The request is not valid", "JSON")
+
+
+def test_json_without_inputs_is_422(client: TestClient) -> None:
+    assert_sentence(
+        client.post("/v1/jobs", json={"model": "detector", "inputs": []}), 422, "inputs"
+    )
+
+
+def test_an_unsupported_content_type_is_422(client: TestClient) -> None:
+    response = client.post(
+        "/v1/jobs", content=b"model=detector", headers={"Content-Type": "text/plain"}
+    )
+    assert_sentence(response, 422, "multipart/form-data", "application/json")
+
+
+def test_multipart_without_a_model_or_files_is_422(client: TestClient) -> None:
+    assert_sentence(client.post("/v1/jobs", files=files("a.png")), 422, "'model' field")
+    assert_sentence(
+        client.post("/v1/jobs", data={"model": "detector"}, files={"other": ("x", b"1")}),
+        422,
+        "'files'",
+    )
+
+
+def test_multipart_with_duplicate_names_is_422(client: TestClient) -> None:
+    response = client.post("/v1/jobs", data={"model": "detector"}, files=files("a.png", "a.png"))
+    assert_sentence(response, 422, "share the name 'a.png'")
+
+
+def test_multipart_with_bad_options_is_422(client: TestClient) -> None:
+    response = client.post(
+        "/v1/jobs", data={"model": "detector", "options": "[1, 2]"}, files=files("a.png")
+    )
+    assert_sentence(response, 422, "'options' must be a JSON object")
+
+
+def test_an_upload_over_the_limit_is_413(settings: Settings, new_key: Callable[[str], str]) -> None:
+    small = settings.model_copy(update={"max_upload_bytes": 100})
+    with TestClient(create_app(small), headers=bearer(new_key("acme"))) as http:
+        response = http.post(
+            "/v1/jobs", data={"model": "detector"}, files={"files": ("big.png", b"x" * 101)}
+        )
+    assert_sentence(response, 413, "big.png", "100-byte limit")
+
+
+# --- tenants ------------------------------------------------------------------------------
+
+
+def test_another_tenant_gets_404_everywhere(client: TestClient, other: dict[str, str]) -> None:
+    job_id = submit(client)["id"]
+    for method, path in [
+        ("GET", f"/v1/jobs/{job_id}"),
+        ("GET", f"/v1/jobs/{job_id}/items"),
+        ("GET", f"/v1/jobs/{job_id}/results"),
+        ("POST", f"/v1/jobs/{job_id}/cancel"),
+    ]:
+        response = client.request(method, path, headers=other)
+        assert_sentence(response, 404, f"There is no job {job_id}")
+    assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"  # not cancelled
+
+
+def test_an_unknown_job_is_404(client: TestClient) -> None:
+    assert_sentence(client.get(f"/v1/jobs/{MISSING_JOB}"), 404, "There is no job")
+
+
+# --- models, health, results, cancel ------------------------------------------------------
+
+
+def test_models_lists_the_builtins(client: TestClient) -> None:
+    response = client.get("/v1/models")
+    assert response.status_code == 200
+    models = {m["name"]: m for m in response.json()}
+    assert {"detector", "ocr"} <= set(models)
+    assert models["detector"]["kind"] == "detect"
+    assert models["ocr"] == {
+        "name": "ocr",
+        "kind": "ocr",
+        "input": "image",
+        "description": models["ocr"]["description"],
+        "builtin": True,
+    }
+
+
+def test_healthz_needs_no_key(client: TestClient) -> None:
+    client.headers.pop("Authorization")
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_readyz_checks_database_broker_and_storage(client: TestClient) -> None:
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "ready": True,
+        "checks": {"database": "ok", "broker": "ok", "storage": "ok"},
+    }
+
+
+def test_results_before_any_shard_is_an_empty_parquet_file(client: TestClient) -> None:
+    job_id = submit(client)["id"]
+    response = client.get(f"/v1/jobs/{job_id}/results")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/vnd.apache.parquet"
+    assert response.headers["X-Kiln-Job-Status"] == "queued"
+    assert f'filename="{job_id}.parquet"' in response.headers["Content-Disposition"]
+    table = pq.read_table(io.BytesIO(response.content))
+    assert table.num_rows == 0
+    assert table.column_names == ["key", "status", "error", "duration_ms"]
+
+
+def test_cancel_then_cancel_again(client: TestClient) -> None:
+    job_id = submit(client, n=4)["id"]
+
+    response = client.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code == 200, response.text
+    job = response.json()
+    assert job["status"] == "cancelled"
+    assert job["counts"] == {"total": 4, "succeeded": 0, "failed": 0, "pending": 0, "cancelled": 4}
+    assert job["finished_at"] is not None
+    items = client.get(f"/v1/jobs/{job_id}/items").json()["items"]
+    assert {i["status"] for i in items} == {"cancelled"}
+
+    assert_sentence(client.post(f"/v1/jobs/{job_id}/cancel"), 409, "already cancelled")
+
+
+def test_openapi_schema_lists_the_routes(client: TestClient) -> None:
+    client.headers.pop("Authorization")
+    response = client.get("/openapi.json")
+    assert response.status_code == 200
+    schema = response.json()
+    assert schema["info"]["title"] == "Kiln"
+    paths = schema["paths"]
+    assert {"post", "get"} <= set(paths["/v1/jobs"])
+    assert "/v1/jobs/{job_id}" in paths
+    assert "/v1/jobs/{job_id}/items" in paths
+    assert "/v1/jobs/{job_id}/results" in paths
+    assert "/v1/jobs/{job_id}/cancel" in paths
+    assert "/v1/models" in paths
+    body = paths["/v1/jobs"]["post"]["requestBody"]["content"]
+    assert {"application/json", "multipart/form-data"} <= set(body)
+
+
+def test_multipart_uploads_are_closed(client: TestClient) -> None:
+    """Each upload is spooled to a temporary file (on disk past 1 MB); the API must close
+    them once the request is read, not leave them to the garbage collector."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        response = client.post("/v1/jobs", data={"model": "detector"}, files=files("a.png"))
+        assert response.status_code == 202
+        del response
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []

@@ -1,0 +1,392 @@
+"""The small query functions over jobs and items, on a migrated SQLite database."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db import queries
+from app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
+
+
+def make_job(
+    session: Session,
+    statuses: Sequence[str] = (),
+    *,
+    tenant: str = "acme",
+    status: str = JobStatus.RUNNING,
+    created_at: datetime | None = None,
+    job_id: str | None = None,
+) -> Job:
+    """A job with one item per status, keys `k0`, `k1`, ... in id order."""
+    job = Job(
+        id=job_id or str(uuid.uuid4()),
+        tenant=tenant,
+        model="detector",
+        status=status,
+        created_at=created_at or utcnow(),
+    )
+    session.add(job)
+    session.flush()
+    session.add_all(
+        Item(job_id=job.id, key=f"k{i}", source=f"store:x/{i}", status=s)
+        for i, s in enumerate(statuses)
+    )
+    session.commit()
+    return job
+
+
+def items_of(session: Session, job_id: str) -> list[Item]:
+    session.expire_all()
+    return list(session.scalars(select(Item).where(Item.job_id == job_id).order_by(Item.id)))
+
+
+def snapshot(session: Session, job_id: str) -> list[tuple[Any, ...]]:
+    return [
+        (i.id, i.key, i.chunk, i.status, i.error, i.outputs, i.duration_ms, i.attempts)
+        for i in items_of(session, job_id)
+    ]
+
+
+def result_row(key: str, status: str = ItemStatus.SUCCEEDED, **extra: Any) -> dict[str, Any]:
+    row = {
+        "key": key,
+        "chunk": 0,
+        "status": status,
+        "error": None,
+        "outputs": {"labels": [{"label": "cat", "score": 0.9}]},
+        "duration_ms": 12.5,
+        "finished_at": utcnow(),
+    }
+    return {**row, **extra}
+
+
+# --- job_counts ---------------------------------------------------------------------------
+
+
+def test_job_counts_are_derived_from_items(session: Session) -> None:
+    job = make_job(
+        session,
+        [
+            ItemStatus.PENDING,
+            ItemStatus.RUNNING,
+            ItemStatus.SUCCEEDED,
+            ItemStatus.SUCCEEDED,
+            ItemStatus.FAILED,
+            ItemStatus.CANCELLED,
+        ],
+    )
+    make_job(session, [ItemStatus.SUCCEEDED] * 3)  # another job's items do not count
+
+    counts = queries.job_counts(session, job.id)
+
+    assert counts == queries.Counts(total=6, succeeded=2, failed=1, pending=2, cancelled=1)
+    assert counts.done == 4
+
+
+def test_job_counts_follow_the_items_as_they_change(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING] * 3)
+    assert queries.job_counts(session, job.id) == queries.Counts(total=3, pending=3)
+    [first, *_] = items_of(session, job.id)
+    first.status = ItemStatus.FAILED
+    session.commit()
+    assert queries.job_counts(session, job.id) == queries.Counts(total=3, failed=1, pending=2)
+
+
+def test_job_counts_of_an_unknown_job_are_zero(session: Session) -> None:
+    assert queries.job_counts(session, "nope") == queries.Counts()
+
+
+# --- lease_items --------------------------------------------------------------------------
+
+
+def test_lease_items_skips_finished_items_and_counts_attempts(session: Session) -> None:
+    job = make_job(
+        session,
+        [
+            ItemStatus.PENDING,
+            ItemStatus.RUNNING,  # a redelivered chunk re-leases an expired lease
+            ItemStatus.SUCCEEDED,
+            ItemStatus.FAILED,
+            ItemStatus.CANCELLED,
+        ],
+    )
+    ids = [i.id for i in items_of(session, job.id)]
+
+    leased = queries.lease_items(session, job.id, ids)
+    session.commit()
+
+    assert [i.id for i in leased] == ids[:2]
+    items = items_of(session, job.id)
+    assert [i.status for i in items] == [
+        ItemStatus.RUNNING,
+        ItemStatus.RUNNING,
+        ItemStatus.SUCCEEDED,
+        ItemStatus.FAILED,
+        ItemStatus.CANCELLED,
+    ]
+    assert [i.attempts for i in items] == [1, 1, 0, 0, 0]
+    assert all(i.started_at is not None for i in items[:2])
+    assert all(i.started_at is None for i in items[2:])
+
+
+def test_leasing_again_increments_attempts(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
+    ids = [i.id for i in items_of(session, job.id)]
+    queries.lease_items(session, job.id, ids)
+    queries.lease_items(session, job.id, ids)
+    session.commit()
+    assert [i.attempts for i in items_of(session, job.id)] == [2, 2]
+
+
+def test_lease_items_takes_only_the_chunks_ids_of_that_job(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING] * 3)
+    other = make_job(session, [ItemStatus.PENDING])
+    ids = [i.id for i in items_of(session, job.id)]
+    other_id = items_of(session, other.id)[0].id
+
+    leased = queries.lease_items(session, job.id, [ids[0], ids[2], other_id])
+    session.commit()
+
+    assert [i.id for i in leased] == [ids[0], ids[2]]
+    assert [i.status for i in items_of(session, job.id)] == [
+        ItemStatus.RUNNING,
+        ItemStatus.PENDING,
+        ItemStatus.RUNNING,
+    ]
+    assert items_of(session, other.id)[0].status == ItemStatus.PENDING
+
+
+def test_lease_items_of_a_finished_chunk_is_empty(session: Session) -> None:
+    job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.CANCELLED])
+    ids = [i.id for i in items_of(session, job.id)]
+    assert queries.lease_items(session, job.id, ids) == []
+
+
+def test_mark_job_running_only_moves_a_queued_job(session: Session) -> None:
+    queued = make_job(session, [ItemStatus.PENDING], status=JobStatus.QUEUED)
+    cancelling = make_job(session, [ItemStatus.RUNNING], status=JobStatus.CANCELLING)
+    queries.mark_job_running(session, queued.id)
+    queries.mark_job_running(session, cancelling.id)
+    session.commit()
+    session.expire_all()
+    assert session.get(Job, queued.id).status == JobStatus.RUNNING  # type: ignore[union-attr]
+    assert session.get(Job, queued.id).started_at is not None  # type: ignore[union-attr]
+    assert session.get(Job, cancelling.id).status == JobStatus.CANCELLING  # type: ignore[union-attr]
+
+
+# --- upsert_results -----------------------------------------------------------------------
+
+
+def test_upsert_results_writes_the_chunk(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
+    ids = [i.id for i in items_of(session, job.id)]
+    queries.lease_items(session, job.id, ids)
+    queries.upsert_results(
+        session,
+        job.id,
+        [result_row("k0"), result_row("k1", ItemStatus.FAILED, error="Bad.", outputs=None)],
+    )
+    session.commit()
+
+    items = items_of(session, job.id)
+    assert [i.id for i in items] == ids  # updated in place, not inserted
+    assert [(i.status, i.error) for i in items] == [
+        (ItemStatus.SUCCEEDED, None),
+        (ItemStatus.FAILED, "Bad."),
+    ]
+    assert items[0].outputs == {"labels": [{"label": "cat", "score": 0.9}]}
+    assert items[0].duration_ms == 12.5
+    assert all(i.finished_at is not None for i in items)
+    assert [i.attempts for i in items] == [1, 1]
+
+
+def test_upsert_results_twice_changes_nothing(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING] * 3)
+    ids = [i.id for i in items_of(session, job.id)]
+    queries.lease_items(session, job.id, ids)
+    rows = [result_row("k0"), result_row("k1"), result_row("k2", ItemStatus.FAILED, error="X.")]
+    queries.upsert_results(session, job.id, rows)
+    session.commit()
+    first = snapshot(session, job.id)
+
+    queries.upsert_results(session, job.id, rows)  # the replay of a redelivered chunk
+    session.commit()
+    assert snapshot(session, job.id) == first
+
+    changed = [result_row(k, ItemStatus.FAILED, error="Later.") for k in ("k0", "k1", "k2")]
+    queries.upsert_results(session, job.id, changed)  # a late, different answer
+    session.commit()
+    assert snapshot(session, job.id) == first
+
+
+def test_upsert_results_never_overwrites_a_cancelled_item(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
+    ids = [i.id for i in items_of(session, job.id)]
+    queries.lease_items(session, job.id, ids[:1])
+    queries.cancel_items(session, job.id)  # k1 was still pending
+    session.commit()
+
+    queries.upsert_results(session, job.id, [result_row("k0"), result_row("k1")])
+    session.commit()
+
+    items = items_of(session, job.id)
+    assert [i.status for i in items] == [ItemStatus.SUCCEEDED, ItemStatus.CANCELLED]
+    assert items[1].error == "The job was cancelled."
+    assert items[1].outputs is None
+
+
+def test_upsert_results_of_nothing_is_a_no_op(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING])
+    queries.upsert_results(session, job.id, [])
+    assert snapshot(session, job.id)[0][3] == ItemStatus.PENDING
+
+
+def test_finished_items_are_those_not_open(session: Session) -> None:
+    job = make_job(
+        session,
+        [ItemStatus.PENDING, ItemStatus.RUNNING, ItemStatus.SUCCEEDED, ItemStatus.CANCELLED],
+    )
+    ids = [i.id for i in items_of(session, job.id)]
+    assert [i.key for i in queries.finished_items(session, ids)] == ["k2", "k3"]
+
+
+def test_cancel_items_cancels_only_pending(session: Session) -> None:
+    job = make_job(
+        session, [ItemStatus.PENDING, ItemStatus.RUNNING, ItemStatus.SUCCEEDED, ItemStatus.PENDING]
+    )
+    assert queries.cancel_items(session, job.id) == 2
+    session.commit()
+    assert [i.status for i in items_of(session, job.id)] == [
+        ItemStatus.CANCELLED,
+        ItemStatus.RUNNING,
+        ItemStatus.SUCCEEDED,
+        ItemStatus.CANCELLED,
+    ]
+
+
+# --- finish_job_if_done -------------------------------------------------------------------
+
+
+def test_finish_job_if_done_waits_for_open_items(session: Session) -> None:
+    job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.RUNNING])
+    assert queries.finish_job_if_done(session, job.id) is None
+    session.commit()
+    session.expire_all()
+    assert session.get(Job, job.id).status == JobStatus.RUNNING  # type: ignore[union-attr]
+
+
+def test_finish_job_if_done_answers_exactly_once(session: Session) -> None:
+    job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.FAILED])
+
+    assert queries.finish_job_if_done(session, job.id) == JobStatus.COMPLETED
+    session.commit()
+    assert queries.finish_job_if_done(session, job.id) is None
+    session.commit()
+
+    session.expire_all()
+    closed = session.get(Job, job.id)
+    assert closed is not None
+    assert closed.status == JobStatus.COMPLETED  # failed items still complete the job
+    assert closed.finished_at is not None
+
+
+def test_finish_job_if_done_maps_cancelling_to_cancelled(session: Session) -> None:
+    job = make_job(
+        session, [ItemStatus.SUCCEEDED, ItemStatus.CANCELLED], status=JobStatus.CANCELLING
+    )
+    assert queries.finish_job_if_done(session, job.id) == JobStatus.CANCELLED
+    assert queries.finish_job_if_done(session, job.id) is None
+    session.commit()
+    session.expire_all()
+    assert session.get(Job, job.id).status == JobStatus.CANCELLED  # type: ignore[union-attr]
+
+
+def test_finish_job_if_done_closes_a_queued_job_and_sets_started_at(session: Session) -> None:
+    job = make_job(session, [ItemStatus.SUCCEEDED], status=JobStatus.QUEUED)
+    assert queries.finish_job_if_done(session, job.id) == JobStatus.COMPLETED
+    session.commit()
+    session.expire_all()
+    closed = session.get(Job, job.id)
+    assert closed is not None and closed.started_at is not None
+    assert closed.started_at <= closed.finished_at  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("status", [JobStatus.FAILED, JobStatus.COMPLETED, JobStatus.CANCELLED])
+def test_finish_job_if_done_leaves_a_closed_job_alone(session: Session, status: str) -> None:
+    job = make_job(session, [ItemStatus.SUCCEEDED], status=status)
+    assert queries.finish_job_if_done(session, job.id) is None
+    session.commit()
+    session.expire_all()
+    assert session.get(Job, job.id).status == status  # type: ignore[union-attr]
+
+
+def test_is_open() -> None:
+    assert queries.is_open(Job(status=JobStatus.QUEUED))
+    assert queries.is_open(Job(status=JobStatus.RUNNING))
+    assert queries.is_open(Job(status=JobStatus.CANCELLING))
+    assert not queries.is_open(Job(status=JobStatus.COMPLETED))
+    assert not queries.is_open(Job(status=JobStatus.FAILED))
+    assert not queries.is_open(Job(status=JobStatus.CANCELLED))
+
+
+# --- tenant_job, list_items, list_jobs ----------------------------------------------------
+
+
+def test_tenant_job_sees_only_the_tenants_jobs(session: Session) -> None:
+    job = make_job(session, tenant="acme")
+    assert queries.tenant_job(session, "acme", job.id) is job
+    assert queries.tenant_job(session, "globex", job.id) is None
+    assert queries.lock_job(session, job.id, "globex") is None
+    assert queries.lock_job(session, job.id) is job
+
+
+def test_list_items_pages_in_id_order_with_a_status_filter(session: Session) -> None:
+    statuses = [ItemStatus.SUCCEEDED, ItemStatus.FAILED] * 3
+    job = make_job(session, statuses)
+    ids = [i.id for i in items_of(session, job.id)]
+
+    first = queries.list_items(session, job.id, status=None, after=0, limit=4)
+    rest = queries.list_items(session, job.id, status=None, after=first[-1].id, limit=4)
+    assert [i.id for i in first + rest] == ids
+    assert len(rest) == 2
+
+    failed = queries.list_items(session, job.id, status=ItemStatus.FAILED, after=0, limit=10)
+    assert [i.key for i in failed] == ["k1", "k3", "k5"]
+
+
+def test_list_jobs_pages_newest_first_through_created_at_ties(session: Session) -> None:
+    base = utcnow().replace(microsecond=0)
+    times = [base, base + timedelta(seconds=1), base + timedelta(seconds=1)]
+    times += [base + timedelta(seconds=1), base + timedelta(seconds=2)]
+    jobs = [make_job(session, created_at=t) for t in times]
+    make_job(session, tenant="globex", created_at=base + timedelta(seconds=1))
+    expected = [j.id for j in sorted(jobs, key=lambda j: (j.created_at, j.id), reverse=True)]
+
+    seen: list[str] = []
+    after: Job | None = None
+    for _ in range(10):
+        page = queries.list_jobs(session, "acme", after=after, limit=2)
+        if not page:
+            break
+        assert len(page) <= 2
+        seen += [j.id for j in page]
+        after = page[-1]
+    assert seen == expected
+    assert seen[0] == jobs[4].id and seen[-1] == jobs[0].id
+
+
+def test_list_jobs_cursor_inside_a_tie_returns_the_rest_of_it(session: Session) -> None:
+    when = utcnow()
+    ids = ["a" * 8, "b" * 8, "c" * 8]
+    for job_id in ids:
+        make_job(session, created_at=when, job_id=job_id)
+    cursor = session.get(Job, "b" * 8)
+    assert [j.id for j in queries.list_jobs(session, "acme", after=cursor, limit=10)] == ["a" * 8]
+    assert [j.id for j in queries.list_jobs(session, "acme", after=None, limit=10)] == ids[::-1]

@@ -1,0 +1,416 @@
+"""`submit_job`, `cancel_job`, `progress`: the service layer on SQLite and a local store."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core.config import Settings
+from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
+from app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
+from app.jobs import (
+    INTERACTIVE_MAX_ITEMS,
+    InputRef,
+    JobRequest,
+    Submitted,
+    Upload,
+    cancel_job,
+    get_job,
+    progress,
+    submit_job,
+)
+from app.storage.local import LocalStore
+from tests.app.conftest import CHUNK_SIZE
+from tests.images import solid
+from tests.support import BrokenDispatcher, Enqueued, RecordingDispatcher
+
+
+def uploads(n: int, prefix: str = "img") -> list[Upload]:
+    return [
+        Upload(f"{prefix}-{i}.png", solid((i * 30 % 256, 10, 200)), "image/png") for i in range(n)
+    ]
+
+
+def submit(
+    session: Session,
+    store: LocalStore,
+    dispatcher: object,
+    settings: Settings,
+    *,
+    n: int = 2,
+    tenant: str = "acme",
+    model: str = "detector",
+    key: str | None = None,
+) -> Submitted:
+    request = JobRequest(tenant=tenant, model=model, uploads=uploads(n), idempotency_key=key)
+    return submit_job(session, store, dispatcher, settings, request)  # type: ignore[arg-type]
+
+
+def items_of(session: Session, job_id: str) -> list[Item]:
+    return list(session.scalars(select(Item).where(Item.job_id == job_id).order_by(Item.id)))
+
+
+def job_count(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+# --- submit -------------------------------------------------------------------------------
+
+
+def test_submit_records_items_and_enqueues_one_message_per_chunk(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    assert settings.chunk_size == CHUNK_SIZE == 3
+    submitted = submit(session, store, dispatcher, settings, n=7)
+
+    assert submitted.created is True
+    job = submitted.job
+    assert job.status == JobStatus.QUEUED
+    assert job.tenant == "acme" and job.model == "detector"
+    assert job.chunk_count == 3
+    items = items_of(session, job.id)
+    assert [i.key for i in items] == [f"img-{i}.png" for i in range(7)]
+    assert [i.chunk for i in items] == [0, 0, 0, 1, 1, 1, 2]
+    assert {i.status for i in items} == {ItemStatus.PENDING}
+    assert {i.attempts for i in items} == {0}
+    ids = [i.id for i in items]
+    assert dispatcher.calls == [
+        Enqueued(job.id, 0, ids[0:3], "interactive"),
+        Enqueued(job.id, 1, ids[3:6], "interactive"),
+        Enqueued(job.id, 2, ids[6:7], "interactive"),
+    ]
+
+
+def test_large_jobs_go_to_the_bulk_queue(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    roomy = settings.model_copy(update={"max_files_per_job": 1000, "chunk_size": 100})
+    inputs = [InputRef(uri=f"s3://photos/{i:04d}.jpg") for i in range(INTERACTIVE_MAX_ITEMS + 1)]
+    job = submit_job(
+        session, store, dispatcher, roomy, JobRequest("acme", "detector", inputs=inputs)
+    ).job
+    assert job.chunk_count == 3
+    assert [(c.chunk, len(c.item_ids), c.queue) for c in dispatcher.calls] == [
+        (0, 100, "bulk"),
+        (1, 100, "bulk"),
+        (2, INTERACTIVE_MAX_ITEMS + 1 - 200, "bulk"),
+    ]
+
+
+def test_a_job_of_exactly_the_interactive_limit_stays_interactive(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    roomy = settings.model_copy(update={"max_files_per_job": 1000, "chunk_size": 100})
+    inputs = [InputRef(uri=f"s3://photos/{i:04d}.jpg") for i in range(INTERACTIVE_MAX_ITEMS)]
+    submit_job(session, store, dispatcher, roomy, JobRequest("acme", "detector", inputs=inputs))
+    assert {c.queue for c in dispatcher.calls} == {"interactive"}
+
+
+def test_uploads_are_stored_before_submit_returns(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    request = JobRequest(tenant="acme", model="detector", uploads=uploads(4))
+    job = submit_job(session, store, dispatcher, settings, request).job
+
+    items = items_of(session, job.id)
+    for index, (upload, item) in enumerate(zip(request.uploads, items, strict=True)):
+        key = f"jobs/{job.id}/inputs/{index:06d}"
+        assert item.source == f"store:{key}"
+        assert store.get(key) == upload.data
+    assert sorted(store.list(f"jobs/{job.id}/inputs/")) == [
+        f"jobs/{job.id}/inputs/{i:06d}" for i in range(4)
+    ]
+
+
+def test_chunks_are_enqueued_after_the_job_is_committed(
+    sessions: sessionmaker[Session], store: LocalStore, settings: Settings
+) -> None:
+    """A worker that picks a message up at once must find the items and their bytes."""
+    seen: list[tuple[int, bool]] = []
+
+    class Checking:
+        def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None:
+            with sessions() as other:  # another connection sees only committed rows
+                found = items_of(other, job_id)
+            wanted = [i for i in found if i.id in item_ids]
+            assert len(wanted) == len(item_ids)
+            stored = all(store.exists((i.source or "").removeprefix("store:")) for i in wanted)
+            seen.append((chunk, stored))
+
+    with sessions() as session:
+        submit(session, store, Checking(), settings, n=4)
+    assert seen == [(0, True), (1, True)]
+
+
+def test_text_inputs_become_items_without_stored_bytes(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    request = JobRequest(
+        tenant="acme", model="detector", inputs=[InputRef(uri="s3://bucket/a.jpg")]
+    )
+    job = submit_job(session, store, dispatcher, settings, request).job
+    [item] = items_of(session, job.id)
+    assert item.key == "s3://bucket/a.jpg" and item.source == "s3://bucket/a.jpg"
+    assert list(store.list(f"jobs/{job.id}/")) == []
+
+
+def test_idempotency_key_returns_the_same_job_and_enqueues_nothing_again(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    first = submit(session, store, dispatcher, settings, n=4, key="batch-1")
+    calls = list(dispatcher.calls)
+    assert len(calls) == 2
+
+    again = submit(session, store, dispatcher, settings, n=4, key="batch-1")
+    assert again.created is False
+    assert again.job.id == first.job.id
+    assert dispatcher.calls == calls
+    assert job_count(session) == 1
+    assert len(items_of(session, first.job.id)) == 4
+
+
+def test_idempotency_keys_are_per_tenant(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    mine = submit(session, store, dispatcher, settings, key="k", tenant="acme")
+    theirs = submit(session, store, dispatcher, settings, key="k", tenant="globex")
+    assert theirs.created is True
+    assert theirs.job.id != mine.job.id
+
+
+def test_unknown_model_is_an_input_error_listing_the_available_models(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    with pytest.raises(InputError, match="no model named 'nope'") as caught:
+        submit(session, store, dispatcher, settings, model="nope")
+    assert "available models: detector, ocr" in str(caught.value)
+    assert dispatcher.calls == []
+    assert job_count(session) == 0
+
+
+def test_duplicate_names_are_an_input_error_and_store_nothing(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    twice = [Upload("same.png", b"one"), Upload("same.png", b"two")]
+    request = JobRequest(tenant="acme", model="detector", uploads=twice)
+    with pytest.raises(InputError, match=re.escape("share the name 'same.png'")):
+        submit_job(session, store, dispatcher, settings, request)
+    assert list(store.list("jobs/")) == []
+    assert job_count(session) == 0
+    assert dispatcher.calls == []
+
+
+def test_upload_without_a_filename_is_an_input_error(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    request = JobRequest(tenant="acme", model="detector", uploads=[Upload("", b"x")])
+    with pytest.raises(InputError, match="needs a filename"):
+        submit_job(session, store, dispatcher, settings, request)
+
+
+def test_text_for_an_image_model_is_an_input_error(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    request = JobRequest(tenant="acme", model="ocr", inputs=[InputRef(text="hello")])
+    with pytest.raises(InputError, match="'ocr' takes images, not text"):
+        submit_job(session, store, dispatcher, settings, request)
+    assert job_count(session) == 0
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [InputRef(), InputRef(uri="s3://b/k", text="both")],
+    ids=["neither", "both"],
+)
+def test_an_input_needs_exactly_one_of_uri_or_text(
+    session: Session,
+    store: LocalStore,
+    dispatcher: RecordingDispatcher,
+    settings: Settings,
+    ref: InputRef,
+) -> None:
+    request = JobRequest(tenant="acme", model="detector", inputs=[ref])
+    with pytest.raises(InputError, match='exactly one of "uri" or "text"'):
+        submit_job(session, store, dispatcher, settings, request)
+
+
+def test_too_many_inputs_is_an_input_error(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    assert settings.max_files_per_job == 10
+    with pytest.raises(InputError, match="at most 10 inputs; this one has 11"):
+        submit(session, store, dispatcher, settings, n=11)
+    assert list(store.list("jobs/")) == []
+    assert job_count(session) == 0
+
+
+def test_exactly_the_maximum_is_accepted(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings, n=10).job
+    assert len(items_of(session, job.id)) == 10
+
+
+def test_a_job_needs_an_input(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    with pytest.raises(InputError, match="at least one input"):
+        submit(session, store, dispatcher, settings, n=0)
+
+
+def test_an_unreachable_broker_fails_the_job_with_a_sentence(
+    sessions: sessionmaker[Session], store: LocalStore, settings: Settings
+) -> None:
+    with sessions() as session, pytest.raises(TransientError, match="could not be queued"):
+        submit(session, store, BrokenDispatcher(), settings, n=4)
+
+    with sessions() as session:  # what a later request sees
+        [job] = session.scalars(select(Job)).all()
+        assert job.status == JobStatus.FAILED
+        assert job.error == "Kiln could not reach its queue."
+        assert job.finished_at is not None
+
+
+# --- cancel -------------------------------------------------------------------------------
+
+
+def test_cancel_a_queued_job_cancels_every_item_and_the_job(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings, n=4).job
+
+    cancelled = cancel_job(session, "acme", job.id)
+
+    assert cancelled.status == JobStatus.CANCELLED
+    assert cancelled.finished_at is not None
+    items = items_of(session, job.id)
+    assert {i.status for i in items} == {ItemStatus.CANCELLED}
+    assert {i.error for i in items} == {"The job was cancelled."}
+
+
+def test_cancel_keeps_finished_items_and_waits_for_running_ones(
+    sessions: sessionmaker[Session],
+    store: LocalStore,
+    dispatcher: RecordingDispatcher,
+    settings: Settings,
+) -> None:
+    with sessions() as session:
+        job = submit(session, store, dispatcher, settings, n=4).job
+        ids = [i.id for i in items_of(session, job.id)]
+        session.execute(update(Item).where(Item.id == ids[0]).values(status=ItemStatus.SUCCEEDED))
+        session.execute(update(Item).where(Item.id == ids[1]).values(status=ItemStatus.RUNNING))
+        session.commit()
+
+        cancelling = cancel_job(session, "acme", job.id)
+        assert cancelling.status == JobStatus.CANCELLING
+        assert cancelling.finished_at is None
+
+    with sessions() as session:
+        statuses = [i.status for i in items_of(session, job.id)]
+        assert statuses == [
+            ItemStatus.SUCCEEDED,
+            ItemStatus.RUNNING,
+            ItemStatus.CANCELLED,
+            ItemStatus.CANCELLED,
+        ]
+        assert get_job(session, "acme", job.id).status == JobStatus.CANCELLING
+
+
+def test_cancelling_twice_is_a_conflict(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings).job
+    cancel_job(session, "acme", job.id)
+    with pytest.raises(ConflictError, match="already cancelled"):
+        cancel_job(session, "acme", job.id)
+
+
+def test_cancelling_a_failed_job_is_a_conflict(
+    sessions: sessionmaker[Session], store: LocalStore, settings: Settings
+) -> None:
+    with sessions() as session, pytest.raises(TransientError):
+        submit(session, store, BrokenDispatcher(), settings)
+    with sessions() as session:
+        job_id = session.scalars(select(Job.id)).one()
+        with pytest.raises(ConflictError, match="already failed"):
+            cancel_job(session, "acme", job_id)
+
+
+def test_another_tenant_cannot_see_or_cancel_the_job(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings).job
+    with pytest.raises(NotFoundError, match=f"There is no job {job.id}"):
+        cancel_job(session, "globex", job.id)
+    with pytest.raises(NotFoundError):
+        get_job(session, "globex", job.id)
+    assert get_job(session, "acme", job.id).status == JobStatus.QUEUED
+    assert {i.status for i in items_of(session, job.id)} == {ItemStatus.PENDING}
+
+
+def test_cancel_an_unknown_job_is_not_found(session: Session) -> None:
+    with pytest.raises(NotFoundError):
+        cancel_job(session, "acme", "00000000-0000-0000-0000-000000000000")
+
+
+# --- progress -----------------------------------------------------------------------------
+
+
+def test_progress_of_a_queued_job(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings, n=5).job
+    report = progress(session, job)
+    assert report.counts.total == 5
+    assert report.counts.pending == 5
+    assert report.counts.done == 0
+    assert report.items_per_second is None
+    assert report.started_at is None and report.finished_at is None
+    assert report.created_at.tzinfo is not None
+
+
+def test_progress_counts_and_rate(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings, n=5).job
+    ids = [i.id for i in items_of(session, job.id)]
+    for item_id, status in zip(
+        ids,
+        [ItemStatus.SUCCEEDED, ItemStatus.SUCCEEDED, ItemStatus.FAILED, ItemStatus.RUNNING],
+        strict=False,
+    ):
+        session.execute(update(Item).where(Item.id == item_id).values(status=status))
+    started = utcnow() - timedelta(seconds=30)
+    job.status, job.started_at, job.finished_at = (
+        JobStatus.RUNNING,
+        started,
+        started + timedelta(seconds=10),
+    )
+    session.commit()
+    session.expire_all()  # read back what SQLite stored (naive datetimes)
+
+    job = get_job(session, "acme", job.id)
+    report = progress(session, job)
+    assert (report.counts.total, report.counts.succeeded, report.counts.failed) == (5, 2, 1)
+    assert report.counts.pending == 2  # one running, one pending
+    assert report.items_per_second == pytest.approx(0.3)  # 3 finished in 10 s
+    assert report.started_at is not None and report.started_at.tzinfo is not None
+    assert report.finished_at is not None
+    assert report.finished_at - report.started_at == timedelta(seconds=10)
+
+
+def test_progress_of_a_running_job_measures_against_now(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings, n=4).job
+    ids = [i.id for i in items_of(session, job.id)]
+    session.execute(update(Item).where(Item.id.in_(ids)).values(status=ItemStatus.SUCCEEDED))
+    job.status, job.started_at = JobStatus.RUNNING, utcnow() - timedelta(seconds=100)
+    session.commit()
+    rate = progress(session, job).items_per_second
+    assert rate is not None
+    assert 0.03 < rate <= 0.04  # 4 items in a little over 100 s

@@ -1,0 +1,360 @@
+"""`process_chunk` end to end without a broker: SQLite, a local store and a real ONNX classifier."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import select
+
+from app import results
+from app.catalog import ClassifierSpec, register_model
+from app.core.config import Settings
+from app.core.errors import TransientError
+from app.db import queries
+from app.db.models import Item, ItemStatus, Job, JobStatus, Model
+from app.jobs import JobRequest, Upload, cancel_job, submit_job
+from tests.images import solid, truncated_jpeg
+from tests.models import colour_classifier
+from tests.support import Enqueued, RecordingDispatcher, migrated_settings
+from workers import chunk as chunk_module
+from workers.chunk import ChunkReport, process_chunk
+from workers.runtime import WorkerRuntime
+
+MODEL = "colours"
+RED, GREEN, BLUE = (250, 5, 5), (5, 250, 5), (5, 5, 250)
+# chunk 0: r, g, b; chunk 1: notes.txt (not an image), b2
+FILES = [
+    ("r.png", solid(RED)),
+    ("g.png", solid(GREEN)),
+    ("b.png", solid(BLUE)),
+    ("notes.txt", b"these are not pixels"),
+    ("b2.png", solid(BLUE, size=(40, 90))),
+]
+EXPECTED_LABEL = {"r.png": "red", "g.png": "green", "b.png": "blue", "b2.png": "blue"}
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return migrated_settings(tmp_path, monkeypatch, chunk_size=3, max_batch=8, max_delay_ms=2)
+
+
+def register_colours(runtime: WorkerRuntime, tmp_path: Path) -> None:
+    path = tmp_path / "colours.onnx"
+    colour_classifier(path)
+    spec = ClassifierSpec(
+        input_size=32,
+        labels=["red", "green", "blue", "dark"],
+        mean=(0, 0, 0),
+        std=(1, 1, 1),
+        top_k=2,
+    )
+    with runtime.sessions() as session:
+        register_model(session, runtime.store, MODEL, path, "classify", spec)
+        session.commit()
+
+
+@pytest.fixture
+def runtime(settings: Settings, tmp_path: Path) -> Iterator[WorkerRuntime]:
+    runtime = WorkerRuntime(settings)
+    try:
+        register_colours(runtime, tmp_path)
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def submit(
+    runtime: WorkerRuntime, files: list[tuple[str, bytes]] = FILES
+) -> tuple[str, list[Enqueued]]:
+    dispatcher = RecordingDispatcher()
+    request = JobRequest(
+        tenant="acme", model=MODEL, uploads=[Upload(name, data) for name, data in files]
+    )
+    with runtime.sessions() as session:
+        job = submit_job(session, runtime.store, dispatcher, runtime.settings, request).job
+    return job.id, dispatcher.calls
+
+
+def run_all(runtime: WorkerRuntime, calls: list[Enqueued]) -> list[ChunkReport]:
+    return [process_chunk(runtime, c.job_id, c.chunk, c.item_ids) for c in calls]
+
+
+def items_by_key(runtime: WorkerRuntime, job_id: str) -> dict[str, Item]:
+    with runtime.sessions() as session:
+        rows = session.scalars(select(Item).where(Item.job_id == job_id).order_by(Item.id))
+        return {item.key: item for item in rows}
+
+
+def job_row(runtime: WorkerRuntime, job_id: str) -> Job:
+    with runtime.sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def shard_rows(runtime: WorkerRuntime, job_id: str, chunk: int) -> list[dict[str, Any]]:
+    table = pq.read_table(io.BytesIO(runtime.store.get(results.shard_key(job_id, chunk))))
+    return list(table.to_pylist())
+
+
+def manifest(runtime: WorkerRuntime, job_id: str) -> dict[str, Any]:
+    return dict(json.loads(runtime.store.get(results.manifest_key(job_id))))
+
+
+def test_a_job_runs_to_completion(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    assert [(c.chunk, len(c.item_ids)) for c in calls] == [(0, 3), (1, 2)]
+
+    first = process_chunk(runtime, job_id, 0, calls[0].item_ids)
+    assert (first.processed, first.succeeded, first.failed) == (3, 3, 0)
+    assert first.job_status is None
+    assert job_row(runtime, job_id).status == JobStatus.RUNNING
+    assert not runtime.store.exists(results.manifest_key(job_id))
+
+    second = process_chunk(runtime, job_id, 1, calls[1].item_ids)
+    assert (second.processed, second.succeeded, second.failed) == (2, 1, 1)
+    assert second.job_status == JobStatus.COMPLETED
+
+    items = items_by_key(runtime, job_id)
+    for key, label in EXPECTED_LABEL.items():
+        item = items[key]
+        assert item.status == ItemStatus.SUCCEEDED, item.error
+        assert item.error is None
+        assert item.attempts == 1
+        assert item.outputs is not None
+        labels = item.outputs["labels"]
+        assert len(labels) == 2  # top_k
+        assert labels[0]["label"] == label
+        assert labels[0]["score"] > labels[1]["score"]
+        assert item.duration_ms is not None and item.duration_ms >= 0
+    bad = items["notes.txt"]
+    assert bad.status == ItemStatus.FAILED
+    assert bad.error == "The file is not an image Kiln can read."
+    assert bad.outputs is None
+
+    job = job_row(runtime, job_id)
+    assert job.status == JobStatus.COMPLETED  # one failed item does not fail the job
+    assert job.started_at is not None and job.finished_at is not None
+
+
+def test_each_chunk_writes_one_parquet_shard(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    run_all(runtime, calls)
+
+    assert results.shard_keys(runtime.store, job_id) == [
+        f"results/{job_id}/part-000000.parquet",
+        f"results/{job_id}/part-000001.parquet",
+    ]
+    rows = shard_rows(runtime, job_id, 0)
+    assert [r["key"] for r in rows] == ["r.png", "g.png", "b.png"]
+    assert [r["labels"][0]["label"] for r in rows] == ["red", "green", "blue"]
+    assert {r["status"] for r in rows} == {"succeeded"}
+    by_key = {r["key"]: r for r in shard_rows(runtime, job_id, 1)}
+    assert by_key["notes.txt"]["status"] == "failed"
+    assert by_key["notes.txt"]["error"] == "The file is not an image Kiln can read."
+    assert by_key["notes.txt"]["labels"] is None
+    assert by_key["b2.png"]["labels"][0]["label"] == "blue"
+
+    combined = results.combined_table(runtime.store, job_id)
+    assert combined.num_rows == len(FILES)
+    assert combined.column_names[:4] == ["key", "status", "error", "duration_ms"]
+    assert "labels" in combined.column_names
+
+
+def test_the_manifest_is_written_when_the_job_completes(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    run_all(runtime, calls)
+
+    written = manifest(runtime, job_id)
+    assert written["job_id"] == job_id
+    assert written["model"] == MODEL
+    assert written["status"] == "completed"
+    assert written["engine"]  # the backend that ran it, e.g. onnxruntime-cpu
+    assert written["counts"] == {"total": 5, "succeeded": 4, "failed": 1, "cancelled": 0}
+    assert written["shards"] == results.shard_keys(runtime.store, job_id)
+    assert written["finished_at"] is not None
+
+
+def test_the_manifest_timestamps_are_utc(runtime: WorkerRuntime) -> None:
+    """Everything Kiln stores is UTC; the manifest should say so, on SQLite too."""
+    job_id, calls = submit(runtime)
+    run_all(runtime, calls)
+    written = manifest(runtime, job_id)
+    for field in ("created_at", "finished_at"):
+        stamp = datetime.fromisoformat(written[field])
+        assert stamp.utcoffset() is not None, f"{field} {written[field]!r} has no UTC offset"
+
+
+def test_one_bad_image_fails_alone(runtime: WorkerRuntime) -> None:
+    files = [("a.png", solid(RED)), ("cut.jpg", truncated_jpeg()), ("c.png", solid(GREEN))]
+    job_id, calls = submit(runtime, files)
+    [report] = run_all(runtime, calls)
+    assert (report.succeeded, report.failed) == (2, 1)
+    items = items_by_key(runtime, job_id)
+    assert items["cut.jpg"].status == ItemStatus.FAILED
+    assert items["cut.jpg"].error
+    assert items["cut.jpg"].error.endswith(".")
+    assert items["a.png"].outputs["labels"][0]["label"] == "red"  # type: ignore[index]
+    assert items["c.png"].outputs["labels"][0]["label"] == "green"  # type: ignore[index]
+
+
+def test_replaying_a_chunk_changes_nothing(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    run_all(runtime, calls)
+    before = {
+        k: (i.status, i.attempts, i.outputs, i.error)
+        for k, i in items_by_key(runtime, job_id).items()
+    }
+    shard_before = shard_rows(runtime, job_id, 0)
+    manifest_before = runtime.store.get(results.manifest_key(job_id))
+
+    replay = process_chunk(runtime, job_id, 0, calls[0].item_ids)  # a redelivered message
+
+    assert replay.processed == 0
+    assert replay.job_status is None  # the job was already closed
+    after = {
+        k: (i.status, i.attempts, i.outputs, i.error)
+        for k, i in items_by_key(runtime, job_id).items()
+    }
+    assert after == before
+    assert shard_rows(runtime, job_id, 0) == shard_before
+    assert runtime.store.get(results.manifest_key(job_id)) == manifest_before
+    assert job_row(runtime, job_id).status == JobStatus.COMPLETED
+
+
+def test_replaying_a_chunk_on_a_fresh_worker_keeps_the_shard(
+    runtime: WorkerRuntime, settings: Settings
+) -> None:
+    """A chunk redelivered to another worker process (acks_late after a crash) is harmless.
+
+    The new process has not loaded the model, since nothing is left to run; the rewritten
+    shard must still carry the model's output columns.
+    """
+    job_id, calls = submit(runtime)
+    run_all(runtime, calls)
+    shard_before = shard_rows(runtime, job_id, 0)
+
+    fresh = WorkerRuntime(settings)
+    try:
+        replay = process_chunk(fresh, job_id, 0, calls[0].item_ids)
+    finally:
+        fresh.close()
+
+    assert replay.processed == 0
+    assert shard_rows(runtime, job_id, 0) == shard_before
+
+
+def test_a_chunk_of_a_cancelled_job_processes_nothing(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    with runtime.sessions() as session:
+        assert cancel_job(session, "acme", job_id).status == JobStatus.CANCELLED
+
+    reports = run_all(runtime, calls)
+
+    assert [r.processed for r in reports] == [0, 0]
+    assert [r.job_status for r in reports] == [None, None]
+    items = items_by_key(runtime, job_id)
+    assert {i.status for i in items.values()} == {ItemStatus.CANCELLED}
+    assert {i.attempts for i in items.values()} == {0}
+    assert job_row(runtime, job_id).status == JobStatus.CANCELLED
+
+
+def test_a_chunk_of_a_cancelling_job_drains_and_cancels_it(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    first = calls[0]
+    # A worker has leased chunk 0 when the cancel arrives: chunk 0 drains, chunk 1 never runs.
+    with runtime.sessions() as session:
+        queries.lease_items(session, job_id, first.item_ids)
+        session.commit()
+        assert cancel_job(session, "acme", job_id).status == JobStatus.CANCELLING
+
+    reports = run_all(runtime, calls)
+
+    assert reports[0].processed == 3  # the running items finish and keep their results
+    assert reports[1].processed == 0
+    assert JobStatus.CANCELLED in {r.job_status for r in reports}
+    items = items_by_key(runtime, job_id)
+    assert [items[k].status for k in ("r.png", "g.png", "b.png")] == [ItemStatus.SUCCEEDED] * 3
+    assert items["notes.txt"].status == ItemStatus.CANCELLED
+    assert job_row(runtime, job_id).status == JobStatus.CANCELLED
+    assert manifest(runtime, job_id)["status"] == "cancelled"
+
+
+def test_a_chunk_of_a_deleted_job_is_dropped(runtime: WorkerRuntime) -> None:
+    report = process_chunk(runtime, "00000000-0000-0000-0000-000000000000", 0, [1, 2])
+    assert report.processed == 0 and report.job_status is None
+
+
+def test_a_model_that_cannot_load_fails_its_items(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime, [("a.png", solid(RED))])
+    with runtime.sessions() as session:
+        onnx_key = session.scalars(select(Model.onnx_key)).one()
+    runtime.store.put(onnx_key, b"tampered")  # no longer matches the recorded sha256
+
+    [report] = run_all(runtime, calls)
+
+    assert report.job_status == JobStatus.COMPLETED
+    item = items_by_key(runtime, job_id)["a.png"]
+    assert item.status == ItemStatus.FAILED
+    assert item.error is not None
+    assert item.error.startswith(f"Model {MODEL!r} could not be loaded:")
+
+
+def test_the_manifest_lists_every_shard_when_chunks_finish_out_of_order(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two chunks in flight on one worker's threads (or two workers).
+
+    Chunk 0 commits its results, then its thread is descheduled before it writes its shard.
+    Chunk 1 then finishes: every item is closed, so it completes the job and writes the
+    manifest. The manifest (and any results download made now) must include chunk 0's rows.
+    """
+    job_id, calls = submit(runtime)
+    real_finish = chunk_module._finish
+    paused: list[tuple[Any, ...]] = []
+
+    def pause_chunk_0(*args: Any) -> str | None:
+        if args[2] == 0 and not paused:
+            paused.append(args)
+            return None
+        return real_finish(*args)
+
+    monkeypatch.setattr(chunk_module, "_finish", pause_chunk_0)
+    process_chunk(runtime, job_id, 0, calls[0].item_ids)  # results committed, no shard yet
+    done = process_chunk(runtime, job_id, 1, calls[1].item_ids)
+    assert done.job_status == JobStatus.COMPLETED
+    results_when_completed = results.combined_table(runtime.store, job_id).num_rows
+    real_finish(*paused[0])  # chunk 0's thread resumes
+
+    assert results_when_completed == len(FILES)
+    assert manifest(runtime, job_id)["shards"] == results.shard_keys(runtime.store, job_id)
+
+
+def test_a_failed_manifest_write_is_healed_by_the_retry(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storage throttles (or the worker dies) after the job is closed but before the manifest
+    is written; the task retries (or, with acks_late, the message is redelivered), and the
+    replay must still produce the manifest."""
+    job_id, calls = submit(runtime)
+    process_chunk(runtime, job_id, 0, calls[0].item_ids)
+
+    def throttled(*_args: Any) -> None:
+        raise TransientError("S3 is throttling requests; retry shortly.")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(results, "write_manifest", throttled)
+        with pytest.raises(TransientError):
+            process_chunk(runtime, job_id, 1, calls[1].item_ids)
+    assert job_row(runtime, job_id).status == JobStatus.COMPLETED
+
+    process_chunk(runtime, job_id, 1, calls[1].item_ids)  # the redelivered message
+
+    assert runtime.store.exists(results.manifest_key(job_id))

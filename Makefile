@@ -6,7 +6,7 @@ PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints/test.txt
 DEMO_DIR ?= .kiln/demo
 
-.PHONY: demo test check services unit integration clean
+.PHONY: demo test check services unit integration bench bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,11 +38,19 @@ unit: $(VENV)/.dev
 integration: $(VENV)/.dev services
 	$(BIN)/python -m pytest tests/integration
 
+$(VENV)/.bench: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev,bench]'
+	touch $@ $(VENV)/.dev $(VENV)/.run
+
+## bench: Kiln against the raw engine and its peers (bench/README.md); BENCH_ARGS=--quick
+bench: $(VENV)/.bench services
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
 ## check: lint, format and type checks
 check: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy app workers migrations
+	$(BIN)/mypy app workers migrations bench
 
 clean:
 	rm -rf $(VENV) .kiln .mypy_cache .ruff_cache .pytest_cache

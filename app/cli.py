@@ -141,17 +141,24 @@ def worker(
     ] = "interactive,bulk",
     hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port.")
+    ] = None,
 ) -> None:
     """Run a worker: task threads feed one Batcher per model in this process."""
     from workers.celery_app import make_celery
+    from workers.metrics import serve_metrics, worker_registry
 
     settings = _settings()
     celery = make_celery(settings)
     node = hostname or f"cpu@{socket.gethostname()}"
+    port = metrics_port or settings.worker_metrics_port
+    if port:
+        serve_metrics(port, worker_registry(celery.batch_stats))
     try:
         celery.Worker(
             pool_cls="threads",
-            concurrency=concurrency or settings.worker_concurrency,
+            concurrency=concurrency or settings.task_threads,
             queues=queues.split(","),
             hostname=node,
             loglevel=loglevel,
@@ -348,7 +355,12 @@ def _print_job(job: dict[str, Any]) -> None:
 def _session() -> Any:
     from app.db.session import make_engine, make_session_factory
 
-    return make_session_factory(make_engine(_settings().database_url))()
+    settings = _settings()
+    if settings.database_url.startswith("sqlite"):
+        from app.db.migrate import upgrade
+
+        upgrade(settings)  # the embedded default prepares its own database, as `kiln run` does
+    return make_session_factory(make_engine(settings.database_url))()
 
 
 def _triple(text: str) -> tuple[float, float, float]:

@@ -43,6 +43,7 @@ class Upload:
 class InputRef:
     uri: str | None = None
     text: str | None = None
+    key: str | None = None  # the item's name; defaults to the URI
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,14 @@ class JobRequest:
     inputs: Sequence[InputRef] = ()
     options: dict[str, Any] | None = None
     idempotency_key: str | None = None
+    local_files: bool = False  # file:// inputs: only `kiln run` on its own machine sets this
 
 
 @dataclass(frozen=True)
 class Submitted:
     job: Job
     created: bool
+    counts: queries.Counts | None = None  # known without a query for a job just created
 
 
 def submit_job(
@@ -100,17 +103,16 @@ def submit_job(
             if existing is not None:
                 return Submitted(existing, created=False)
         raise
-    dispatch_job(session, dispatcher, job)
-    return Submitted(job, created=True)
+    dispatch_job(session, dispatcher, job, items)
+    return Submitted(job, True, queries.Counts(total=len(items), pending=len(items)))
 
 
-def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job) -> None:
+def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequence[Item]) -> None:
+    """Send one message per chunk (the items' ids, assigned at commit), after the commit."""
     chunks: dict[int, list[int]] = {}
-    for item_id, chunk in session.execute(
-        select(Item.id, Item.chunk).where(Item.job_id == job.id).order_by(Item.id)
-    ):
-        chunks.setdefault(chunk, []).append(item_id)
-    total = sum(len(ids) for ids in chunks.values())
+    for item in sorted(items, key=lambda i: i.id):
+        chunks.setdefault(item.chunk, []).append(item.id)
+    total = len(items)
     queue = "interactive" if total <= INTERACTIVE_MAX_ITEMS else "bulk"
     try:
         for chunk, ids in sorted(chunks.items()):
@@ -151,14 +153,20 @@ def _check_request(session: Session, settings: Settings, request: JobRequest) ->
         if ref.text is not None and model.input != "text":
             raise InputError(f"Model {model.name!r} takes images, not text.")
         if ref.uri is not None:
-            parse_s3_uri(ref.uri)
+            _check_uri(ref.uri, request.local_files)
     if request.uploads and model.input != "image":
         raise InputError(f"Model {model.name!r} takes text, not files.")
 
 
+def _check_uri(uri: str, local_files: bool) -> None:
+    if local_files and uri.startswith("file:///"):
+        return
+    parse_s3_uri(uri)
+
+
 def _item_keys(request: JobRequest) -> list[str]:
     keys = [u.filename for u in request.uploads]
-    keys += [ref.uri or f"text-{i}" for i, ref in enumerate(request.inputs)]
+    keys += [ref.key or ref.uri or f"text-{i}" for i, ref in enumerate(request.inputs)]
     seen: set[str] = set()
     for key in keys:
         if not key:
@@ -223,8 +231,8 @@ class Progress:
     created_at: datetime
 
 
-def progress(session: Session, job: Job) -> Progress:
-    counts = queries.job_counts(session, job.id)
+def progress(session: Session, job: Job, counts: queries.Counts | None = None) -> Progress:
+    counts = counts or queries.job_counts(session, job.id)
     started, finished = aware(job.started_at), aware(job.finished_at)
     rate = None
     if started is not None:

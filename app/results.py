@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from app.db.models import Item
 from app.storage import ObjectStore
 
 BASE_FIELDS = [
@@ -19,6 +19,30 @@ BASE_FIELDS = [
     pa.field("error", pa.string()),
     pa.field("duration_ms", pa.float32()),
 ]
+
+
+class Result(Protocol):
+    """What a results row is made of: an `Item`, or a `ResultRow` not yet written to the DB."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def duration_ms(self) -> float | None: ...
+    @property
+    def outputs(self) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    key: str
+    status: str
+    error: str | None
+    duration_ms: float | None
+    outputs: dict[str, Any] | None
 
 
 def results_prefix(job_id: str) -> str:
@@ -39,7 +63,7 @@ def to_parquet(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def items_table(items: Sequence[Item], output_fields: Sequence[pa.Field]) -> pa.Table:
+def items_table(items: Sequence[Result], output_fields: Sequence[pa.Field]) -> pa.Table:
     """Rows for finished items: the base columns, then the model's own output columns."""
     names = [f.name for f in output_fields]
     rows: list[dict[str, Any]] = []
@@ -60,7 +84,7 @@ def write_shard(
     store: ObjectStore,
     job_id: str,
     chunk: int,
-    items: Sequence[Item],
+    items: Sequence[Result],
     output_fields: Sequence[pa.Field],
 ) -> str:
     """Write (or overwrite, on redelivery) the chunk's shard; returns its key."""
@@ -80,6 +104,12 @@ def combined_table(store: ObjectStore, job_id: str) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
-def write_manifest(store: ObjectStore, job_id: str, manifest: dict[str, Any]) -> None:
-    manifest = {**manifest, "shards": shard_keys(store, job_id)}
+def write_manifest(
+    store: ObjectStore, job_id: str, manifest: dict[str, Any], shards: Sequence[str] | None = None
+) -> None:
+    """The job's summary; `shards` when the caller knows them, else listed from storage."""
+    manifest = {
+        **manifest,
+        "shards": sorted(shards) if shards is not None else shard_keys(store, job_id),
+    }
     store.put(manifest_key(job_id), json.dumps(manifest, indent=2).encode(), "application/json")

@@ -1,21 +1,29 @@
 """The Batcher: gathers rows from many callers into micro-batches for one engine.
 
 Generic on purpose: it knows nothing of Celery, images or ONNX. Callers `submit` rows and
-get one `Future` per row; runner threads block on a queue (no polling), release a batch at
+get one `Future` per row; runner threads block on a condition (no polling), release a batch at
 `max_batch` rows or `max_delay_s` after its first row, and resolve each future. A batch that
 raises is split in halves until the bad row is alone, so one bad input fails one row.
+
+Two refinements for a worker that serves both bulk and interactive jobs:
+- `greedy=True`: callers announce the rows they are about to submit (`expect`), and a partial
+  batch waits only while announced rows are still on their way — a lone interactive image
+  runs at once instead of waiting out the delay, while a chunk being decoded still fills
+  its batch.
+- `max_queued`: `submit` blocks while that many rows wait, so decoding threads cannot run
+  arbitrarily far ahead of the engine (memory stays bounded, the CPU goes to the engine).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -53,7 +61,15 @@ class BatchStats:
         return self.rows / self.batches if self.batches else 0.0
 
 
-_STOP = object()
+class Announcement(Generic[In, Out]):
+    """Rows a caller said it will submit; `submit` through it counts them down."""
+
+    def __init__(self, batcher: Batcher[In, Out], rows: int) -> None:
+        self._batcher = batcher
+        self.remaining = rows
+
+    def submit(self, row: In) -> Future[Out]:
+        return self._batcher._submit(row, self)
 
 
 class Batcher(Generic[In, Out]):
@@ -65,16 +81,22 @@ class Batcher(Generic[In, Out]):
         max_delay_s: float,
         runners: int = 1,
         name: str = "batcher",
+        greedy: bool = False,
+        max_queued: int | None = None,
     ) -> None:
-        if max_batch < 1 or runners < 1 or max_delay_s < 0:
-            raise ValueError("max_batch and runners must be >= 1 and max_delay_s >= 0.")
+        if max_batch < 1 or runners < 1 or max_delay_s < 0 or (max_queued or 1) < 1:
+            raise ValueError("max_batch, runners and max_queued must be >= 1, max_delay_s >= 0.")
         self.fn = fn
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self.name = name
+        self.greedy = greedy
+        self.max_queued = max_queued
         self.stats = BatchStats()
-        self._queue: queue.Queue[object] = queue.Queue()
-        self._lock = threading.Lock()
+        self._rows: deque[_Pending[In, Out]] = deque()
+        self._announced = 0  # rows announced and not yet submitted
+        self._cond = threading.Condition()
+        self._stats_lock = threading.Lock()
         self._closed = False
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-runner-{i}", daemon=True)
@@ -83,59 +105,90 @@ class Batcher(Generic[In, Out]):
         for thread in self._threads:
             thread.start()
 
+    # --- callers -------------------------------------------------------------------------
+
     def submit(self, row: In) -> Future[Out]:
-        future: Future[Out] = Future()
-        with self._lock:
-            if self._closed:
-                raise BatcherClosedError(f"{self.name} is closed.")
-            self._queue.put(_Pending(row, future))
-        return future
+        return self._submit(row, None)
 
     def submit_many(self, rows: Sequence[In]) -> list[Future[Out]]:
         return [self.submit(row) for row in rows]
 
+    @contextmanager
+    def expect(self, rows: int) -> Iterator[Announcement[In, Out]]:
+        """Announce `rows` coming rows; rows not submitted by the end are written off."""
+        announcement: Announcement[In, Out] = Announcement(self, rows)
+        with self._cond:
+            self._announced += rows
+        try:
+            yield announcement
+        finally:
+            with self._cond:
+                self._announced -= announcement.remaining
+                announcement.remaining = 0
+                self._cond.notify_all()  # a runner may be waiting for those rows
+
+    def _submit(self, row: In, announcement: Announcement[In, Out] | None) -> Future[Out]:
+        future: Future[Out] = Future()
+        with self._cond:
+            while (
+                not self._closed
+                and self.max_queued is not None
+                and len(self._rows) >= self.max_queued
+            ):
+                self._cond.wait()
+            if self._closed:
+                raise BatcherClosedError(f"{self.name} is closed.")
+            self._rows.append(_Pending(row, future))
+            if announcement is not None and announcement.remaining > 0:
+                announcement.remaining -= 1
+                self._announced -= 1
+            self._cond.notify_all()
+        return future
+
+    def snapshot(self) -> BatchStats:
+        """A consistent copy of the running totals (runners keep updating the live one)."""
+        with self._stats_lock:
+            return replace(self.stats, size_counts=Counter(self.stats.size_counts))
+
     def close(self, timeout: float | None = 10.0) -> None:
         """Finish the rows already queued, then stop the runners."""
-        with self._lock:
+        with self._cond:
             if self._closed:
                 return
             self._closed = True
-            for _ in self._threads:
-                self._queue.put(_STOP)
+            self._cond.notify_all()
         for thread in self._threads:
             thread.join(timeout)
 
+    # --- runners -------------------------------------------------------------------------
+
     def _run(self) -> None:
         while True:
-            batch, stop = self._gather()
-            if batch:
-                self._execute(batch)
-            if stop:
+            batch = self._gather()
+            if batch is None:
                 return
+            self._execute(batch)
 
-    def _gather(self) -> tuple[list[_Pending[In, Out]], bool]:
-        """Block for a first row, then take more until full or the delay has passed."""
-        first = self._queue.get()
-        if first is _STOP:
-            return [], True
-        assert isinstance(first, _Pending)
-        batch: list[_Pending[In, Out]] = [first]
-        deadline = first.enqueued + self.max_delay_s
-        while len(batch) < self.max_batch:
-            remaining = deadline - time.monotonic()
-            try:
-                entry = (
-                    self._queue.get(timeout=remaining)
-                    if remaining > 0
-                    else self._queue.get_nowait()
-                )
-            except queue.Empty:
-                break
-            if entry is _STOP:
-                return batch, True
-            assert isinstance(entry, _Pending)
-            batch.append(entry)
-        return batch, False
+    def _gather(self) -> list[_Pending[In, Out]] | None:
+        """Block for a first row, then take more until full, the delay has passed, or (greedy)
+        no announced row is still coming. None once closed and drained."""
+        with self._cond:
+            while not self._rows:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            batch = [self._rows.popleft()]
+            deadline = batch[0].enqueued + self.max_delay_s
+            while len(batch) < self.max_batch:
+                if self._rows:
+                    batch.append(self._rows.popleft())
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed or (self.greedy and self._announced <= 0):
+                    break
+                self._cond.wait(remaining)
+            self._cond.notify_all()  # room in the queue for blocked submitters
+            return batch
 
     def _execute(self, batch: list[_Pending[In, Out]]) -> None:
         started = time.monotonic()
@@ -145,7 +198,7 @@ class Batcher(Generic[In, Out]):
         self._record(batch, started, time.monotonic() - started)
 
     def _record(self, batch: list[_Pending[In, Out]], started: float, seconds: float) -> None:
-        with self._lock:  # runners share the totals
+        with self._stats_lock:  # runners share the totals
             self.stats.batches += 1
             self.stats.rows += len(batch)
             self.stats.size_counts[len(batch)] += 1
@@ -161,7 +214,7 @@ class Batcher(Generic[In, Out]):
                     f"for {len(batch)} rows."
                 )
         except Exception as error:
-            with self._lock:
+            with self._stats_lock:
                 self.stats.failed_batches += 1
             if len(batch) == 1:
                 batch[0].future.set_exception(error)

@@ -11,6 +11,7 @@ from kombu.entity import Queue
 from app.core.config import Settings
 
 if TYPE_CHECKING:
+    from workers.batching import BatchStats
     from workers.runtime import WorkerRuntime
 
 QUEUES = ("interactive", "bulk", "ingest", "control")
@@ -34,6 +35,12 @@ class KilnCelery(Celery):  # type: ignore[misc]
 
                 self._runtime = WorkerRuntime(self.settings)
             return self._runtime
+
+    def batch_stats(self) -> dict[str, BatchStats]:
+        """Batching totals per model; empty until the runtime exists (never builds it)."""
+        with self._runtime_lock:
+            runtime = self._runtime
+        return runtime.batch_stats() if runtime else {}
 
     def close_runtime(self) -> None:
         with self._runtime_lock:

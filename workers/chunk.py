@@ -10,16 +10,16 @@ import logging
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from app import results
-from app.catalog import get_model
+from app.catalog import ModelInfo
 from app.core.errors import KilnError, NotFoundError, TransientError
 from app.db import queries
-from app.db.models import Item, ItemStatus, Job, aware, utcnow
+from app.db.models import Item, ItemStatus, JobStatus
+from app.results import ResultRow
+from workers.batching import Announcement
+from workers.finish import Lease, finish_chunk
 from workers.models.base import Prepared
-from workers.models.loader import output_fields
 from workers.runtime import ModelRunner, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -50,24 +50,35 @@ def process_chunk(
     runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int]
 ) -> ChunkReport:
     report = ChunkReport(job_id, chunk)
-    with runtime.sessions() as session:
-        job = queries.lock_job(session, job_id)
-        if job is None:
-            log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk)
-            return report
-        leased = queries.lease_items(session, job_id, item_ids)
-        if leased:
-            queries.mark_job_running(session, job_id)
-        session.commit()
-        model = get_model(session, job.model)
-    if leased:
-        work = _run(runtime, model, leased, report)
-        _write(runtime, job_id, work)
-    report.job_status = _finish(runtime, job_id, chunk, item_ids, model)
+    lease = _lease(runtime, job_id, chunk, item_ids)
+    if lease is None:
+        log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk)
+        return report
+    rows: list[ResultRow] = []
+    if lease.items:
+        rows = _result_rows(_run(runtime, lease.model, lease.items, report))
+    report.job_status = finish_chunk(runtime, lease, rows)
     return report
 
 
-def _run(runtime: WorkerRuntime, model: Any, items: list[Item], report: ChunkReport) -> list[_Work]:
+def _lease(runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int]) -> Lease | None:
+    """One transaction: lock the job, take the chunk's open items, mark the job running."""
+    with runtime.sessions() as session:
+        job = queries.lock_job(session, job_id)
+        if job is None:
+            return None
+        leased = queries.lease_items(session, job_id, item_ids)
+        was_open = queries.is_open(job)
+        if leased and job.status == JobStatus.QUEUED:
+            queries.mark_job_running(session, job_id)
+        session.commit()
+        model = runtime.model_info(session, job.model)
+        return Lease(job_id, chunk, item_ids, job.chunk_count, was_open, model, leased)
+
+
+def _run(
+    runtime: WorkerRuntime, model: ModelInfo, items: list[Item], report: ChunkReport
+) -> list[_Work]:
     """Fetch and decode on this thread, feeding the shared Batcher as rows become ready."""
     work = [_Work(item, time.monotonic()) for item in items]
     try:
@@ -80,8 +91,9 @@ def _run(runtime: WorkerRuntime, model: Any, items: list[Item], report: ChunkRep
             w.error = f"Model {model.name!r} could not be loaded: {error}."
         return work
     timer = time.monotonic()
-    for w in work:
-        _prepare(runtime, runner, w)
+    with runner.batcher.expect(len(work)) as announced:  # so the Batcher waits for these
+        for w in work:
+            _prepare(runtime, runner, announced, w)
     report.seconds["fetch_decode"] = time.monotonic() - timer
     timer = time.monotonic()
     for w in work:
@@ -93,7 +105,9 @@ def _run(runtime: WorkerRuntime, model: Any, items: list[Item], report: ChunkRep
     return work
 
 
-def _prepare(runtime: WorkerRuntime, runner: ModelRunner, w: _Work) -> None:
+def _prepare(
+    runtime: WorkerRuntime, runner: ModelRunner, announced: Announcement[Prepared, Any], w: _Work
+) -> None:
     try:
         data = runtime.fetcher.fetch(w.item.source, runtime.settings.max_upload_bytes)
         w.prepared = runner.pipeline.prepare(data)
@@ -106,7 +120,7 @@ def _prepare(runtime: WorkerRuntime, runner: ModelRunner, w: _Work) -> None:
         log.exception("preparing %s failed", w.item.key)
         w.error = f"The input could not be prepared: {error}."
         return
-    w.future = runner.batcher.submit(w.prepared)
+    w.future = announced.submit(w.prepared)
 
 
 def _collect(runner: ModelRunner, w: _Work) -> None:
@@ -119,86 +133,14 @@ def _collect(runner: ModelRunner, w: _Work) -> None:
         w.error = f"The model failed on this input: {error}."
 
 
-def _write(runtime: WorkerRuntime, job_id: str, work: list[_Work]) -> None:
-    now = utcnow()
-    rows = [
-        {
-            "key": w.item.key,
-            "chunk": w.item.chunk,
-            "status": ItemStatus.FAILED if w.error else ItemStatus.SUCCEEDED,
-            "error": w.error,
-            "outputs": w.outputs,
-            "duration_ms": round((time.monotonic() - w.started) * 1000, 2),
-            "finished_at": now,
-        }
+def _result_rows(work: list[_Work]) -> list[ResultRow]:
+    return [
+        ResultRow(
+            key=w.item.key,
+            status=ItemStatus.FAILED if w.error else ItemStatus.SUCCEEDED,
+            error=w.error,
+            duration_ms=round((time.monotonic() - w.started) * 1000, 2),
+            outputs=w.outputs,
+        )
         for w in work
     ]
-    with runtime.sessions() as session:
-        queries.upsert_results(session, job_id, rows)
-        session.commit()
-
-
-def _finish(
-    runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], model: Any
-) -> str | None:
-    """Write the chunk's shard from what the database holds, then close the job if done.
-
-    Shards are complete before the job is closed, so a reader who sees `completed` gets every
-    row; a replay after a crash (or a failed manifest write) finishes what was left undone.
-    """
-    fields = output_fields(model)
-    with runtime.sessions() as session:
-        done = queries.finished_items(session, item_ids)
-        if done:
-            results.write_shard(runtime.store, job_id, chunk, done, fields)
-        if queries.has_open_items(session, job_id):
-            return None
-        _write_missing_shards(runtime, session, job_id, fields)
-        final = queries.finish_job_if_done(session, job_id)
-        session.commit()
-        job = session.get(Job, job_id)
-        if job is None or queries.is_open(job):
-            return final
-        if final or not runtime.store.exists(results.manifest_key(job_id)):
-            _write_manifest(runtime, session, job)
-    return final
-
-
-def _write_missing_shards(
-    runtime: WorkerRuntime, session: Any, job_id: str, fields: list[Any]
-) -> None:
-    """Another chunk may have committed its results and not yet written its shard."""
-    written = set(results.shard_keys(runtime.store, job_id))
-    for chunk in queries.job_chunks(session, job_id):
-        if results.shard_key(job_id, chunk) not in written:
-            items = queries.chunk_items(session, job_id, chunk)
-            results.write_shard(runtime.store, job_id, chunk, items, fields)
-
-
-def _write_manifest(runtime: WorkerRuntime, session: Any, job: Job) -> None:
-    counts = queries.job_counts(session, job.id)
-    runner = runtime.runners().get(job.model)
-    results.write_manifest(
-        runtime.store,
-        job.id,
-        {
-            "job_id": job.id,
-            "model": job.model,
-            "status": job.status,
-            "engine": runner.pipeline.backend if runner else None,
-            "counts": {
-                "total": counts.total,
-                "succeeded": counts.succeeded,
-                "failed": counts.failed,
-                "cancelled": counts.cancelled,
-            },
-            "created_at": _iso(job.created_at),
-            "finished_at": _iso(job.finished_at),
-        },
-    )
-    log.info("job %s %s: %s", job.id, job.status, counts)
-
-
-def _iso(value: datetime | None) -> str | None:
-    stamp = aware(value)
-    return stamp.isoformat() if stamp else None

@@ -55,10 +55,11 @@ def collect_inputs(source: str) -> list[Path]:
     return sorted(f.resolve() for f in files)
 
 
-def _uploads(files: list[Path]) -> list[jobs.Upload]:
-    """Item keys are paths relative to the files' common folder (`sub/a.jpg`)."""
+def _inputs(files: list[Path]) -> list[jobs.InputRef]:
+    """The files where they are (nothing copied, nothing held in memory); item keys are paths
+    relative to their common folder (`sub/a.jpg`)."""
     root = Path(os.path.commonpath([f.parent for f in files]))
-    return [jobs.Upload(f.relative_to(root).as_posix(), f.read_bytes()) for f in files]
+    return [jobs.InputRef(uri=f.as_uri(), key=f.relative_to(root).as_posix()) for f in files]
 
 
 @contextmanager
@@ -66,6 +67,9 @@ def embedded_worker(app: KilnCelery, concurrency: int) -> Iterator[WorkControlle
     """A Celery worker on a thread of this process, stopped (warm) on exit."""
     from celery.worker import state
 
+    # The threads pool runs each task through `current_app`, which a pool thread takes from
+    # the process default: make it this app, as `celery worker` and celery.contrib.testing do.
+    app.set_default()
     worker = app.WorkController(
         pool_cls="threads",
         concurrency=concurrency,
@@ -106,11 +110,18 @@ def run_embedded(
     on_progress: Callable[[jobs.Progress], None] = lambda _p: None,
 ) -> RunOutcome:
     files = collect_inputs(source)
+    # A local run reads the files in place, and the API's per-job cap does not apply to it.
+    settings = settings.model_copy(
+        update={
+            "local_inputs": True,
+            "max_files_per_job": max(len(files), settings.max_files_per_job),
+        }
+    )
     upgrade(settings)
     app = make_celery(settings)
     store = open_store(settings)
     started = time.monotonic()
-    with embedded_worker(app, settings.worker_concurrency):
+    with embedded_worker(app, settings.task_threads):
         runtime = app.runtime()
         with runtime.sessions() as session:
             submitted = jobs.submit_job(
@@ -118,7 +129,9 @@ def run_embedded(
                 store,
                 CeleryDispatcher(app),
                 settings,
-                jobs.JobRequest(tenant=LOCAL_TENANT, model=model, uploads=_uploads(files)),
+                jobs.JobRequest(
+                    tenant=LOCAL_TENANT, model=model, inputs=_inputs(files), local_files=True
+                ),
             )
             job_id = submitted.job.id
         report = _wait(runtime.sessions, job_id, on_progress)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -13,8 +15,23 @@ from app.storage import ObjectStore
 from app.storage.s3 import make_s3_client, parse_s3_uri, translate
 
 
+def _read_local(uri: str, max_bytes: int) -> bytes:
+    path = Path(unquote(urlparse(uri).path))
+    try:
+        if path.stat().st_size > max_bytes:
+            raise InputError(
+                f"{path} is {path.stat().st_size:,} bytes, over the {max_bytes:,} limit."
+            )
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise InputError(f"There is no file at {path}.") from None
+    except PermissionError:
+        raise InputError(f"{path} cannot be read (permission denied).") from None
+
+
 class Fetcher:
-    """`store:<key>` reads Kiln's own store; `s3://bucket/key` reads any bucket."""
+    """`store:<key>` reads Kiln's own store; `s3://bucket/key` reads any bucket; `file:///…`
+    reads this machine's files, only where `local_inputs` is set (`kiln run`)."""
 
     def __init__(self, settings: Settings, store: ObjectStore) -> None:
         self.settings = settings
@@ -35,6 +52,8 @@ class Fetcher:
             data = self.store.get(source.removeprefix("store:"))
         elif source.startswith("s3://"):
             data = self._fetch_s3(source, max_bytes)
+        elif source.startswith("file:///") and self.settings.local_inputs:
+            data = _read_local(source, max_bytes)
         else:
             raise InputError(f"Kiln cannot read {source!r}; use s3:// URIs or uploads.")
         if len(data) > max_bytes:

@@ -99,11 +99,19 @@ def letterbox(decoded: Decoded, size: int) -> tuple[np.ndarray, Letterbox]:
     return canvas, Letterbox(scale, width, height)
 
 
-def center_crop(decoded: Decoded, size: int, crop_ratio: float = 0.875) -> np.ndarray:
+CROP_RATIO = 0.875  # the centre crop keeps 224 of 256 pixels, as ImageNet models expect
+
+
+def resize_side(size: int, crop_ratio: float = CROP_RATIO) -> int:
+    """The short side an image is resized to before its centre `size` crop."""
+    return round(size / crop_ratio)
+
+
+def center_crop(decoded: Decoded, size: int, crop_ratio: float = CROP_RATIO) -> np.ndarray:
     """Resize the short side to size/crop_ratio and take the centre square: uint8 HWC."""
     image = decoded.image
     width, height = image.size
-    short = round(size / crop_ratio)
+    short = resize_side(size, crop_ratio)
     scale = short / min(width, height)
     resized = image.resize(
         (max(size, round(width * scale)), max(size, round(height * scale))),

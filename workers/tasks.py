@@ -19,6 +19,7 @@ def register(app: KilnCelery) -> None:
     @app.task(  # type: ignore[untyped-decorator]
         name="kiln.process_chunk",
         bind=True,
+        shared=False,  # shared tasks join every later app: a second app would run this one's
         autoretry_for=(TransientError, OperationalError),  # a DB restart is transient too
         retry_backoff=2,
         retry_backoff_max=120,

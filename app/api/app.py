@@ -19,6 +19,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.kiln = ApiContext.build(settings)
+        app.state.kiln.waiters.start()
         try:
             yield
         finally:

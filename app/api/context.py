@@ -8,7 +8,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.config import Settings
-from app.db.session import make_engine, make_session_factory
+from app.db.notify import JobWaiters
+from app.db.session import engine_for, make_session_factory
 from app.storage import ObjectStore, open_store
 from workers.celery_app import CeleryDispatcher, KilnCelery, make_celery
 
@@ -21,11 +22,12 @@ class ApiContext:
     store: ObjectStore
     celery: KilnCelery
     dispatcher: CeleryDispatcher
+    waiters: JobWaiters
 
     @classmethod
     def build(cls, settings: Settings) -> ApiContext:
         # Creating these objects opens no connection; the first request does.
-        engine = make_engine(settings.database_url)
+        engine = engine_for(settings)
         celery = make_celery(settings)
         return cls(
             settings=settings,
@@ -34,8 +36,10 @@ class ApiContext:
             store=open_store(settings),
             celery=celery,
             dispatcher=CeleryDispatcher(celery),
+            waiters=JobWaiters(settings.database_url),
         )
 
     def close(self) -> None:
+        self.waiters.close()
         self.engine.dispose()
         self.celery.close()

@@ -48,16 +48,22 @@ _bearer = HTTPBearer(auto_error=False, description="An API key from `kiln keys c
 
 
 def get_tenant(
-    session: SessionDep,
+    context: ContextDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
+    """The key's tenant, looked up on a connection returned at once.
+
+    Not the request's `SessionDep`: a route that opens its own session (job submission) would
+    then hold two connections, and a burst of such requests deadlocks the pool.
+    """
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "Send an API key as 'Authorization: Bearer <key>'.",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    tenant = tenant_for_key(session, credentials.credentials)
+    with context.sessions() as session:
+        tenant = tenant_for_key(session, credentials.credentials)
     if tenant is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from app.core.errors import (
     ConflictError,
@@ -58,7 +59,8 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(OperationalError)
-    async def database_down(request: Request, error: OperationalError) -> JSONResponse:
+    @app.exception_handler(PoolTimeoutError)
+    async def database_down(request: Request, error: Exception) -> JSONResponse:
         log.warning("database error on %s %s: %s", request.method, request.url.path, error)
         return JSONResponse(
             {"detail": "The database is busy or unreachable; retry shortly."},

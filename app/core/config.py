@@ -21,19 +21,32 @@ class Settings(BaseSettings):
         None, description="MinIO or another S3-compatible endpoint."
     )
     s3_region: str = "us-east-1"
+    db_pool_size: int = Field(10, ge=1, le=1000, description="Connections kept per process.")
+    db_max_overflow: int = Field(20, ge=0, le=1000, description="Extra connections in bursts.")
+    db_pool_timeout_s: float = Field(30.0, gt=0, description="Wait for a free connection.")
 
     max_batch: int = Field(16, ge=1, le=4096)
     max_delay_ms: float = Field(10.0, ge=0, le=60_000)
     chunk_size: int = Field(32, ge=1, le=10_000)
-    runners: int = Field(1, ge=1, le=64, description="Engine runner threads per model.")
+    runners: int = Field(
+        0, ge=0, le=64, description="Engine runner threads per model; 0 = one per core on CPU."
+    )
     engine_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = auto.")
-    worker_concurrency: int = Field(8, ge=1, le=256, description="Task threads per worker.")
+    worker_concurrency: int = Field(
+        0, ge=0, le=1024, description="Task threads per worker; 0 = twice max_batch (min 8)."
+    )
+    worker_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Prometheus port of `kiln worker`; unset = off."
+    )
     filesystem_polling_ms: float = Field(20.0, gt=0, description="Embedded broker poll interval.")
 
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
     max_files_per_job: int = Field(1000, ge=1)
     max_image_pixels: int = Field(50_000_000, ge=1, description="Decompression-bomb cap.")
     model_cache_dir: Path | None = None
+    local_inputs: bool = Field(
+        False, description="Workers may read file:// inputs (set by `kiln run`, never the API)."
+    )
 
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
@@ -59,6 +72,11 @@ class Settings(BaseSettings):
     @property
     def broker_dir(self) -> Path:
         return self.data_dir / "broker"
+
+    @property
+    def task_threads(self) -> int:
+        """Chunks in flight per worker: enough one-image jobs to fill a batch twice over."""
+        return self.worker_concurrency or max(8, 2 * self.max_batch)
 
     @property
     def max_delay_s(self) -> float:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import and_, case, exists, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -19,6 +19,7 @@ from app.db.models import (
     JobStatus,
     utcnow,
 )
+from app.db.notify import notify_job_closed
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,14 @@ def lease_items(session: Session, job_id: str, item_ids: Sequence[int]) -> list[
 
     Call with the job locked (`lock_job`).
     """
-    session.execute(
+    leased = session.scalars(
         update(Item)
         .where(Item.job_id == job_id, Item.id.in_(item_ids), Item.status.in_(OPEN_ITEM_STATUSES))
         .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1, started_at=utcnow())
+        .returning(Item),
+        execution_options={"synchronize_session": False},
     )
-    return list(
-        session.scalars(
-            select(Item)
-            .where(Item.id.in_(item_ids), Item.status == ItemStatus.RUNNING)
-            .order_by(Item.id)
-        )
-    )
+    return sorted(leased, key=lambda item: item.id)
 
 
 def mark_job_running(session: Session, job_id: str) -> None:
@@ -152,22 +149,27 @@ def chunk_items(session: Session, job_id: str, chunk: int) -> list[Item]:
 
 
 def finish_job_if_done(session: Session, job_id: str) -> str | None:
-    """Close the job once no item is open; returns the final status if this call closed it."""
+    """Close the job once no item is open; returns the final status if this call closed it.
+
+    One statement: concurrent callers serialise on the job row, and only one sees a row back.
+    """
     open_items = exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES))
     now = utcnow()
-    for current, final in (
-        (JobStatus.CANCELLING, JobStatus.CANCELLED),
-        (JobStatus.QUEUED, JobStatus.COMPLETED),
-        (JobStatus.RUNNING, JobStatus.COMPLETED),
-    ):
-        result = session.execute(
-            update(Job)
-            .where(and_(Job.id == job_id, Job.status == current, ~open_items))
-            .values(status=final, finished_at=now, started_at=func.coalesce(Job.started_at, now))
-        )
-        if result.rowcount:  # type: ignore[attr-defined]
-            return final.value
-    return None
+    final = case(
+        (Job.status == JobStatus.CANCELLING, JobStatus.CANCELLED.value),
+        else_=JobStatus.COMPLETED.value,
+    )
+    closed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(OPEN_JOB_STATUSES), ~open_items)
+        .values(status=final, finished_at=now, started_at=func.coalesce(Job.started_at, now))
+        .returning(Job.status),
+        execution_options={"synchronize_session": False},
+    ).scalar_one_or_none()
+    if closed is None:
+        return None
+    notify_job_closed(session, job_id)
+    return str(closed)
 
 
 def cancel_items(session: Session, job_id: str) -> int:

@@ -7,6 +7,18 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.config import Settings
+
+
+def engine_for(settings: Settings) -> Engine:
+    """The process's engine, pooled as the settings say."""
+    return make_engine(
+        settings.database_url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout=settings.db_pool_timeout_s,
+    )
+
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine tuned for Kiln's access pattern (many short transactions from threads)."""
@@ -16,7 +28,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **kwargs)
+    return create_engine(url, pool_pre_ping=True, **{"pool_size": 10, "max_overflow": 20, **kwargs})
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -158,6 +158,27 @@ def test_text_inputs_become_items_without_stored_bytes(
     assert list(store.list(f"jobs/{job.id}/")) == []
 
 
+def test_local_files_are_refused_from_the_api(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    request = JobRequest(
+        tenant="acme", model="detector", inputs=[InputRef(uri="file:///etc/passwd")]
+    )
+    with pytest.raises(InputError, match="is not an S3 URI"):
+        submit_job(session, store, dispatcher, settings, request)
+    assert job_count(session) == 0
+
+
+def test_kiln_run_names_local_files_by_their_key(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    ref = InputRef(uri="file:///photos/sub/a.jpg", key="sub/a.jpg")
+    request = JobRequest(tenant="local", model="detector", inputs=[ref], local_files=True)
+    job = submit_job(session, store, dispatcher, settings, request).job
+    [item] = items_of(session, job.id)
+    assert (item.key, item.source) == ("sub/a.jpg", "file:///photos/sub/a.jpg")
+
+
 def test_idempotency_key_returns_the_same_job_and_enqueues_nothing_again(
     session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
 ) -> None:

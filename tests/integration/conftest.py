@@ -3,46 +3,51 @@ own, moto's standalone S3 server, and real `kiln api` / `kiln worker` processes.
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import boto3
 import httpx
-import psycopg
 import pytest
-import redis
 
 from app.auth import create_key
 from app.core.config import Settings, get_settings
 from app.db.migrate import upgrade
 from app.db.session import make_engine, make_session_factory
 from tests.integration.services import (
-    PG_ADMIN_URL,
-    REDIS_HOST,
-    REDIS_PORT,
+    AWS_ENV,
+    IN_CI,
     Process,
-    free_port,
+    ServiceUnavailableError,
+    claim_redis_db,
+    create_database,
+    drop_database,
     kiln_command,
-    unavailable,
-    wait_for,
+    release_redis_db,
+    start_api,
+    start_moto,
+    start_worker,
+)
+from tests.integration.services import (
+    service_env as _env,
 )
 
 pytestmark = pytest.mark.integration
 
 BUCKET = "kiln-test"
 SOURCE_BUCKET = "kiln-sources"
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
 
 RUNNING: dict[str, Process] = {}  # long-lived processes whose logs explain a failure
+
+
+def unavailable(reason: str) -> NoReturn:
+    """In CI a missing service fails the run; on a laptop it skips with the reason."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: services are required)", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -63,31 +68,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    name = f"kiln_test_{secrets.token_hex(4)}"
     try:
-        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as error:
-        unavailable(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {error}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-    yield f"{base}/{name}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        url = create_database()
+    except ServiceUnavailableError as error:
+        unavailable(str(error))
+    yield url
+    drop_database(url)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    # A database index of our own, emptied first, so stray workers of other runs can't steal.
-    index = 1 + secrets.randbelow(15)
-    client = redis.Redis(REDIS_HOST, REDIS_PORT, db=index, socket_connect_timeout=3)
     try:
-        client.flushdb()
-    except redis.ConnectionError as error:
-        unavailable(f"Redis is not reachable at {REDIS_HOST}:{REDIS_PORT}: {error}")
-    yield f"redis://{REDIS_HOST}:{REDIS_PORT}/{index}"
-    client.flushdb()
-    client.close()
+        url = claim_redis_db()
+    except ServiceUnavailableError as error:
+        unavailable(str(error))
+    yield url
+    release_redis_db(url)
 
 
 @pytest.fixture(scope="session")
@@ -97,17 +93,8 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def s3_endpoint(log_dir: Path) -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, **AWS_ENV}
-    server = Process(
-        "moto",
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env,
-        log_dir,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_moto(log_dir)
     try:
-        wait_for(lambda: httpx.get(url + "/moto-api/").status_code < 500, 30, "moto server")
         yield url
     finally:
         server.stop()
@@ -174,19 +161,11 @@ def sessions(migrated: Settings) -> Iterator[object]:
     engine.dispose()
 
 
-def _env(service_env: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    return {**env, **service_env}
-
-
 @pytest.fixture(scope="session")
 def api_url(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> Iterator[str]:
-    port = free_port()
-    api = Process("api", kiln_command("api", "--port", str(port)), _env(service_env), log_dir)
-    url = f"http://127.0.0.1:{port}"
+    api, url = start_api(_env(service_env), log_dir)
     RUNNING["api"] = api
     try:
-        wait_for(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "kiln api")
         yield url
     finally:
         RUNNING.pop("api")
@@ -195,23 +174,20 @@ def api_url(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> I
 
 @pytest.fixture(scope="session")
 def worker(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> Iterator[Process]:
-    node = f"test-{secrets.token_hex(3)}@localhost"
-    proc = Process("worker", kiln_command("worker", "--hostname", node), _env(service_env), log_dir)
     from workers.celery_app import make_celery
 
     celery = make_celery(migrated)
+    try:
+        proc, _node = start_worker(
+            _env(service_env), log_dir, lambda node: bool(celery.control.ping([node], timeout=1.0))
+        )
+    finally:
+        celery.close()
     RUNNING["worker"] = proc
     try:
-        wait_for(
-            lambda: proc.alive() and bool(celery.control.ping([node], timeout=1.0)),
-            60,
-            "kiln worker",
-            interval=0.5,
-        )
         yield proc
     finally:
         RUNNING.pop("worker")
-        celery.close()
         proc.stop()
 
 

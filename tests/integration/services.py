@@ -1,28 +1,36 @@
-"""Starting and reaching the real services the integration tests use."""
+"""Starting and reaching real services: a fresh Postgres database, a Redis DB index of our own,
+moto's standalone S3 server, and real `kiln api` / `kiln worker` processes.
+
+Plain functions, no pytest: the integration fixtures and the benchmark (`bench/`) share them.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
-import pytest
+import httpx
+import psycopg
+import redis
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("KILN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
-def unavailable(reason: str) -> NoReturn:
-    """In CI a missing service fails the run; on a laptop it skips with the reason."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: services are required)", pytrace=False)
-    pytest.skip(reason)
+class ServiceUnavailableError(RuntimeError):
+    """A service the run needs does not answer; the message says which and where."""
 
 
 def free_port() -> int:
@@ -44,13 +52,17 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, interval: flo
 
 
 class Process:
-    """A subprocess whose output goes to a log file shown when a test fails."""
+    """A subprocess whose output goes to a log file shown when something fails."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
@@ -72,3 +84,100 @@ class Process:
 
 def kiln_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "app.cli", *args]
+
+
+def create_database(admin_url: str = PG_ADMIN_URL, prefix: str = "kiln_test") -> str:
+    """A new, empty database; returns its SQLAlchemy URL."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    try:
+        admin = psycopg.connect(admin_url, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as error:
+        raise ServiceUnavailableError(
+            f"PostgreSQL is not reachable at {admin_url}: {error}"
+        ) from None
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    return f"{base}/{name}"
+
+
+def drop_database(url: str, admin_url: str = PG_ADMIN_URL) -> None:
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def claim_redis_db() -> str:
+    """A Redis database index of our own, emptied first, so stray workers of other runs
+    (which use other indexes) can't steal our messages."""
+    index = 1 + secrets.randbelow(15)
+    client = redis.Redis(REDIS_HOST, REDIS_PORT, db=index, socket_connect_timeout=3)
+    try:
+        client.flushdb()
+    except redis.ConnectionError as error:
+        raise ServiceUnavailableError(
+            f"Redis is not reachable at {REDIS_HOST}:{REDIS_PORT}: {error}"
+        ) from None
+    finally:
+        client.close()
+    return f"redis://{REDIS_HOST}:{REDIS_PORT}/{index}"
+
+
+def release_redis_db(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def start_moto(log_dir: Path) -> tuple[Process, str]:
+    """moto's standalone S3 server on a free port of 127.0.0.1."""
+    port = free_port()
+    env = {**os.environ, **AWS_ENV}
+    args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    server = Process("moto", args, env, log_dir)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(url + "/moto-api/").status_code < 500, 30, "moto server")
+    except TimeoutError:
+        server.stop()
+        raise
+    return server, url
+
+
+def service_env(service_vars: dict[str, str]) -> dict[str, str]:
+    """This process's environment without its own KILN_* settings, plus `service_vars`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    return {**env, **AWS_ENV, **service_vars}
+
+
+def start_api(env: dict[str, str], log_dir: Path, name: str = "api") -> tuple[Process, str]:
+    port = free_port()
+    api = Process(name, kiln_command("api", "--port", str(port)), env, log_dir)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(url + "/healthz").status_code == 200, 60, "kiln api")
+    except TimeoutError:
+        api.stop()
+        raise
+    return api, url
+
+
+def start_worker(
+    env: dict[str, str],
+    log_dir: Path,
+    ping: Callable[[str], bool],
+    *args: str,
+    name: str = "worker",
+    node_prefix: str = "test",
+) -> tuple[Process, str]:
+    """A `kiln worker` process; `ping(node)` says when it answers on the broker."""
+    node = f"{node_prefix}-{secrets.token_hex(3)}@localhost"
+    proc = Process(name, kiln_command("worker", "--hostname", node, *args), env, log_dir)
+    try:
+        wait_for(lambda: proc.alive() and ping(node), 60, "kiln worker", interval=0.5)
+    except TimeoutError:
+        proc.stop()
+        raise
+    return proc, node

@@ -221,3 +221,93 @@ def test_stats_count_sizes_and_mean(make_batcher) -> None:
     assert stats.failed_batches == 0
     assert stats.engine_seconds >= 0.0
     assert stats.queue_wait_seconds >= 0.0
+
+
+def test_greedy_runs_a_lone_row_at_once(make_batcher) -> None:
+    """Nothing else is announced: an interactive row does not wait out the delay."""
+    fn = Recorder()
+    batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
+    started = time.monotonic()
+    assert batcher.submit(1).result(timeout=RESULT_TIMEOUT) == 2
+    assert time.monotonic() - started < 1.0
+
+
+def test_greedy_waits_for_announced_rows(make_batcher) -> None:
+    """A chunk announces its rows and submits them as it decodes them: one batch."""
+    fn = Recorder()
+    batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
+    with batcher.expect(3) as announced:
+        futures = [announced.submit(1)]
+        time.sleep(0.1)  # decoding the next input
+        futures += [announced.submit(2), announced.submit(3)]
+        assert [f.result(timeout=RESULT_TIMEOUT) for f in futures] == [2, 4, 6]
+    assert fn.sizes == [3]
+
+
+def test_greedy_stops_waiting_when_announced_rows_are_written_off(make_batcher) -> None:
+    """The last input failed to decode: its row never comes, and the batch goes at once."""
+    fn = Recorder()
+    batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
+    started = time.monotonic()
+    with batcher.expect(2) as announced:
+        future = announced.submit(1)
+    assert future.result(timeout=RESULT_TIMEOUT) == 2
+    assert time.monotonic() - started < 1.0
+
+
+def test_greedy_still_caps_the_wait_at_max_delay(make_batcher) -> None:
+    fn = Recorder()
+    batcher = make_batcher(fn, max_batch=8, max_delay_s=0.05, greedy=True)
+    with batcher.expect(2) as announced:
+        started = time.monotonic()
+        assert announced.submit(1).result(timeout=RESULT_TIMEOUT) == 2
+        assert 0.045 <= time.monotonic() - started < 1.0
+    assert fn.sizes == [1]
+
+
+def test_max_queued_makes_submit_wait_for_the_engine(make_batcher) -> None:
+    gate = threading.Event()
+
+    def slow(rows: Sequence[int]) -> list[int]:
+        gate.wait(RESULT_TIMEOUT)
+        return list(rows)
+
+    batcher = make_batcher(slow, max_batch=1, max_delay_s=0.0, max_queued=2)
+    batcher.submit_many([1])  # taken by the runner, which blocks on the gate
+    time.sleep(0.05)
+    batcher.submit_many([2, 3])  # fills the queue
+    blocked = threading.Thread(target=batcher.submit, args=(4,))
+    blocked.start()
+    blocked.join(0.2)
+    assert blocked.is_alive(), "submit should wait while the queue is full"
+    gate.set()
+    blocked.join(RESULT_TIMEOUT)
+    assert not blocked.is_alive()
+
+
+def test_close_releases_a_blocked_submitter(make_batcher) -> None:
+    gate = threading.Event()
+    batcher = make_batcher(
+        lambda rows: gate.wait(RESULT_TIMEOUT) and list(rows),
+        max_batch=1,
+        max_delay_s=0.0,
+        max_queued=1,
+    )
+    batcher.submit_many([1, 2])
+    errors: list[BaseException] = []
+
+    def submit_late() -> None:
+        try:
+            batcher.submit(3)
+        except BatcherClosedError as error:
+            errors.append(error)
+
+    late = threading.Thread(target=submit_late)
+    late.start()
+    time.sleep(0.05)
+    closer = threading.Thread(target=batcher.close, kwargs={"timeout": RESULT_TIMEOUT})
+    closer.start()
+    late.join(RESULT_TIMEOUT)
+    gate.set()
+    closer.join(RESULT_TIMEOUT)
+    assert len(errors) == 1

@@ -23,7 +23,6 @@ from app.jobs import JobRequest, Upload, cancel_job, submit_job
 from tests.images import solid, truncated_jpeg
 from tests.models import colour_classifier
 from tests.support import Enqueued, RecordingDispatcher, migrated_settings
-from workers import chunk as chunk_module
 from workers.chunk import ChunkReport, process_chunk
 from workers.runtime import WorkerRuntime
 
@@ -307,34 +306,43 @@ def test_a_model_that_cannot_load_fails_its_items(runtime: WorkerRuntime) -> Non
     assert item.error.startswith(f"Model {MODEL!r} could not be loaded:")
 
 
-def test_the_manifest_lists_every_shard_when_chunks_finish_out_of_order(
+def test_a_chunk_shard_lost_before_the_job_closed_is_rewritten(runtime: WorkerRuntime) -> None:
+    """Chunk 0's results reached the database but its shard did not reach storage (a crash
+    between the two, or a lost object). The chunk that closes the job writes it from the
+    database first, so whoever sees `completed` can read every row."""
+    job_id, calls = submit(runtime)
+    process_chunk(runtime, job_id, 0, calls[0].item_ids)
+    runtime.store.delete(results.shard_key(job_id, 0))
+
+    done = process_chunk(runtime, job_id, 1, calls[1].item_ids)
+
+    assert done.job_status == JobStatus.COMPLETED
+    assert results.combined_table(runtime.store, job_id).num_rows == len(FILES)
+    assert manifest(runtime, job_id)["shards"] == results.shard_keys(runtime.store, job_id)
+    assert shard_rows(runtime, job_id, 0)[0]["labels"][0]["label"] == "red"
+
+
+def test_results_commit_only_after_the_shard_is_written(
     runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two chunks in flight on one worker's threads (or two workers).
+    """Storage fails while the shard is written: nothing is committed, the items stay leased
+    and the retried chunk runs them again."""
+    job_id, calls = submit(runtime, FILES[:2])
 
-    Chunk 0 commits its results, then its thread is descheduled before it writes its shard.
-    Chunk 1 then finishes: every item is closed, so it completes the job and writes the
-    manifest. The manifest (and any results download made now) must include chunk 0's rows.
-    """
-    job_id, calls = submit(runtime)
-    real_finish = chunk_module._finish
-    paused: list[tuple[Any, ...]] = []
+    def down(*_args: Any, **_kwargs: Any) -> None:
+        raise TransientError("S3 is unreachable.")
 
-    def pause_chunk_0(*args: Any) -> str | None:
-        if args[2] == 0 and not paused:
-            paused.append(args)
-            return None
-        return real_finish(*args)
+    with monkeypatch.context() as patch:
+        patch.setattr(results, "write_shard", down)
+        with pytest.raises(TransientError):
+            process_chunk(runtime, job_id, 0, calls[0].item_ids)
+    assert {i.status for i in items_by_key(runtime, job_id).values()} == {ItemStatus.RUNNING}
 
-    monkeypatch.setattr(chunk_module, "_finish", pause_chunk_0)
-    process_chunk(runtime, job_id, 0, calls[0].item_ids)  # results committed, no shard yet
-    done = process_chunk(runtime, job_id, 1, calls[1].item_ids)
-    assert done.job_status == JobStatus.COMPLETED
-    results_when_completed = results.combined_table(runtime.store, job_id).num_rows
-    real_finish(*paused[0])  # chunk 0's thread resumes
+    retry = process_chunk(runtime, job_id, 0, calls[0].item_ids)
 
-    assert results_when_completed == len(FILES)
-    assert manifest(runtime, job_id)["shards"] == results.shard_keys(runtime.store, job_id)
+    assert retry.job_status == JobStatus.COMPLETED
+    assert {i.attempts for i in items_by_key(runtime, job_id).values()} == {2}
+    assert len(shard_rows(runtime, job_id, 0)) == 2
 
 
 def test_a_failed_manifest_write_is_healed_by_the_retry(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import onnxruntime as ort
@@ -21,6 +22,16 @@ def choose_providers(backend: str = "auto") -> tuple[list[str], str]:
     if backend == "onnxruntime-cuda":
         raise RuntimeError("The onnxruntime-cuda backend needs onnxruntime-gpu and a GPU.")
     return ["CPUExecutionProvider"], "no CUDA provider in this onnxruntime build"
+
+
+def runner_count(configured: int = 0) -> int:
+    """Runner threads per model: as configured, else one per core on CPU (each with one
+    intra-op thread: no straggler half of a split stalls a batch, see DESIGN.md) and one on a
+    GPU (copies overlap compute inside it)."""
+    if configured:
+        return configured
+    providers, _reason = choose_providers()
+    return 1 if "CUDAExecutionProvider" in providers else (os.cpu_count() or 1)
 
 
 def build_engine(

@@ -23,6 +23,7 @@ class Pipeline(Protocol):
     name: str
     backend: str
     max_batch: int
+    max_runners: int  # runner threads that may call `infer` at once
 
     def prepare(self, data: bytes) -> Prepared:
         """Decode and resize one input; raise `InputError` with a sentence if it is bad."""

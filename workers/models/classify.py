@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from workers.engines.base import Engine
 from workers.models.base import Prepared
-from workers.preprocess import center_crop, decode_image, normalize, stack
+from workers.preprocess import center_crop, decode_image, normalize, resize_side, stack
 
 # Parquet columns this family adds, named like `finish`'s keys; known without loading a model.
 FIELDS = [
@@ -37,6 +37,8 @@ def top_k(probabilities: np.ndarray, labels: Sequence[str], k: int) -> list[dict
 
 
 class ClassifyPipeline:
+    max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
+
     def __init__(self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int):
         self.name = name
         self.engine = engine
@@ -51,7 +53,8 @@ class ClassifyPipeline:
         self.input_name = engine.inputs[0].name
 
     def prepare(self, data: bytes) -> Prepared:
-        decoded = decode_image(data, max_pixels=self.max_pixels, draft_to=self.size * 2)
+        # JPEGs decode straight to the smallest DCT scale that still covers the resize.
+        decoded = decode_image(data, max_pixels=self.max_pixels, draft_to=resize_side(self.size))
         return Prepared(center_crop(decoded, self.size))
 
     def infer(self, rows: Sequence[Prepared]) -> list[Any]:

@@ -80,6 +80,7 @@ def decode_yolo(
 
 class DetectorPipeline:
     name = "detector"
+    max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from app.catalog import ModelInfo
 from app.core.config import Settings
 from app.storage import ObjectStore
 from workers.engines.base import Engine
-from workers.engines.select import build_engine
+from workers.engines.select import build_engine, runner_count
 from workers.models import classify, detect, ocr
 from workers.models.base import Pipeline
 
@@ -22,7 +22,7 @@ def load_pipeline(info: ModelInfo, settings: Settings, store: ObjectStore) -> Pi
             path,
             max_batch=settings.max_batch,
             threads=settings.engine_threads,
-            runners=settings.runners,
+            runners=runner_count(settings.runners),
         )
 
     if info.kind == "detect":

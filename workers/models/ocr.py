@@ -31,6 +31,7 @@ FIELDS = [pa.field("text", pa.string()), pa.field("lines", pa.list_(_LINE))]
 class OcrPipeline:
     name = "ocr"
     max_batch = 8
+    max_runners = 1  # one RapidOCR pipeline object, not shared across threads
 
     def __init__(self, *, max_pixels: int) -> None:
         from rapidocr_onnxruntime import RapidOCR

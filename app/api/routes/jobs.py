@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
@@ -17,17 +18,24 @@ from app.api.errors import RequestTooLargeError, validation_sentence
 from app.api.schemas import CountsOut, ErrorOut, ItemOut, ItemsPage, JobCreate, JobOut, JobsPage
 from app.core.errors import InputError
 from app.db import queries
-from app.db.models import ItemStatus
+from app.db.models import OPEN_JOB_STATUSES, ItemStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_WAIT_S = 60.0
+RECHECK_LISTENING_S = 1.0  # Postgres pushes closes; this only guards against a lost one
+RECHECK_POLLING_S = 0.05  # SQLite: nothing is pushed
+OPEN = {s.value for s in OPEN_JOB_STATUSES}
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)
 }
 
 
-def job_out(request: Request, session: Session, job: Any) -> JobOut:
-    report = jobs.progress(session, job)
+def job_out(
+    request: Request, session: Session, job: Any, counts: queries.Counts | None = None
+) -> JobOut:
+    report = jobs.progress(session, job, counts)
     c = report.counts
     return JobOut(
         id=job.id,
@@ -95,7 +103,7 @@ async def create_job(
             )
             if not submitted.created:
                 response.status_code = status.HTTP_200_OK
-            return job_out(request, session, submitted.job)
+            return job_out(request, session, submitted.job, submitted.counts)
 
     out = await run_in_threadpool(submit)
     response.headers["Location"] = str(request.url_for("get_job", job_id=out.id))
@@ -196,8 +204,31 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
-def get_job(request: Request, job_id: str, session: SessionDep, tenant: TenantDep) -> JobOut:
-    return job_out(request, session, jobs.get_job(session, tenant, job_id))
+async def get_job(
+    request: Request,
+    job_id: str,
+    context: ContextDep,
+    tenant: TenantDep,
+    wait: Annotated[
+        float,
+        Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for an open job to close."),
+    ] = 0,
+) -> JobOut:
+    """The job; with `wait`, answer as soon as it closes (or when the wait is over)."""
+
+    def read() -> JobOut:
+        with context.sessions() as session:
+            return job_out(request, session, jobs.get_job(session, tenant, job_id))
+
+    deadline = time.monotonic() + wait
+    while True:
+        out = await run_in_threadpool(read)
+        remaining = deadline - time.monotonic()
+        if out.status not in OPEN or remaining <= 0:
+            return out
+        # Pushed closes wake us at once; re-reading now and then covers a missed one.
+        recheck = RECHECK_LISTENING_S if context.waiters.listening else RECHECK_POLLING_S
+        await context.waiters.wait(job_id, min(remaining, recheck))
 
 
 @router.get("/{job_id}/items", response_model=ItemsPage, responses=ERRORS)

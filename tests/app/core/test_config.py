@@ -42,7 +42,7 @@ def test_plain_defaults() -> None:
     assert settings.max_batch == 16
     assert settings.max_delay_ms == 10.0
     assert settings.max_delay_s == pytest.approx(0.01)
-    assert settings.runners == 1
+    assert settings.runners == 0  # auto: one per core on CPU, one on a GPU
     assert settings.s3_endpoint_url is None
     assert settings.api_key is None
 
@@ -97,7 +97,7 @@ def test_each_call_reads_the_environment_afresh(monkeypatch: pytest.MonkeyPatch)
         ("KILN_MAX_BATCH", "0"),
         ("KILN_MAX_BATCH", "5000"),
         ("KILN_MAX_BATCH", "many"),
-        ("KILN_RUNNERS", "0"),
+        ("KILN_RUNNERS", "-1"),
         ("KILN_MAX_DELAY_MS", "-1"),
         ("KILN_CHUNK_SIZE", "0"),
         ("KILN_FILESYSTEM_POLLING_MS", "0"),
@@ -121,3 +121,11 @@ def test_invalid_values_raise(monkeypatch: pytest.MonkeyPatch, name: str, value:
 )
 def test_embedded_broker(broker_url: str, embedded: bool) -> None:
     assert get_settings(broker_url=broker_url).embedded_broker is embedded
+
+
+@pytest.mark.parametrize(
+    ("overrides", "threads"),
+    [({}, 32), ({"max_batch": 2}, 8), ({"max_batch": 64}, 128), ({"worker_concurrency": 5}, 5)],
+)
+def test_task_threads_follow_max_batch_unless_set(overrides: dict, threads: int) -> None:
+    assert get_settings(**overrides).task_threads == threads

@@ -73,3 +73,24 @@ def test_top_k_scores_are_rounded_plain_floats() -> None:
     result = top_k(probabilities, ["a", "b", "c"], 1)
     assert type(result[0]["score"]) is float
     assert result[0]["score"] == round(float(probabilities[1]), 6)
+
+
+def test_a_large_jpeg_is_drafted_to_the_resize_side_not_further() -> None:
+    """A 2048×1536 JPEG decodes at 1/4 scale (512×384) for a 224 crop of a 256 resize: far
+    cheaper than a full decode, and the crop matches the full decode's closely."""
+    from PIL import Image
+
+    from tests.images import photo
+    from workers.preprocess import center_crop, decode_image, resize_side
+
+    data = photo(3, size=(2048, 1536))
+    drafted = decode_image(data, max_pixels=50_000_000, draft_to=resize_side(224))
+    full = decode_image(data, max_pixels=50_000_000)
+    assert drafted.image.size == (512, 384)
+    assert (drafted.width, drafted.height) == (2048, 1536)
+    assert min(drafted.image.size) >= resize_side(224)
+    a = center_crop(drafted, 224).astype(np.float32)
+    b = center_crop(full, 224).astype(np.float32)
+    assert a.shape == b.shape == (224, 224, 3)
+    assert np.abs(a - b).mean() < 4.0  # of 255: the same picture
+    assert isinstance(full.image, Image.Image)

@@ -1,0 +1,56 @@
+"""Kiln on real services: inputs in S3, one job submitted over HTTP, a real `kiln worker`.
+
+The worker is warm (model loaded by a small job first), as a long-running service is.
+"""
+
+from __future__ import annotations
+
+import os
+
+from bench.context import Context
+from bench.measure import SOLO, Meter, service_pids
+from bench.results import CaseResult
+from bench.stack import Stack
+
+
+def meter(stack: Stack) -> Meter:
+    return Meter(
+        {
+            "subject": stack.kiln_pids,
+            "services": [stack.moto.pid, *service_pids()],
+            "driver": [SOLO, os.getpid()],  # the client only: api, worker, moto are its children
+        }
+    )
+
+
+def mean_batch(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], model: str
+) -> float | None:
+    b, a = before.get(model, {}), after.get(model, {})
+    batches = a.get("batches", 0) - b.get("batches", 0)
+    rows = a.get("rows", 0) - b.get("rows", 0)
+    return round(rows / batches, 2) if batches else None
+
+
+def run_job(ctx: Context, case: str, model: str, uris: list[str]) -> CaseResult:
+    stack = ctx.require_stack()
+    warm = stack.wait(stack.submit(model, uris[: min(len(uris), 64)]))
+    if warm["counts"]["succeeded"] == 0:
+        raise RuntimeError(f"warm-up job for {model} failed: {warm}")
+    before = stack.batch_stats()
+    with meter(stack).window() as usage:
+        job = stack.wait(stack.submit(model, uris))
+    counts = job["counts"]
+    if job["status"] != "completed" or counts["succeeded"] != len(uris):
+        raise RuntimeError(f"{case} {model}: job ended {job['status']} with {counts}")
+    extra = {"mean_batch": mean_batch(before, stack.batch_stats(), model)}
+    return CaseResult.from_usage(case, model, len(uris), usage, extra=extra)
+
+
+def run(ctx: Context, model: str) -> CaseResult:
+    return run_job(ctx, "services", model, ctx.uris["images"])
+
+
+def run_ceiling(ctx: Context) -> CaseResult:
+    """The null model on small images: what the orchestration itself can carry."""
+    return run_job(ctx, "ceiling", "null", ctx.uris["small"])

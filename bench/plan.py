@@ -1,0 +1,63 @@
+"""How big a run is: presets for the full benchmark, `--quick`, and the CI smoke test."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+# In run order. Cases marked paired get a short raw-engine run just before them, so each
+# ratio compares two measurements taken seconds apart on the same (noisy, shared) machine.
+MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray")
+PAIRED = {"loop", "embedded", "services", "naive-celery", "ray"}
+GLOBAL_CASES = ("ceiling", "streaming")
+ALL_CASES = MODEL_CASES + GLOBAL_CASES
+SERVICE_CASES = {"services", "naive-celery", "ceiling", "streaming"}
+MODELS = ("resnet18", "resnet50")
+
+
+@dataclass(frozen=True)
+class Plan:
+    images: int = 2000
+    size: tuple[int, int] = (640, 480)
+    models: tuple[str, ...] = MODELS
+    cases: tuple[str, ...] = ALL_CASES
+    ceiling_items: int = 5000
+    ceiling_size: tuple[int, int] = (64, 64)
+    stream_seconds: float = 20.0
+    idle_samples: int = 30
+    raw_seconds: float = 4.0
+    sweep_seconds: float = 1.0
+    paired_seconds: float = 3.0
+    kiln_env: tuple[tuple[str, str], ...] = ()  # KILN_* settings for every Kiln process
+
+    def with_(self, **changes: object) -> Plan:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def needs_stack(self) -> bool:
+        return bool(SERVICE_CASES & set(self.cases))
+
+
+PRESETS = {
+    "default": Plan(),
+    "quick": Plan(
+        images=300,
+        models=("resnet18",),
+        ceiling_items=1500,
+        stream_seconds=6.0,
+        idle_samples=15,
+        raw_seconds=2.0,
+        sweep_seconds=0.4,
+        paired_seconds=1.5,
+    ),
+    "smoke": Plan(
+        images=12,
+        size=(96, 72),
+        models=("resnet18",),
+        ceiling_items=40,
+        stream_seconds=2.0,
+        idle_samples=3,
+        raw_seconds=0.3,
+        sweep_seconds=0.1,
+        paired_seconds=0.2,
+    ),
+}

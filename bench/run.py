@@ -1,0 +1,148 @@
+"""Prepare inputs and models, start the services, run the cases in order, collect results."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from bench.cases import embedded, loop, naive_celery, raw, ray_data, services, streaming
+from bench.context import Context
+from bench.inputs import make_images
+from bench.models import export_resnet, labels, null_model
+from bench.plan import MODEL_CASES, PAIRED, Plan
+from bench.results import CaseResult
+from bench.stack import Registered, Stack, kiln_stack
+
+log = logging.getLogger(__name__)
+
+CaseFn = Callable[[Context, str], CaseResult]
+MODEL_CASE_FNS: dict[str, CaseFn] = {
+    "raw": raw.run,
+    "loop": loop.run,
+    "embedded": embedded.run,
+    "services": services.run,
+    "naive-celery": naive_celery.run,
+    "ray": ray_data.run,
+}
+RESNET_INPUT = 224
+
+
+def prepare(plan: Plan, workdir: Path, console: Console) -> Context:
+    log_dir = workdir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    w, h = plan.size
+    with console.status(f"generating {plan.images} JPEGs of {w}×{h} (cached)…"):
+        images = make_images(workdir / "images" / f"{w}x{h}-n{plan.images}", plan.images, plan.size)
+    small: list[Path] = []
+    if "ceiling" in plan.cases:
+        sw, sh = plan.ceiling_size
+        folder = workdir / "images" / f"{sw}x{sh}-n{plan.ceiling_items}"
+        with console.status(f"generating {plan.ceiling_items} small JPEGs (cached)…"):
+            small = make_images(folder, plan.ceiling_items, plan.ceiling_size)
+    models: dict[str, Registered] = {}
+    for name in plan.models:
+        with console.status(f"exporting {name} with torch (cached)…"):
+            path = export_resnet(
+                int(name.removeprefix("resnet")), workdir / "models" / f"{name}.onnx"
+            )
+        models[name] = Registered(name, path, RESNET_INPUT, labels(1000))
+    side = plan.ceiling_size[1]
+    models["null"] = Registered(
+        "null", null_model(workdir / "models" / f"null-{side}.onnx", side), side, labels(3)
+    )
+    return Context(plan, workdir, log_dir, images, small, models)
+
+
+@contextmanager
+def services_for(ctx: Context, console: Console) -> Iterator[Stack | None]:
+    if not ctx.plan.needs_stack:
+        yield None
+        return
+    with console.status("starting Postgres database, Redis index, moto S3, kiln api + worker…"):
+        stack_cm = kiln_stack(ctx.log_dir, dict(ctx.plan.kiln_env))
+        stack = stack_cm.__enter__()
+    try:
+        with console.status("uploading inputs to S3 and registering models…"):
+            ctx.uris["images"] = stack.upload(f"images-{len(ctx.images)}", ctx.images)
+            if ctx.small_images:
+                ctx.uris["small"] = stack.upload(f"small-{len(ctx.small_images)}", ctx.small_images)
+            for model in ctx.models.values():
+                stack.register(model, ctx.workdir)
+        yield stack
+    finally:
+        stack_cm.__exit__(None, None, None)
+
+
+class Runner:
+    def __init__(self, ctx: Context, console: Console) -> None:
+        self.ctx = ctx
+        self.console = console
+        self.results: list[CaseResult] = []
+        self.failures: list[str] = []
+
+    def attempt(self, label: str, fn: Callable[[], list[CaseResult]]) -> list[CaseResult]:
+        with self.console.status(f"{label}…"):
+            try:
+                produced = fn()
+            except Exception as error:
+                log.debug("case failed", exc_info=True)
+                (self.ctx.log_dir / f"failure-{label.replace(' ', '-')}.txt").write_text(
+                    traceback.format_exc()
+                )
+                self.failures.append(f"{label}: {error}")
+                self.console.print(f"[red]✗ {label}: {escape(str(error))}[/red]")
+                return []
+        for result in produced:
+            self.results.append(result)
+            self.console.print(_line(result))
+        return produced
+
+    def model_cases(self, model: str) -> None:
+        self.attempt(f"raw {model}", lambda: [raw.run(self.ctx, model)])
+        for case in MODEL_CASES[1:]:
+            if case in self.ctx.plan.cases:
+                self._paired_case(case, model)
+
+    def _paired_case(self, case: str, model: str) -> None:
+        pair: list[CaseResult] = []
+        if case in PAIRED and model in self.ctx.raw:
+            pair = self.attempt(f"raw-paired {model}", lambda: [raw.run(self.ctx, model, True)])
+        produced = self.attempt(f"{case} {model}", lambda: [MODEL_CASE_FNS[case](self.ctx, model)])
+        if produced and pair and not produced[0].skipped:
+            produced[0].extra["paired_raw_items_per_s"] = round(pair[0].items_per_s, 2)
+
+    def global_cases(self) -> None:
+        if "ceiling" in self.ctx.plan.cases:
+            self.attempt("ceiling null", lambda: [services.run_ceiling(self.ctx)])
+        if "streaming" in self.ctx.plan.cases:
+            model = self.ctx.plan.models[0]
+            self.attempt(f"streaming {model}", lambda: streaming.run(self.ctx, model))
+
+
+def _line(result: CaseResult) -> str:
+    if result.skipped:
+        reason = escape(result.skipped)
+        return f"[yellow]– {result.case} {result.model}: skipped ({reason})[/yellow]"
+    latency = f", p50 {result.latency_ms['p50']} ms" if result.latency_ms else ""
+    return (
+        f"[green]✓[/green] {result.case} {result.model}: {result.items_per_s:.1f} items/s{latency}"
+    )
+
+
+def run_bench(
+    plan: Plan, workdir: Path, console: Console
+) -> tuple[Context, list[CaseResult], list[str]]:
+    ctx = prepare(plan, workdir, console)
+    with services_for(ctx, console) as stack:
+        ctx.stack = stack
+        runner = Runner(ctx, console)
+        for model in plan.models:
+            runner.model_cases(model)
+        runner.global_cases()
+    return ctx, runner.results, runner.failures

@@ -1,0 +1,39 @@
+"""`make_celery(settings)`: each app owns its task, however many apps a process makes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import migrated_settings
+from workers.celery_app import CHUNK_TASK, make_celery
+
+
+def test_each_app_runs_its_own_chunk_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery shares decorated tasks with every app made later unless told not to; the second
+    app's chunks would then run against the first app's runtime (its database, its store)."""
+    first = make_celery(migrated_settings(tmp_path / "one", monkeypatch))
+    second = make_celery(migrated_settings(tmp_path / "two", monkeypatch))
+    try:
+        one, two = first.tasks[CHUNK_TASK], second.tasks[CHUNK_TASK]  # finalizes both
+        assert one.app is first and two.app is second
+        assert one.run is not two.run
+    finally:
+        first.close()
+        second.close()
+
+
+def test_queues_and_delivery_guarantees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_celery(migrated_settings(tmp_path, monkeypatch))
+    try:
+        assert [q.name for q in app.conf.task_queues] == [
+            "interactive",
+            "bulk",
+            "ingest",
+            "control",
+        ]
+        assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
+        assert app.conf.task_serializer == "json" and app.conf.accept_content == ["json"]
+    finally:
+        app.close()

@@ -1,0 +1,55 @@
+"""Where item bytes come from: Kiln's store, and local files only for `kiln run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.core.config import Settings
+from app.core.errors import InputError
+from app.storage.local import LocalStore
+from tests.support import migrated_settings
+from workers.fetch import Fetcher
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return migrated_settings(tmp_path, monkeypatch)
+
+
+def fetcher(settings: Settings, **overrides: object) -> Fetcher:
+    settings = settings.model_copy(update=overrides)
+    return Fetcher(settings, LocalStore.from_url(settings.storage_url))
+
+
+def test_store_objects(settings: Settings) -> None:
+    f = fetcher(settings)
+    f.store.put("jobs/j/inputs/000000", b"pixels")
+    assert f.fetch("store:jobs/j/inputs/000000", 100) == b"pixels"
+
+
+def test_local_files_only_when_allowed(settings: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "a b.jpg"
+    path.write_bytes(b"jpeg bytes")
+    with pytest.raises(InputError, match="cannot read"):
+        fetcher(settings).fetch(path.as_uri(), 100)
+    assert fetcher(settings, local_inputs=True).fetch(path.as_uri(), 100) == b"jpeg bytes"
+
+
+def test_a_missing_local_file_is_an_input_error(settings: Settings, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="There is no file at"):
+        fetcher(settings, local_inputs=True).fetch((tmp_path / "gone.jpg").as_uri(), 100)
+
+
+def test_an_oversized_local_file_is_an_input_error(settings: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "big.jpg"
+    path.write_bytes(b"x" * 101)
+    with pytest.raises(InputError, match="over the 100 limit"):
+        fetcher(settings, local_inputs=True).fetch(path.as_uri(), 100)
+
+
+@pytest.mark.parametrize("source", [None, "", "http://example.com/a.jpg", "/etc/passwd"])
+def test_other_sources_are_input_errors(settings: Settings, source: str | None) -> None:
+    with pytest.raises(InputError):
+        fetcher(settings, local_inputs=True).fetch(source, 100)

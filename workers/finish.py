@@ -1,0 +1,147 @@
+"""Finish a chunk: its Parquet shard, its results in the database, and — for the chunk that
+finds nothing left open — the job's close and manifest.
+
+The shard is written before the results commit, and a job closes only once every chunk has
+a shard, so whoever sees `completed` can read every row. A replay after a crash finishes what
+was left undone; all writes are idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from sqlalchemy.orm import Session
+
+from app import results
+from app.catalog import ModelInfo
+from app.db import queries
+from app.db.models import Item, Job, aware, utcnow
+from app.results import Result, ResultRow
+from workers.models.loader import output_fields
+from workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a chunk learned when it took its items."""
+
+    job_id: str
+    chunk: int
+    item_ids: list[int]
+    chunk_count: int
+    was_open: bool  # the job was open when leased (else this is a replay of a closed job)
+    model: ModelInfo
+    items: list[Item]
+
+
+def finish_chunk(runtime: WorkerRuntime, lease: Lease, rows: Sequence[ResultRow]) -> str | None:
+    """Write the shard and the results; close the job if nothing is open. Returns the final
+    status if this call closed the job."""
+    fields = output_fields(lease.model)
+    with runtime.sessions() as session:
+        shard = _shard_rows(session, lease, rows)
+        if shard:
+            results.write_shard(runtime.store, lease.job_id, lease.chunk, shard, fields)
+        session.commit()  # end the read above; hold no lock during the next step's wait
+        # Chunks of one job finish one at a time (job row first, then items, like a lease):
+        # each then sees the others' results, so the last one always closes the job.
+        queries.lock_job(session, lease.job_id)
+        queries.upsert_results(session, lease.job_id, [_upsert_row(r) for r in rows])
+        final, shards = _close_if_done(runtime, session, lease, bool(shard), fields)
+        session.commit()
+        if final is not None or not lease.was_open:
+            _ensure_manifest(runtime, session, lease.job_id, final is not None, shards)
+    return final
+
+
+def _shard_rows(session: Session, lease: Lease, rows: Sequence[ResultRow]) -> list[Result]:
+    """This run's rows, plus the chunk's items finished earlier (a replay, a cancel)."""
+    if len(rows) == len(lease.item_ids):
+        return list(rows)
+    position = {item.key: item.id for item in lease.items}  # shards list items in id order
+    earlier = [i for i in queries.finished_items(session, lease.item_ids) if i.key not in position]
+    position |= {item.key: item.id for item in earlier}
+    return sorted([*earlier, *rows], key=lambda r: position[r.key])
+
+
+def _upsert_row(row: ResultRow) -> dict[str, Any]:
+    return {
+        "key": row.key,
+        "status": row.status,
+        "error": row.error,
+        "outputs": row.outputs,
+        "duration_ms": row.duration_ms,
+        "finished_at": utcnow(),
+    }
+
+
+def _close_if_done(
+    runtime: WorkerRuntime, session: Session, lease: Lease, wrote: bool, fields: list[pa.Field]
+) -> tuple[str | None, list[str] | None]:
+    """Close the job if no item is open: the final status and the shard keys (if known)."""
+    if lease.chunk_count <= 1:
+        shards = [results.shard_key(lease.job_id, lease.chunk)] if wrote else []
+    else:
+        if queries.has_open_items(session, lease.job_id):
+            return None, None
+        shards = _write_missing_shards(runtime, session, lease.job_id, fields)
+    return queries.finish_job_if_done(session, lease.job_id), shards
+
+
+def _write_missing_shards(
+    runtime: WorkerRuntime, session: Session, job_id: str, fields: list[pa.Field]
+) -> list[str]:
+    """Chunks whose results are in the database but whose shard is not in storage (a crash
+    between the two, a job cancelled before its chunks ran); returns every shard key."""
+    written = set(results.shard_keys(runtime.store, job_id))
+    for chunk in queries.job_chunks(session, job_id):
+        key = results.shard_key(job_id, chunk)
+        if key not in written:
+            items = queries.chunk_items(session, job_id, chunk)
+            results.write_shard(runtime.store, job_id, chunk, items, fields)
+            written.add(key)
+    return sorted(written)
+
+
+def _ensure_manifest(
+    runtime: WorkerRuntime,
+    session: Session,
+    job_id: str,
+    closed_now: bool,
+    shards: list[str] | None,
+) -> None:
+    job = session.get(Job, job_id)
+    if job is None or queries.is_open(job):
+        return
+    if not closed_now and runtime.store.exists(results.manifest_key(job_id)):
+        return
+    counts = queries.job_counts(session, job_id)
+    runner = runtime.runners().get(job.model)
+    manifest = {
+        "job_id": job.id,
+        "model": job.model,
+        "status": job.status,
+        "engine": runner.pipeline.backend if runner else None,
+        "counts": {
+            "total": counts.total,
+            "succeeded": counts.succeeded,
+            "failed": counts.failed,
+            "cancelled": counts.cancelled,
+        },
+        "created_at": _iso(job.created_at),
+        "finished_at": _iso(job.finished_at),
+    }
+    results.write_manifest(runtime.store, job.id, manifest, shards)
+    log.info("job %s %s: %s", job.id, job.status, counts)
+
+
+def _iso(value: datetime | None) -> str | None:
+    stamp = aware(value)
+    return stamp.isoformat() if stamp else None

@@ -1,7 +1,9 @@
 """CPU seconds and peak RSS of process trees, and latency percentiles.
 
-CPU of a tree = each live process's own time plus the time of children it has already reaped,
-so short-lived descendants (Postgres backends, Ray workers) are counted once, when they end.
+A sampler thread walks each tree every `interval` seconds and remembers every process it has
+seen with its own CPU time, so a process that ends inside the window (an actor Ray stops, a
+Postgres backend) still counts up to its last sample. Children's times are not added: a parent
+that reaps a child would count it twice, and some (Ray's raylet) reap without recording any.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import psutil
 
 SOLO = -1  # in a group's pid list: the pids after it count alone, without descendants
 
+ProcKey = tuple[int, float]  # pid and start time: a reused pid is another process
 
-def _tree(pids: Iterable[int]) -> list[tuple[psutil.Process, bool]]:
-    """(process, whether its reaped children count) for the trees, or solos, `pids` name."""
-    procs: dict[int, tuple[psutil.Process, bool]] = {}
+
+def _tree(pids: Iterable[int]) -> list[psutil.Process]:
+    """The processes of the trees (or, after `SOLO`, the single processes) `pids` name."""
+    procs: dict[int, psutil.Process] = {}
     family = True
     for pid in pids:
         if pid == SOLO:
@@ -29,33 +33,44 @@ def _tree(pids: Iterable[int]) -> list[tuple[psutil.Process, bool]]:
         try:
             root = psutil.Process(pid)
             for proc in [root, *(root.children(recursive=True) if family else [])]:
-                procs[proc.pid] = (proc, family)
+                procs[proc.pid] = proc
         except psutil.NoSuchProcess:
             continue
     return list(procs.values())
 
 
-def tree_cpu(pids: Iterable[int]) -> float:
-    total = 0.0
-    for proc, family in _tree(pids):
-        try:
-            t = proc.cpu_times()
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-        total += t.user + t.system
-        if family:
-            total += t.children_user + t.children_system
-    return total
+def _own_cpu(proc: psutil.Process) -> tuple[ProcKey, float, int] | None:
+    try:
+        with proc.oneshot():
+            times = proc.cpu_times()
+            return (proc.pid, proc.create_time()), times.user + times.system, proc.memory_info().rss
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
 
 
-def tree_rss(pids: Iterable[int]) -> int:
-    total = 0
-    for proc, _family in _tree(pids):
-        try:
-            total += proc.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return total
+class _Group:
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.pids = list(pids)
+        self.baseline: dict[ProcKey, float] = {}
+        self.last: dict[ProcKey, float] = {}
+        self.peak_rss = 0
+
+    def sample(self, first: bool = False) -> None:
+        rss = 0
+        for proc in _tree(self.pids):
+            seen = _own_cpu(proc)
+            if seen is None:
+                continue
+            key, cpu, proc_rss = seen
+            # Alive at the start: count from there; born later: count its whole life.
+            self.baseline.setdefault(key, cpu if first else 0.0)
+            self.last[key] = cpu
+            rss += proc_rss
+        self.peak_rss = max(self.peak_rss, rss)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.last[key] - base for key, base in self.baseline.items())
 
 
 def service_pids() -> list[int]:
@@ -83,26 +98,23 @@ class Usage:
 
 
 class Meter:
-    """Measure named groups of process trees over a window, sampling RSS in a thread."""
+    """Measure named groups of process trees over a window."""
 
     def __init__(self, groups: dict[str, Sequence[int]], interval: float = 0.2) -> None:
-        self.groups = {name: list(pids) for name, pids in groups.items()}
+        self.groups = {name: _Group(pids) for name, pids in groups.items()}
         self.interval = interval
         self.usage = Usage()
         self._stop = threading.Event()
-        self._peaks = dict.fromkeys(self.groups, 0)
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval):
-            self._sample_once()
-
-    def _sample_once(self) -> None:
-        for name, pids in self.groups.items():
-            self._peaks[name] = max(self._peaks[name], tree_rss(pids))
+            for group in self.groups.values():
+                group.sample()
 
     @contextmanager
     def window(self) -> Iterator[Usage]:
-        before = {name: tree_cpu(pids) for name, pids in self.groups.items()}
+        for group in self.groups.values():
+            group.sample(first=True)
         sampler = threading.Thread(target=self._sample, name="bench-meter", daemon=True)
         sampler.start()
         started = time.perf_counter()
@@ -112,12 +124,11 @@ class Meter:
             self.usage.seconds = time.perf_counter() - started
             self._stop.set()
             sampler.join()
-            self._sample_once()
-            self.usage.cpu_seconds = {
-                name: round(tree_cpu(pids) - before[name], 3) for name, pids in self.groups.items()
-            }
+            for group in self.groups.values():
+                group.sample()
+            self.usage.cpu_seconds = {n: round(g.cpu_seconds, 3) for n, g in self.groups.items()}
             self.usage.peak_rss_mb = {
-                name: round(peak / 2**20, 1) for name, peak in self._peaks.items()
+                n: round(g.peak_rss / 2**20, 1) for n, g in self.groups.items()
             }
 
 

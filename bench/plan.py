@@ -10,7 +10,7 @@ MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray")
 PAIRED = {"loop", "embedded", "services", "naive-celery", "ray"}
 GLOBAL_CASES = ("ceiling", "streaming")
 ALL_CASES = MODEL_CASES + GLOBAL_CASES
-SERVICE_CASES = {"services", "naive-celery", "ceiling", "streaming"}
+SERVICE_CASES = {"services", "naive-celery", "ray", "ceiling", "streaming"}
 MODELS = ("resnet18", "resnet50")
 
 

@@ -122,6 +122,7 @@ def chart(results: list[CaseResult], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     shown = [r for r in results if not r.skipped and r.case not in ("idle", "raw-paired")]
     labels = [f"{r.case} · {r.model}" for r in shown]
@@ -130,6 +131,8 @@ def chart(results: list[CaseResult], path: Path) -> None:
               r.case.startswith("streaming") else "#7f8c8d" for r in shown]  # fmt: skip
     ax.barh(labels[::-1], [r.items_per_s for r in shown][::-1], color=colors[::-1])
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("items/s (log scale) — Kiln in red")
     ax.set_title("Kiln benchmark: throughput per case")
     for i, r in enumerate(shown[::-1]):

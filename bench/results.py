@@ -85,11 +85,14 @@ def targets(results: list[CaseResult], models: list[str], max_batch: int) -> lis
     cpu = ceiling.subject_cpu_ms_per_item if ceiling else None
     cpu = round(cpu, 3) if cpu is not None else None
     out.append(Target("ceiling: Kiln CPU ms per item", cpu, "≤ 0.5", _le(cpu, 0.5)))
-    for case in ("streaming-capacity", "streaming-100"):
+    for case, label in (
+        ("streaming-capacity", "saturated (closed loop)"),
+        ("streaming-100", "at 100% of capacity (open loop)"),
+    ):
         full = next((r for r in results if r.case == case and not r.skipped), None)
         mean = full.extra.get("mean_batch") if full else None
         share = round(mean / max_batch, 3) if mean is not None else None
-        name = f"{case.removeprefix('streaming-')} streaming: mean batch ÷ max_batch"
+        name = f"streaming {label}: mean batch ÷ max_batch"
         out.append(Target(name, share, "≥ 0.8", _ge(share, 0.8)))
     idle = next((r for r in results if r.case == "idle" and not r.skipped), None)
     if idle:

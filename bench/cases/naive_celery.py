@@ -99,9 +99,7 @@ def run(ctx: Context, model: str) -> CaseResult:
         )
         uris = ctx.uris["images"]
         _classify(app, uris[: min(len(uris), 8)])  # warm-up: every process has loaded its model
-        m = meter(stack)
-        m.groups["subject"] = [worker.pid]
-        with m.window() as usage:
+        with meter(stack, subject=[worker.pid]).window() as usage:
             results = _classify(app, uris)
         if len(results) != len(uris) or not all(results):
             raise RuntimeError(f"naive celery returned {len(results)} results for {len(uris)}")

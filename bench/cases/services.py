@@ -13,10 +13,11 @@ from bench.results import CaseResult
 from bench.stack import Stack
 
 
-def meter(stack: Stack) -> Meter:
+def meter(stack: Stack, subject: list[int] | None = None) -> Meter:
+    """Subject (Kiln's API and worker, unless told), services, and the driver alone."""
     return Meter(
         {
-            "subject": stack.kiln_pids,
+            "subject": subject if subject is not None else stack.kiln_pids,
             "services": [stack.moto.pid, *service_pids()],
             "driver": [SOLO, os.getpid()],  # the client only: api, worker, moto are its children
         }

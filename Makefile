@@ -16,8 +16,13 @@ $(VENV)/.run: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e .
 	touch $@
 
+# tensorrt-stubs pins tensorrt itself, which downloads from NVIDIA: take the stubs alone, so mypy
+# checks workers/engines/tensorrt.py against the TensorRT 10 API without a GPU.
+STUBS := 'tensorrt-stubs>=10.0,<11'
+
 $(VENV)/.dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	$(PIP) install --quiet --no-deps $(STUBS)
 	touch $@ $(VENV)/.run
 
 ## demo: run the OCR model over examples/ with the embedded defaults (no servers)
@@ -40,6 +45,7 @@ integration: $(VENV)/.dev services
 
 $(VENV)/.bench: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev,bench]'
+	$(PIP) install --quiet --no-deps $(STUBS)
 	touch $@ $(VENV)/.dev $(VENV)/.run
 
 ## bench: Kiln against the raw engine and its peers (bench/README.md); BENCH_ARGS=--quick

@@ -18,7 +18,7 @@ from app.core.config import Settings
 from app.db.session import engine_for, make_session_factory
 from app.storage import ObjectStore, open_store
 from workers.batching import Batcher, BatchStats
-from workers.engines.select import runner_count
+from workers.engines.select import EngineFactory
 from workers.fetch import Fetcher
 from workers.models.base import Pipeline, Prepared
 from workers.models.loader import load_pipeline
@@ -44,6 +44,8 @@ class WorkerRuntime:
         self._runners: dict[str, ModelRunner] = {}
         self._models: dict[str, ModelInfo] = {}
         self._lock = threading.Lock()
+        self._engines: EngineFactory | None = None
+        self._engines_lock = threading.Lock()
 
     def runner(self, info: ModelInfo) -> ModelRunner:
         """The model's pipeline and Batcher, built on first use (one per process)."""
@@ -55,8 +57,8 @@ class WorkerRuntime:
             return runner
 
     def _build(self, info: ModelInfo) -> ModelRunner:
-        pipeline = load_pipeline(info, self.settings, self.store)
-        runners = min(runner_count(self.settings.runners), pipeline.max_runners)
+        pipeline = load_pipeline(info, self.engines())
+        runners = min(self.engines().runners, pipeline.max_runners)
         batcher: Batcher[Prepared, Any] = Batcher(
             pipeline.infer,
             max_batch=min(self.settings.max_batch, pipeline.max_batch),
@@ -68,6 +70,13 @@ class WorkerRuntime:
         )
         log.info("model %s ready on %s, %d runner(s)", info.name, pipeline.backend, runners)
         return ModelRunner(pipeline, batcher)
+
+    def engines(self) -> EngineFactory:
+        """Probed once, in this process (never before a fork): the backend every model uses."""
+        with self._engines_lock:
+            if self._engines is None:
+                self._engines = EngineFactory(self.settings, self.store)
+            return self._engines
 
     def model_info(self, session: Session, name: str) -> ModelInfo:
         """What a job's model is, read once per process: a registered model never changes
@@ -90,4 +99,5 @@ class WorkerRuntime:
     def close(self) -> None:
         for runner in self.runners().values():
             runner.batcher.close()
+            runner.pipeline.close()
         self.engine.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -32,6 +33,12 @@ class Settings(BaseSettings):
         0, ge=0, le=64, description="Engine runner threads per model; 0 = one per core on CPU."
     )
     engine_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = auto.")
+    engine: Literal["auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu"] = Field(
+        "auto", description="Inference backend; auto = TensorRT, else ORT CUDA, else ORT CPU."
+    )
+    precision: Literal["auto", "fp16", "fp32"] = Field(
+        "auto", description="TensorRT precision; auto = FP16 where the GPU does it fast."
+    )
     worker_concurrency: int = Field(
         0, ge=0, le=1024, description="Task threads per worker; 0 = twice max_batch (min 8)."
     )

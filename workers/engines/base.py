@@ -1,11 +1,17 @@
-"""The `Engine` protocol every backend implements."""
+"""The `Engine` protocol every backend implements, and what a pipeline tells an engine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from types import ModuleType
+from typing import Any, Protocol
 
 import numpy as np
+
+# Runs on the engine's device after the host batch is copied there: (xp, array) -> array.
+# `xp` is NumPy for CPU engines and CuPy for GPU ones, so preprocessing is written once.
+Prepare = Callable[[ModuleType, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -15,12 +21,42 @@ class TensorSpec:
     dtype: str
 
 
-class Engine(Protocol):
-    """Runs one model on whole batches; `infer` is called from the Batcher's runner threads."""
+@dataclass(frozen=True)
+class EngineRequest:
+    """What a pipeline needs built: the ONNX file and how big a batch may be."""
 
-    backend: str
+    name: str  # the model's name (and version), for logs and the engine cache
+    onnx_path: Any  # pathlib.Path
+    max_batch: int
+
+
+class Engine(Protocol):
+    """Runs one model on whole batches; `infer` is called from the Batcher's runner threads,
+    possibly several at once."""
+
+    backend: str  # e.g. "tensorrt:fp16", "onnxruntime:CPUExecutionProvider"
+    reason: str  # why this backend was chosen, in a sentence
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     max_batch: int
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def infer(
+        self, feeds: Mapping[str, np.ndarray], prepare: Mapping[str, Prepare] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One batch: host arrays in, host arrays out (one leading row per input row).
+
+        `prepare[name]`, when given, transforms that feed where the engine keeps it — on the
+        GPU for a GPU engine — e.g. uint8 NHWC pixels into normalised float32 NCHW.
+        """
+        ...
+
+
+def prepared(
+    feeds: Mapping[str, np.ndarray], prepare: Mapping[str, Prepare] | None
+) -> dict[str, np.ndarray]:
+    """Apply `prepare` on the host with NumPy: what CPU engines do."""
+    steps = prepare or {}
+    return {
+        name: np.ascontiguousarray(steps[name](np, x) if name in steps else x)
+        for name, x in feeds.items()
+    }

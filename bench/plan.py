@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 # ratio compares two measurements taken seconds apart on the same (noisy, shared) machine.
 MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray")
 PAIRED = {"loop", "embedded", "services", "naive-celery", "ray"}
-GLOBAL_CASES = ("ceiling", "streaming")
+GLOBAL_CASES = ("ceiling", "streaming", "builtin")
 ALL_CASES = MODEL_CASES + GLOBAL_CASES
-SERVICE_CASES = {"services", "naive-celery", "ray", "ceiling", "streaming"}
+SERVICE_CASES = {"services", "naive-celery", "ray", "ceiling", "streaming", "builtin"}
 MODELS = ("resnet18", "resnet50")
 
 
@@ -24,10 +24,13 @@ class Plan:
     ceiling_size: tuple[int, int] = (64, 64)
     stream_seconds: float = 20.0
     idle_samples: int = 30
+    builtin_items: int = 200  # per built-in model
     raw_seconds: float = 4.0
     sweep_seconds: float = 1.0
     paired_seconds: float = 3.0
-    kiln_env: tuple[tuple[str, str], ...] = ()  # KILN_* settings for every Kiln process
+    # KILN_* settings for every Kiln process. The content cache is off: the cases resubmit the same
+    # images (warm-up, streaming), and a cache hit would measure a lookup, not the engine.
+    kiln_env: tuple[tuple[str, str], ...] = (("KILN_CONTENT_CACHE", "false"),)
 
     def with_(self, **changes: object) -> Plan:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -45,6 +48,7 @@ PRESETS = {
         ceiling_items=1500,
         stream_seconds=6.0,
         idle_samples=15,
+        builtin_items=60,
         raw_seconds=2.0,
         sweep_seconds=0.4,
         paired_seconds=1.5,
@@ -56,6 +60,7 @@ PRESETS = {
         ceiling_items=40,
         stream_seconds=2.0,
         idle_samples=3,
+        builtin_items=4,
         raw_seconds=0.3,
         sweep_seconds=0.1,
         paired_seconds=0.2,

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from bench.cases import embedded, loop, naive_celery, raw, ray_data, services, streaming
+from bench.cases import builtins, embedded, loop, naive_celery, raw, ray_data, services, streaming
 from bench.context import Context
 from bench.inputs import make_images
 from bench.models import export_resnet, labels, null_model
@@ -123,6 +123,8 @@ class Runner:
         if "streaming" in self.ctx.plan.cases:
             model = self.ctx.plan.models[0]
             self.attempt(f"streaming {model}", lambda: streaming.run(self.ctx, model))
+        if "builtin" in self.ctx.plan.cases:
+            self.attempt("built-in models", lambda: builtins.run(self.ctx))
 
 
 def _line(result: CaseResult) -> str:

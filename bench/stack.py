@@ -19,10 +19,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.auth import create_key
-from app.catalog import ClassifierSpec, register_model
+from app.catalog import register_model
 from app.core.config import Settings, get_settings
 from app.db.migrate import upgrade
 from app.db.session import make_engine, make_session_factory
+from app.model_spec import ImageModelSpec
 from app.storage import open_store
 from tests.integration.services import (
     AWS_ENV,
@@ -82,7 +83,10 @@ class Stack:
             return list(pool.map(put, files))
 
     def submit(self, model: str, uris: Sequence[str]) -> str:
-        body = {"model": model, "inputs": [{"uri": u} for u in uris]}
+        return self.submit_inputs(model, [{"uri": u} for u in uris])
+
+    def submit_inputs(self, model: str, inputs: Sequence[dict[str, Any]]) -> str:
+        body = {"model": model, "inputs": list(inputs)}
         response = self.http.post("/v1/jobs", json=body)
         if response.status_code != 202:
             raise RuntimeError(f"submit failed: {response.status_code} {response.text}")
@@ -112,15 +116,21 @@ class Stack:
                     stats.setdefault(model, {})["rows"] = sample.value
         return stats
 
-    def register(self, model: Registered, workdir: Path) -> None:
+    def register(self, model: Registered, workdir: Path, kind: str = "classify") -> None:
         labels = workdir / f"{model.name}.labels.txt"
         labels.write_text("\n".join(model.labels) + "\n")
-        spec = ClassifierSpec(input_size=model.input_size, labels=model.labels)
+        spec = ImageModelSpec(input_size=model.input_size, labels=model.labels)
         engine = make_engine(self.settings.database_url)
         try:
             with make_session_factory(engine)() as session:
                 register_model(
-                    session, open_store(self.settings), model.name, model.onnx, "classify", spec
+                    session,
+                    open_store(self.settings),
+                    tenant="",
+                    name=model.name,
+                    data=model.onnx.read_bytes(),
+                    kind=kind,
+                    spec=spec,
                 )
                 session.commit()
         finally:

@@ -71,6 +71,10 @@ class Announcement(Generic[In, Out]):
     def submit(self, row: In) -> Future[Out]:
         return self._batcher._submit(row, self)
 
+    def skip(self, rows: int = 1) -> None:
+        """Rows that will not come after all (a bad input, a cached result)."""
+        self._batcher._write_off(self, rows)
+
 
 class Batcher(Generic[In, Out]):
     def __init__(
@@ -122,10 +126,14 @@ class Batcher(Generic[In, Out]):
         try:
             yield announcement
         finally:
-            with self._cond:
-                self._announced -= announcement.remaining
-                announcement.remaining = 0
-                self._cond.notify_all()  # a runner may be waiting for those rows
+            self._write_off(announcement, announcement.remaining)
+
+    def _write_off(self, announcement: Announcement[In, Out], rows: int) -> None:
+        with self._cond:
+            rows = min(rows, announcement.remaining)
+            self._announced -= rows
+            announcement.remaining -= rows
+            self._cond.notify_all()  # a runner may be waiting for those rows
 
     def _submit(self, row: In, announcement: Announcement[In, Out] | None) -> Future[Out]:
         future: Future[Out] = Future()

@@ -25,6 +25,7 @@ class KilnCelery(Celery):  # type: ignore[misc]
     def __init__(self, settings: Settings) -> None:
         super().__init__("kiln", broker=settings.broker_url, set_as_current=False)
         self.settings = settings
+        self.node_name = "embedded@localhost"  # `kiln worker` sets its Celery node name
         self._runtime: WorkerRuntime | None = None
         self._runtime_lock = threading.Lock()
 
@@ -33,7 +34,7 @@ class KilnCelery(Celery):  # type: ignore[misc]
             if self._runtime is None:
                 from workers.runtime import WorkerRuntime
 
-                self._runtime = WorkerRuntime(self.settings)
+                self._runtime = WorkerRuntime(self.settings, self.node_name)
             return self._runtime
 
     def batch_stats(self) -> dict[str, BatchStats]:
@@ -41,6 +42,12 @@ class KilnCelery(Celery):  # type: ignore[misc]
         with self._runtime_lock:
             runtime = self._runtime
         return runtime.batch_stats() if runtime else {}
+
+    def backends(self) -> dict[str, str]:
+        """The backend each loaded model runs on; empty until the runtime exists."""
+        with self._runtime_lock:
+            runtime = self._runtime
+        return runtime.backends() if runtime else {}
 
     def close_runtime(self) -> None:
         with self._runtime_lock:

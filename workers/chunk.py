@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.catalog import ModelInfo
-from app.core.errors import KilnError, NotFoundError, TransientError
+from app.core.errors import KilnError, TransientError
 from app.db import queries
 from app.db.models import Item, ItemStatus, JobStatus
 from app.results import ResultRow
+from workers import content_cache
 from workers.batching import Announcement
 from workers.finish import Lease, finish_chunk
 from workers.models.base import Prepared
 from workers.runtime import ModelRunner, WorkerRuntime
 
 log = logging.getLogger(__name__)
+
+FETCH_GROUP = 8  # inputs held in memory at once per chunk, and looked up in the cache together
 
 
 @dataclass
@@ -32,6 +35,7 @@ class ChunkReport:
     processed: int = 0
     succeeded: int = 0
     failed: int = 0
+    cached: int = 0  # answered from the content cache
     seconds: dict[str, float] = field(default_factory=dict)
     job_status: str | None = None
 
@@ -40,10 +44,18 @@ class ChunkReport:
 class _Work:
     item: Item
     started: float
+    data: bytes | str | None = None
+    digest: str | None = None
+    cached: bool = False
     prepared: Prepared | None = None
     future: Future[Any] | None = None
     outputs: dict[str, Any] | None = None
     error: str | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Fetched, not failed, not answered from the cache: it needs the engine."""
+        return self.error is None and self.outputs is None
 
 
 def process_chunk(
@@ -54,10 +66,13 @@ def process_chunk(
     if lease is None:
         log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk)
         return report
-    rows: list[ResultRow] = []
-    if lease.items:
-        rows = _result_rows(_run(runtime, lease.model, lease.items, report))
-    report.job_status = finish_chunk(runtime, lease, rows)
+    work = _run(runtime, lease.model, lease.items, report) if lease.items else []
+    fresh = {
+        w.digest: content_cache.encode(w.outputs)
+        for w in work
+        if w.digest and w.outputs is not None and not w.cached and w.error is None
+    }
+    report.job_status = finish_chunk(runtime, lease, _result_rows(work), fresh)
     return report
 
 
@@ -72,28 +87,35 @@ def _lease(runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int])
         if leased and job.status == JobStatus.QUEUED:
             queries.mark_job_running(session, job_id)
         session.commit()
-        model = runtime.model_info(session, job.model)
+        model = runtime.model_info(session, job.model, job.tenant)
         return Lease(job_id, chunk, item_ids, job.chunk_count, was_open, model, leased)
 
 
 def _run(
     runtime: WorkerRuntime, model: ModelInfo, items: list[Item], report: ChunkReport
 ) -> list[_Work]:
-    """Fetch and decode on this thread, feeding the shared Batcher as rows become ready."""
+    """Fetch, consult the content cache and decode on this thread, feeding the shared Batcher
+    as rows become ready; then collect. Inputs are fetched a few at a time so a chunk of large
+    images never sits in memory whole."""
     work = [_Work(item, time.monotonic()) for item in items]
     try:
         runner = runtime.runner(model)
     except TransientError:
         raise
     except Exception as error:
-        log.exception("model %s failed to load", model.name)
+        log.exception("model %s failed to load", model.ref)
         for w in work:
-            w.error = f"Model {model.name!r} could not be loaded: {error}."
+            w.error = f"Model {model.ref!r} could not be loaded: {error}."
         return work
     timer = time.monotonic()
     with runner.batcher.expect(len(work)) as announced:  # so the Batcher waits for these
-        for w in work:
-            _prepare(runtime, runner, announced, w)
+        for start in range(0, len(work), FETCH_GROUP):
+            group = work[start : start + FETCH_GROUP]
+            for w in group:
+                _fetch(runtime, w)
+            report.cached += _use_cache(runtime, model, group)
+            for w in group:
+                _submit(runner, announced, w)
     report.seconds["fetch_decode"] = time.monotonic() - timer
     timer = time.monotonic()
     for w in work:
@@ -105,20 +127,53 @@ def _run(
     return work
 
 
-def _prepare(
-    runtime: WorkerRuntime, runner: ModelRunner, announced: Announcement[Prepared, Any], w: _Work
-) -> None:
+def _fetch(runtime: WorkerRuntime, w: _Work) -> None:
+    """The item's input: its text, or its bytes from wherever its source points."""
     try:
-        data = runtime.fetcher.fetch(w.item.source, runtime.settings.max_upload_bytes)
-        w.prepared = runner.pipeline.prepare(data)
+        if w.item.text is not None:
+            w.data = w.item.text
+        else:
+            w.data = runtime.fetcher.fetch(w.item.source, runtime.settings.max_upload_bytes)
     except TransientError:
         raise  # the whole chunk retries with backoff; writes are idempotent
-    except (KilnError, NotFoundError) as error:
+    except KilnError as error:
         w.error = str(error)
         return
+    if runtime.settings.content_cache:
+        w.digest = content_cache.digest(w.data)
+
+
+def _use_cache(runtime: WorkerRuntime, model: ModelInfo, group: list[_Work]) -> int:
+    """Answer the inputs this model version has already seen; returns how many."""
+    digests = [w.digest for w in group if w.digest and w.waiting]
+    if not digests:
+        return 0
+    with runtime.sessions() as session:
+        known = queries.cached_results(session, model.cache_key, digests)
+    hits = 0
+    for w in group:
+        entry = known.get(w.digest or "")
+        if entry is not None and w.waiting:
+            w.outputs, w.cached, w.data = content_cache.decode(*entry), True, None
+            hits += 1
+    return hits
+
+
+def _submit(runner: ModelRunner, announced: Announcement[Prepared, Any], w: _Work) -> None:
+    if not w.waiting or w.data is None:
+        announced.skip()
+        return
+    try:
+        w.prepared = runner.pipeline.prepare(w.data)
+    except KilnError as error:
+        w.error = str(error)
     except Exception as error:  # a decoder bug must fail one item, not the worker
         log.exception("preparing %s failed", w.item.key)
         w.error = f"The input could not be prepared: {error}."
+    finally:
+        w.data = None  # the decoded rows are all the engine needs
+    if w.prepared is None:
+        announced.skip()
         return
     w.future = announced.submit(w.prepared)
 
@@ -140,7 +195,7 @@ def _result_rows(work: list[_Work]) -> list[ResultRow]:
             status=ItemStatus.FAILED if w.error else ItemStatus.SUCCEEDED,
             error=w.error,
             duration_ms=round((time.monotonic() - w.started) * 1000, 2),
-            outputs=w.outputs,
+            outputs=None if w.error else w.outputs,
         )
         for w in work
     ]

@@ -19,11 +19,13 @@ import pyarrow as pa
 from celery.worker import WorkController
 
 from app import jobs, results
+from app.catalog import get_model
 from app.core.config import Settings
-from app.core.errors import InputError
+from app.core.errors import InputError, NotFoundError
 from app.db.migrate import upgrade
 from app.db.models import Job
 from app.db.queries import is_open
+from app.db.session import make_engine, make_session_factory
 from app.storage import open_store
 from workers.celery_app import WORK_QUEUES, CeleryDispatcher, KilnCelery, make_celery
 
@@ -55,11 +57,42 @@ def collect_inputs(source: str) -> list[Path]:
     return sorted(f.resolve() for f in files)
 
 
-def _inputs(files: list[Path]) -> list[jobs.InputRef]:
+def image_inputs(source: str) -> list[jobs.InputRef]:
     """The files where they are (nothing copied, nothing held in memory); item keys are paths
     relative to their common folder (`sub/a.jpg`)."""
+    files = collect_inputs(source)
     root = Path(os.path.commonpath([f.parent for f in files]))
     return [jobs.InputRef(uri=f.as_uri(), key=f.relative_to(root).as_posix()) for f in files]
+
+
+def text_inputs(source: str) -> list[jobs.InputRef]:
+    """A text file: every non-empty line is one input, named by its line number."""
+    path = Path(source)
+    if not path.is_file():
+        raise InputError(f"{source!r} is not a file; a text model reads one input per line.")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise InputError(f"{source} is not UTF-8 text.") from None
+    inputs = [
+        jobs.InputRef(text=line, key=f"line-{number:06d}")
+        for number, line in enumerate(lines, start=1)
+        if line.strip()
+    ]
+    if not inputs:
+        raise InputError(f"{source} has no non-empty line.")
+    return inputs
+
+
+def _model_input(settings: Settings, model: str) -> str:
+    engine = make_engine(settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return get_model(session, model, LOCAL_TENANT).input
+    except NotFoundError as error:
+        raise InputError(str(error)) from None
+    finally:
+        engine.dispose()
 
 
 @contextmanager
@@ -109,15 +142,16 @@ def run_embedded(
     model: str,
     on_progress: Callable[[jobs.Progress], None] = lambda _p: None,
 ) -> RunOutcome:
-    files = collect_inputs(source)
+    upgrade(settings)
+    text = _model_input(settings, model) == "text"
+    inputs = text_inputs(source) if text else image_inputs(source)
     # A local run reads the files in place, and the API's per-job cap does not apply to it.
     settings = settings.model_copy(
         update={
             "local_inputs": True,
-            "max_files_per_job": max(len(files), settings.max_files_per_job),
+            "max_files_per_job": max(len(inputs), settings.max_files_per_job),
         }
     )
-    upgrade(settings)
     app = make_celery(settings)
     store = open_store(settings)
     started = time.monotonic()
@@ -130,7 +164,7 @@ def run_embedded(
                 CeleryDispatcher(app),
                 settings,
                 jobs.JobRequest(
-                    tenant=LOCAL_TENANT, model=model, inputs=_inputs(files), local_files=True
+                    tenant=LOCAL_TENANT, model=model, inputs=inputs, local_files=not text
                 ),
             )
             job_id = submitted.job.id

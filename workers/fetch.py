@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from app.core.config import Settings
 from app.core.errors import InputError
 from app.storage import ObjectStore
-from app.storage.s3 import make_s3_client, parse_s3_uri, translate
+from app.storage.s3 import make_s3_client, read_object
 
 
 def _read_local(uri: str, max_bytes: int) -> bytes:
@@ -61,14 +59,4 @@ class Fetcher:
         return data
 
     def _fetch_s3(self, uri: str, max_bytes: int) -> bytes:
-        bucket, key = parse_s3_uri(uri)
-        try:
-            response = self._s3_client().get_object(Bucket=bucket, Key=key)
-            if int(response.get("ContentLength", 0)) > max_bytes:
-                raise InputError(
-                    f"The object is {response['ContentLength']:,} bytes, "
-                    f"over the {max_bytes:,} limit."
-                )
-            return bytes(response["Body"].read())
-        except (ClientError, BotoCoreError) as error:
-            raise translate(error, uri) from error
+        return read_object(self._s3_client(), uri, max_bytes)

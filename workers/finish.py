@@ -9,7 +9,7 @@ was left undone; all writes are idempotent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +22,8 @@ from app.catalog import ModelInfo
 from app.db import queries
 from app.db.models import Item, Job, aware, utcnow
 from app.results import Result, ResultRow
+from workers import content_cache
+from workers.models.base import VECTOR_OUTPUTS
 from workers.models.loader import output_fields
 from workers.runtime import WorkerRuntime
 
@@ -41,9 +43,14 @@ class Lease:
     items: list[Item]
 
 
-def finish_chunk(runtime: WorkerRuntime, lease: Lease, rows: Sequence[ResultRow]) -> str | None:
-    """Write the shard and the results; close the job if nothing is open. Returns the final
-    status if this call closed the job."""
+def finish_chunk(
+    runtime: WorkerRuntime,
+    lease: Lease,
+    rows: Sequence[ResultRow],
+    fresh: Mapping[str, content_cache.Entry] | None = None,
+) -> str | None:
+    """Write the shard, the results (and `fresh` results into the content cache); close the job
+    if nothing is open. Returns the final status if this call closed the job."""
     fields = output_fields(lease.model)
     with runtime.sessions() as session:
         shard = _shard_rows(session, lease, rows)
@@ -54,10 +61,11 @@ def finish_chunk(runtime: WorkerRuntime, lease: Lease, rows: Sequence[ResultRow]
         # each then sees the others' results, so the last one always closes the job.
         queries.lock_job(session, lease.job_id)
         queries.upsert_results(session, lease.job_id, [_upsert_row(r) for r in rows])
+        queries.cache_results(session, lease.model.cache_key, fresh or {})
         final, shards = _close_if_done(runtime, session, lease, bool(shard), fields)
         session.commit()
         if final is not None or not lease.was_open:
-            _ensure_manifest(runtime, session, lease.job_id, final is not None, shards)
+            _ensure_manifest(runtime, session, lease, final is not None, shards)
     return final
 
 
@@ -72,11 +80,15 @@ def _shard_rows(session: Session, lease: Lease, rows: Sequence[ResultRow]) -> li
 
 
 def _upsert_row(row: ResultRow) -> dict[str, Any]:
+    """The database's copy: vectors stay in the Parquet shard (DESIGN.md)."""
+    outputs = None
+    if row.outputs is not None:
+        outputs = {k: v for k, v in row.outputs.items() if k not in VECTOR_OUTPUTS}
     return {
         "key": row.key,
         "status": row.status,
         "error": row.error,
-        "outputs": row.outputs,
+        "outputs": outputs,
         "duration_ms": row.duration_ms,
         "finished_at": utcnow(),
     }
@@ -113,17 +125,18 @@ def _write_missing_shards(
 def _ensure_manifest(
     runtime: WorkerRuntime,
     session: Session,
-    job_id: str,
+    lease: Lease,
     closed_now: bool,
     shards: list[str] | None,
 ) -> None:
+    job_id, model = lease.job_id, lease.model
     job = session.get(Job, job_id)
     if job is None or queries.is_open(job):
         return
     if not closed_now and runtime.store.exists(results.manifest_key(job_id)):
         return
     counts = queries.job_counts(session, job_id)
-    runner = runtime.runners().get(job.model)
+    runner = runtime.runners().get(model.cache_key)
     manifest = {
         "job_id": job.id,
         "model": job.model,
@@ -138,8 +151,26 @@ def _ensure_manifest(
         "created_at": _iso(job.created_at),
         "finished_at": _iso(job.finished_at),
     }
+    if model.kind == "phash":
+        manifest["groups"] = _near_duplicates(runtime, session, job)
     results.write_manifest(runtime.store, job.id, manifest, shards)
     log.info("job %s %s: %s", job.id, job.status, counts)
+
+
+def _near_duplicates(runtime: WorkerRuntime, session: Session, job: Job) -> dict[str, Any]:
+    """A phash job's near-duplicate groups, over all its items: written beside the shards."""
+    from workers.models.phash import DEFAULT_MAX_DISTANCE, near_duplicate_groups
+
+    distance = int(job.options.get("max_distance", DEFAULT_MAX_DISTANCE))
+    hashed = [(k, o["phash"]) for k, o in queries.item_outputs(session, job.id) if o.get("phash")]
+    groups = near_duplicate_groups([k for k, _h in hashed], [h for _k, h in hashed], distance)
+    key = results.write_groups(runtime.store, job.id, groups)
+    return {
+        "key": key,
+        "max_distance": distance,
+        "groups": len(groups),
+        "items_in_groups": sum(len(g) for g in groups),
+    }
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -6,15 +6,23 @@ and nothing global is registered: each worker process builds its own registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from workers.batching import BatchStats
+from workers.device import GpuTelemetry
 
-StatsSource = Callable[[], Mapping[str, BatchStats]]  # model name -> totals
+
+class WorkerView(Protocol):
+    """What the collectors read, at scrape time, from the worker (its Celery app)."""
+
+    def batch_stats(self) -> Mapping[str, BatchStats]: ...
+
+    def backends(self) -> Mapping[str, str]: ...
 
 
 def size_buckets(largest: int) -> list[int]:
@@ -42,11 +50,11 @@ def batch_size_histogram(stats: BatchStats) -> list[tuple[str, float]]:
 
 
 class BatcherCollector(Collector):
-    def __init__(self, source: StatsSource) -> None:
-        self.source = source
+    def __init__(self, view: WorkerView) -> None:
+        self.view = view
 
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
-        stats = self.source()
+        stats = self.view.batch_stats()
         sizes = HistogramMetricFamily(
             "kiln_batch_size", "Rows per engine call (achieved batch size).", labels=["model"]
         )
@@ -76,9 +84,27 @@ class BatcherCollector(Collector):
         yield from counters.values()
 
 
-def worker_registry(source: StatsSource) -> CollectorRegistry:
+class EngineCollector(Collector):
+    """`kiln_engine_info{model, backend} 1` for every model this worker has loaded."""
+
+    def __init__(self, view: WorkerView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "kiln_engine_info", "The backend a model runs on here.", labels=["model", "backend"]
+        )
+        for model, backend in self.view.backends().items():
+            info.add_metric([model, backend], 1.0)
+        yield info
+
+
+def worker_registry(view: WorkerView) -> CollectorRegistry:
+    """Batching, engines and (where NVML answers) the GPUs of one worker process."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(BatcherCollector(source))
+    registry.register(BatcherCollector(view))
+    registry.register(EngineCollector(view))
+    registry.register(GpuTelemetry())
     return registry
 
 

@@ -11,10 +11,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalog import ModelInfo, get_model
 from app.core.config import Settings
+from app.db import queries
 from app.db.session import engine_for, make_session_factory
 from app.storage import ObjectStore, open_store
 from workers.batching import Batcher, BatchStats
@@ -30,46 +32,64 @@ QUEUED_BATCHES = 4  # decoded rows may run this many batches ahead of the engine
 
 @dataclass
 class ModelRunner:
+    info: ModelInfo
     pipeline: Pipeline
     batcher: Batcher[Prepared, Any]
 
 
 class WorkerRuntime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, node: str = "embedded@localhost") -> None:
         self.settings = settings
-        self.engine = engine_for(settings)
-        self.sessions: sessionmaker[Session] = make_session_factory(self.engine)
+        self.node = node  # the Celery node name, shown where engines are reported
+        self.db = engine_for(settings)
+        self.sessions: sessionmaker[Session] = make_session_factory(self.db)
         self.store: ObjectStore = open_store(settings)
         self.fetcher = Fetcher(settings, self.store)
         self._runners: dict[str, ModelRunner] = {}
-        self._models: dict[str, ModelInfo] = {}
+        self._models: dict[tuple[str, str], ModelInfo] = {}
         self._lock = threading.Lock()
         self._engines: EngineFactory | None = None
         self._engines_lock = threading.Lock()
 
     def runner(self, info: ModelInfo) -> ModelRunner:
-        """The model's pipeline and Batcher, built on first use (one per process)."""
+        """The model's pipeline and Batcher, built on first use (one per process and weights:
+        two tenants' identical registrations share one)."""
         with self._lock:
-            runner = self._runners.get(info.name)
+            runner = self._runners.get(info.cache_key)
             if runner is None:
                 runner = self._build(info)
-                self._runners[info.name] = runner
-            return runner
+                self._runners[info.cache_key] = runner
+        return runner
 
     def _build(self, info: ModelInfo) -> ModelRunner:
         pipeline = load_pipeline(info, self.engines())
         runners = min(self.engines().runners, pipeline.max_runners)
+        max_batch = min(self.settings.max_batch, pipeline.max_batch)
         batcher: Batcher[Prepared, Any] = Batcher(
             pipeline.infer,
-            max_batch=min(self.settings.max_batch, pipeline.max_batch),
+            max_batch=max_batch,
             max_delay_s=self.settings.max_delay_s,
             runners=runners,
-            name=f"batcher-{info.name}",
+            name=f"batcher-{info.ref}",
             greedy=True,  # chunks announce their rows (see workers.chunk)
-            max_queued=QUEUED_BATCHES * self.settings.max_batch * runners,
+            max_queued=QUEUED_BATCHES * max_batch * runners,  # the model's batch: OCR rows are big
         )
-        log.info("model %s ready on %s, %d runner(s)", info.name, pipeline.backend, runners)
-        return ModelRunner(pipeline, batcher)
+        log.info("model %s ready on %s, %d runner(s)", info.ref, pipeline.backend, runners)
+        self._report(info, pipeline)
+        return ModelRunner(info, pipeline, batcher)
+
+    def _report(self, info: ModelInfo, pipeline: Pipeline) -> None:
+        """Record which backend runs the model here, and why (`GET /v1/models` shows it)."""
+        engines = self.engines()
+        device = ", ".join(g.name for g in engines.host.gpus) if engines.choice.on_gpu else "cpu"
+        try:
+            with self.sessions() as session:
+                queries.report_engine(
+                    session, self.node, info.ref, pipeline.backend, engines.choice.reason, device
+                )
+                session.commit()
+        except SQLAlchemyError as error:  # a report is informative; never fail a job for it
+            log.warning("could not record the engine of %s: %s", info.ref, error)
 
     def engines(self) -> EngineFactory:
         """Probed once, in this process (never before a fork): the backend every model uses."""
@@ -78,15 +98,15 @@ class WorkerRuntime:
                 self._engines = EngineFactory(self.settings, self.store)
             return self._engines
 
-    def model_info(self, session: Session, name: str) -> ModelInfo:
-        """What a job's model is, read once per process: a registered model never changes
-        under its name (registering a name twice is refused)."""
+    def model_info(self, session: Session, ref: str, tenant: str) -> ModelInfo:
+        """What a job's model is, read once per process: a job pins `name:version`, and a
+        registered version never changes."""
         with self._lock:
-            info = self._models.get(name)
+            info = self._models.get((tenant, ref))
         if info is None:
-            info = get_model(session, name)
+            info = get_model(session, ref, tenant)
             with self._lock:
-                self._models[name] = info
+                self._models[(tenant, ref)] = info
         return info
 
     def runners(self) -> dict[str, ModelRunner]:
@@ -94,10 +114,15 @@ class WorkerRuntime:
             return dict(self._runners)
 
     def batch_stats(self) -> dict[str, BatchStats]:
-        return {name: runner.batcher.snapshot() for name, runner in self.runners().items()}
+        """Batching totals per model (`name` or `name:version`)."""
+        return {r.info.ref: r.batcher.snapshot() for r in self.runners().values()}
+
+    def backends(self) -> dict[str, str]:
+        """The backend each loaded model runs on."""
+        return {r.info.ref: r.pipeline.backend for r in self.runners().values()}
 
     def close(self) -> None:
         for runner in self.runners().values():
             runner.batcher.close()
             runner.pipeline.close()
-        self.engine.dispose()
+        self.db.dispose()

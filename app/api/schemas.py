@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,12 +64,52 @@ class ItemsPage(BaseModel):
     next: str | None
 
 
+class EngineOut(BaseModel):
+    node: str = Field(description="The worker (Celery node) that loaded the model.")
+    backend: str = Field(examples=["tensorrt:fp16", "onnxruntime:CPUExecutionProvider"])
+    reason: str
+    device: str
+    updated_at: datetime
+
+
 class ModelOut(BaseModel):
     name: str
+    ref: str = Field(description="What a job records: NAME, or NAME:VERSION when registered.")
     kind: str
     input: str
     description: str
     builtin: bool
+    version: str
+    versions: list[int] = Field(default_factory=list, description="Registered versions.")
+    sha256: str | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+    engines: list[EngineOut] = Field(
+        default_factory=list, description="Backends workers run it on, as they reported."
+    )
+
+
+class ModelSpecIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_size: int = Field(..., ge=8, le=4096, description="Square input side, pixels.")
+    labels: list[str] = Field(default_factory=list, max_length=100_000)
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    top_k: int = Field(5, ge=1, le=1000)
+    max_batch: int | None = Field(None, ge=1, le=4096)
+    fp16: bool = False
+    description: str = Field("", max_length=1000)
+
+
+class ModelCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., min_length=1, max_length=128, examples=["resnet50-products"])
+    kind: Literal["classify", "embed"]
+    source: str = Field(..., max_length=2048, examples=["s3://models/resnet50.onnx"])
+    spec: ModelSpecIn
 
 
 class ErrorOut(BaseModel):

@@ -49,8 +49,12 @@ class Settings(BaseSettings):
 
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
     max_files_per_job: int = Field(1000, ge=1)
+    max_model_bytes: int = Field(1024**3, ge=1, description="Largest ONNX file registered.")
     max_image_pixels: int = Field(50_000_000, ge=1, description="Decompression-bomb cap.")
     model_cache_dir: Path | None = None
+    content_cache: bool = Field(
+        True, description="Reuse a result for an input (by sha256) this model version has seen."
+    )
     local_inputs: bool = Field(
         False, description="Workers may read file:// inputs (set by `kiln run`, never the API)."
     )

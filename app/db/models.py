@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -70,17 +71,55 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
-class Model(Base):
-    """A registered ONNX model (built-in models live in code, see `workers.models`)."""
+SHARED_TENANT = ""  # a model registered for every tenant (by an operator, with the CLI)
 
-    __tablename__ = "models"
+
+class Model(Base):
+    """One version of a registered ONNX model (built-in models live in code, see `app.catalog`).
+
+    `name` alone means its latest version; `name:version` pins one.
+    """
+
+    __tablename__ = "model_versions"
+    __table_args__ = (
+        UniqueConstraint("tenant", "name", "version", name="uq_model_versions_tenant_name"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(128), unique=True)
+    tenant: Mapped[str] = mapped_column(String(128), default=SHARED_TENANT)
+    name: Mapped[str] = mapped_column(String(128))
+    version: Mapped[int] = mapped_column(Integer, default=1)
     kind: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str | None] = mapped_column(String(2048))
     onnx_key: Mapped[str] = mapped_column(String(512))
     sha256: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class EngineReport(Base):
+    """Which backend a worker runs a model on, and why: written when the worker loads it."""
+
+    __tablename__ = "engine_reports"
+
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(160), primary_key=True)
+    backend: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+    device: Mapped[str] = mapped_column(String(255))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ContentCache(Base):
+    """A result keyed by model version and input bytes: the same input is never run twice."""
+
+    __tablename__ = "content_cache"
+
+    model_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    outputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    vector: Mapped[bytes | None] = mapped_column(LargeBinary)  # raw little-endian floats
+    vector_dtype: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

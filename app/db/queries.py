@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
+    ContentCache,
+    EngineReport,
     Item,
     ItemStatus,
     Job,
@@ -201,6 +203,84 @@ def list_jobs(session: Session, tenant: str, *, after: Job | None, limit: int) -
             )
         )
     return list(session.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)))
+
+
+def report_engine(
+    session: Session, node: str, model: str, backend: str, reason: str, device: str
+) -> None:
+    """Upsert which backend `node` runs `model` on."""
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    values = {"node": node, "model": model, "backend": backend, "reason": reason,
+              "device": device, "updated_at": utcnow()}  # fmt: skip
+    statement = insert(EngineReport).values(values)
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[EngineReport.node, EngineReport.model],
+            set_={k: statement.excluded[k] for k in ("backend", "reason", "device", "updated_at")},
+        )
+    )
+
+
+def engine_reports(session: Session, models: Sequence[str]) -> list[EngineReport]:
+    """What workers said about these models, most recent first."""
+    return list(
+        session.scalars(
+            select(EngineReport)
+            .where(EngineReport.model.in_(models))
+            .order_by(EngineReport.updated_at.desc())
+        )
+    )
+
+
+def item_outputs(session: Session, job_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """(key, outputs) of the job's succeeded items, in submission order."""
+    rows = session.execute(
+        select(Item.key, Item.outputs)
+        .where(Item.job_id == job_id, Item.status == ItemStatus.SUCCEEDED)
+        .order_by(Item.id)
+    )
+    return [(key, outputs or {}) for key, outputs in rows]
+
+
+def cached_results(
+    session: Session, model_key: str, digests: Sequence[str]
+) -> dict[str, tuple[dict[str, Any], bytes | None, str | None]]:
+    """Stored results of `model_key` for these input digests (the ones it has)."""
+    if not digests:
+        return {}
+    rows = session.execute(
+        select(
+            ContentCache.sha256,
+            ContentCache.outputs,
+            ContentCache.vector,
+            ContentCache.vector_dtype,
+        ).where(ContentCache.model_key == model_key, ContentCache.sha256.in_(set(digests)))
+    )
+    return {sha: (outputs, vector, dtype) for sha, outputs, vector, dtype in rows}
+
+
+def cache_results(
+    session: Session,
+    model_key: str,
+    entries: Mapping[str, tuple[dict[str, Any], bytes | None, str | None]],
+) -> None:
+    """Remember results by input digest; the first writer of a digest wins (same result)."""
+    if not entries:
+        return
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    now = utcnow()
+    rows = [
+        {
+            "model_key": model_key,
+            "sha256": sha,
+            "outputs": outputs,
+            "vector": vector,
+            "vector_dtype": dtype,
+            "created_at": now,
+        }
+        for sha, (outputs, vector, dtype) in entries.items()
+    ]
+    session.execute(insert(ContentCache).values(rows).on_conflict_do_nothing())
 
 
 def is_open(job: Job) -> bool:

@@ -52,6 +52,20 @@ def translate(error: Exception, where: str) -> Exception:
     return TransientError(f"Could not reach S3 for {where}: {error}.")
 
 
+def read_object(client: Any, uri: str, max_bytes: int) -> bytes:
+    """The bytes at an s3:// URI, refusing (before downloading) objects over `max_bytes`."""
+    bucket, key = parse_s3_uri(uri)
+    try:
+        response = client.get_object(Bucket=bucket, Key=key)
+        size = int(response.get("ContentLength", 0))
+        if size > max_bytes:
+            response["Body"].close()
+            raise InputError(f"{uri} is {size:,} bytes, over the {max_bytes:,} limit.")
+        return bytes(response["Body"].read())
+    except (ClientError, BotoCoreError) as error:
+        raise translate(error, uri) from error
+
+
 class S3Store:
     def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
         self.client = client

@@ -24,10 +24,16 @@ def meter(stack: Stack, subject: list[int] | None = None) -> Meter:
     )
 
 
+def stats_for(stats: dict[str, dict[str, float]], model: str) -> dict[str, float]:
+    """A model's totals, whether the worker labels it `name` (built-in) or `name:version`."""
+    refs = [ref for ref in stats if ref == model or ref.rsplit(":", 1)[0] == model]
+    return {k: sum(stats[ref].get(k, 0) for ref in refs) for k in ("batches", "rows")}
+
+
 def mean_batch(
     before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], model: str
 ) -> float | None:
-    b, a = before.get(model, {}), after.get(model, {})
+    b, a = stats_for(before, model), stats_for(after, model)
     batches = a.get("batches", 0) - b.get("batches", 0)
     rows = a.get("rows", 0) - b.get("rows", 0)
     return round(rows / batches, 2) if batches else None

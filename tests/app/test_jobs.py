@@ -435,3 +435,50 @@ def test_progress_of_a_running_job_measures_against_now(
     rate = progress(session, job).items_per_second
     assert rate is not None
     assert 0.03 < rate <= 0.04  # 4 items in a little over 100 s
+
+
+def test_the_phash_distance_limit_matches_the_grouping() -> None:
+    from app.jobs import PHASH_MAX_DISTANCE
+    from workers.models.phash import MAX_DISTANCE_LIMIT
+
+    assert PHASH_MAX_DISTANCE == MAX_DISTANCE_LIMIT
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "sentence"),
+    [
+        ("phash", {"max_distance": 17}, "from 0 to 16 bits"),
+        ("phash", {"max_distance": "near"}, "whole number"),
+        ("phash", {"max_distance": True}, "whole number"),
+        ("detector", {"max_distance": 4}, "phash model only"),
+    ],
+)
+def test_bad_options_are_input_errors(
+    session: Session,
+    store: LocalStore,
+    dispatcher: RecordingDispatcher,
+    settings: Settings,
+    model: str,
+    options: dict[str, object],
+    sentence: str,
+) -> None:
+    request = JobRequest(tenant="acme", model=model, uploads=uploads(1), options=options)
+    with pytest.raises(InputError, match=sentence):
+        submit_job(session, store, dispatcher, settings, request)
+
+
+def test_text_for_the_text_model_and_not_images(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    ok = JobRequest(tenant="acme", model="text-embed", inputs=[InputRef(text="hello")])
+    assert submit_job(session, store, dispatcher, settings, ok).job.model == "text-embed"
+    with pytest.raises(InputError, match="takes text, not images"):
+        submit_job(
+            session, store, dispatcher, settings,
+            JobRequest(tenant="acme", model="text-embed", inputs=[InputRef(uri="s3://b/a.jpg")]),
+        )  # fmt: skip
+    with pytest.raises(InputError, match="takes text, not files"):
+        submit_job(
+            session, store, dispatcher, settings,
+            JobRequest(tenant="acme", model="text-embed", uploads=uploads(1)),
+        )  # fmt: skip

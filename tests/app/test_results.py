@@ -20,6 +20,7 @@ from app.results import (
     manifest_key,
     shard_key,
     shard_keys,
+    write_groups,
     write_manifest,
     write_shard,
 )
@@ -172,3 +173,13 @@ def test_manifest_lists_the_shards(store: LocalStore) -> None:
         "shards": ["results/job1/part-000000.parquet", "results/job1/part-000001.parquet"],
     }
     assert shard_keys(store, "job1") == manifest["shards"]
+
+
+def test_groups_join_the_combined_results_in_order(store: LocalStore) -> None:
+    write_shard(store, "job1", 0, [classified("a"), classified("b"), classified("c")], LABEL_FIELDS)
+    write_shard(store, "job1", 1, [classified("d")], LABEL_FIELDS)
+    assert write_groups(store, "job1", [["a", "d"]]) == "results/job1/groups.parquet"
+    table = combined_table(store, "job1")
+    assert table.column("key").to_pylist() == ["a", "b", "c", "d"]
+    assert table.column("group").to_pylist() == [0, None, None, 0]
+    assert shard_keys(store, "job1") == [shard_key("job1", 0), shard_key("job1", 1)]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {
     "raw", "raw-paired", "loop", "embedded", "services", "naive-celery", "ray", "ceiling",
-    "streaming-capacity", "streaming-50", "streaming-100", "idle",
+    "streaming-capacity", "streaming-50", "streaming-100", "idle", "builtin",
 }  # fmt: skip
 
 
@@ -45,5 +45,14 @@ def test_smoke_run_covers_every_case(tmp_path: Path) -> None:
     assert by_case["services"]["extra"]["mean_batch"] >= 1
     assert by_case["services"]["cpu_seconds"]["subject"] > 0
     assert by_case["idle"]["latency_ms"]["p50"] > 0
+    builtin = [r for r in results if r["case"] == "builtin"]
+    assert {r["model"] for r in builtin} == {
+        "detector",
+        "ocr",
+        "text-embed",
+        "phash",
+        "resnet18-embed",
+    }
+    assert all(r["extra"]["mean_batch"] >= 1 for r in builtin)  # the engine ran: no cache hits
     assert {t["name"].split(":")[0] for t in payload["targets"]} >= {"R1 resnet18", "R2 resnet18"}
     assert "skipped (Ray is not installed" in run.stdout or importlib.util.find_spec("ray")

@@ -65,8 +65,13 @@ def test_registered_classifier_runs_through_the_api(
         "2",
     )
     assert added.returncode == 0, added.stderr
-    again = run_kiln(service_env, "models", "add", "colours", "--onnx", str(model_path))
-    assert again.returncode == 1 and "already exists" in again.stderr
+    assert "model colours:1 (classify) registered" in added.stdout
+    no_labels = run_kiln(service_env, "models", "add", "colours", "--onnx", str(model_path))
+    assert no_labels.returncode == 1 and "needs labels" in no_labels.stderr
+    builtin = run_kiln(service_env, "models", "add", "ocr", "--onnx", str(model_path))
+    assert builtin.returncode == 1 and "is a built-in model" in builtin.stderr
+    listed = run_kiln(service_env, "models", "list")
+    assert "colours:1" in listed.stdout and "text-embed" in listed.stdout
 
     files = [
         ("files", (f"{name}.png", solid(rgb), "image/png"))

@@ -311,3 +311,16 @@ def test_close_releases_a_blocked_submitter(make_batcher) -> None:
     gate.set()
     closer.join(RESULT_TIMEOUT)
     assert len(errors) == 1
+
+
+def test_skipped_rows_stop_the_wait_at_once(make_batcher) -> None:
+    fn = Recorder()
+    batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
+    with batcher.expect(3) as announced:
+        started = time.monotonic()
+        future = announced.submit(1)
+        announced.skip(2)  # e.g. both found in the content cache
+        assert future.result(timeout=RESULT_TIMEOUT) == 2
+        assert time.monotonic() - started < 1.0
+        announced.skip(5)  # more than announced: harmless
+    assert batcher._announced == 0

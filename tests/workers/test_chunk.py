@@ -11,15 +11,16 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app import results
-from app.catalog import ClassifierSpec, register_model
+from app.catalog import register_model
 from app.core.config import Settings
 from app.core.errors import TransientError
 from app.db import queries
 from app.db.models import Item, ItemStatus, Job, JobStatus, Model
 from app.jobs import JobRequest, Upload, cancel_job, submit_job
+from app.model_spec import ImageModelSpec
 from tests.images import solid, truncated_jpeg
 from tests.models import colour_classifier
 from tests.support import Enqueued, RecordingDispatcher, migrated_settings
@@ -47,7 +48,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 def register_colours(runtime: WorkerRuntime, tmp_path: Path) -> None:
     path = tmp_path / "colours.onnx"
     colour_classifier(path)
-    spec = ClassifierSpec(
+    spec = ImageModelSpec(
         input_size=32,
         labels=["red", "green", "blue", "dark"],
         mean=(0, 0, 0),
@@ -55,7 +56,15 @@ def register_colours(runtime: WorkerRuntime, tmp_path: Path) -> None:
         top_k=2,
     )
     with runtime.sessions() as session:
-        register_model(session, runtime.store, MODEL, path, "classify", spec)
+        register_model(
+            session,
+            runtime.store,
+            tenant="",
+            name=MODEL,
+            data=path.read_bytes(),
+            kind="classify",
+            spec=spec,
+        )
         session.commit()
 
 
@@ -173,7 +182,7 @@ def test_the_manifest_is_written_when_the_job_completes(runtime: WorkerRuntime) 
 
     written = manifest(runtime, job_id)
     assert written["job_id"] == job_id
-    assert written["model"] == MODEL
+    assert written["model"] == f"{MODEL}:1"  # the version the job ran
     assert written["status"] == "completed"
     assert written["engine"]  # the backend that ran it, e.g. onnxruntime-cpu
     assert written["counts"] == {"total": 5, "succeeded": 4, "failed": 1, "cancelled": 0}
@@ -303,7 +312,7 @@ def test_a_model_that_cannot_load_fails_its_items(runtime: WorkerRuntime) -> Non
     item = items_by_key(runtime, job_id)["a.png"]
     assert item.status == ItemStatus.FAILED
     assert item.error is not None
-    assert item.error.startswith(f"Model {MODEL!r} could not be loaded:")
+    assert item.error.startswith(f"Model '{MODEL}:1' could not be loaded:")
 
 
 def test_a_chunk_shard_lost_before_the_job_closed_is_rewritten(runtime: WorkerRuntime) -> None:
@@ -366,3 +375,77 @@ def test_a_failed_manifest_write_is_healed_by_the_retry(
     process_chunk(runtime, job_id, 1, calls[1].item_ids)  # the redelivered message
 
     assert runtime.store.exists(results.manifest_key(job_id))
+
+
+# --- content cache -------------------------------------------------------------------------
+
+
+def engine_rows(runtime: WorkerRuntime) -> int:
+    return sum(s.rows for s in runtime.batch_stats().values())
+
+
+def test_an_input_seen_before_is_not_run_again(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    run_all(runtime, calls)
+    ran = engine_rows(runtime)
+
+    renamed = [(f"again-{name}", data) for name, data in FILES]
+    again_id, again_calls = submit(runtime, renamed)
+    reports = run_all(runtime, again_calls)
+
+    assert sum(r.cached for r in reports) == 4  # the 4 images; the text file fails again
+    assert engine_rows(runtime) == ran  # the engine saw nothing new
+    first, second = items_by_key(runtime, job_id), items_by_key(runtime, again_id)
+    for name, _data in FILES:
+        assert second[f"again-{name}"].status == first[name].status
+        assert second[f"again-{name}"].outputs == first[name].outputs
+    assert (
+        shard_rows(runtime, again_id, 0)[0]["labels"] == shard_rows(runtime, job_id, 0)[0]["labels"]
+    )
+
+
+def test_the_same_bytes_twice_in_one_job_are_run_once_per_chunk_at_most(
+    runtime: WorkerRuntime,
+) -> None:
+    red = solid(RED)
+    job_id, calls = submit(runtime, [("a.png", red), ("b.png", red), ("c.png", red)])
+    [report] = run_all(runtime, calls)
+    assert report.succeeded == 3
+    labels = {k: i.outputs["labels"][0]["label"] for k, i in items_by_key(runtime, job_id).items()}  # type: ignore[index]
+    assert set(labels.values()) == {"red"}
+
+
+def test_another_spec_of_the_model_does_not_reuse_results(
+    runtime: WorkerRuntime, tmp_path: Path
+) -> None:
+    _job_id, calls = submit(runtime, FILES[:1])
+    run_all(runtime, calls)
+    register_colours(runtime, tmp_path)  # version 2: the same weights, with another spec below
+    with runtime.sessions() as session:
+        session.execute(
+            update(Model)
+            .where(Model.version == 2)
+            .values(
+                spec={
+                    **session.scalars(select(Model.spec).where(Model.version == 2)).one(),
+                    "top_k": 1,
+                }
+            )
+        )
+        session.commit()
+    _job_id, calls = submit(runtime, [("again.png", FILES[0][1])])
+    [report] = run_all(runtime, calls)
+    assert report.cached == 0 and report.succeeded == 1
+
+
+def test_the_cache_can_be_turned_off(settings: Settings, tmp_path: Path) -> None:
+    runtime = WorkerRuntime(settings.model_copy(update={"content_cache": False}))
+    try:
+        register_colours(runtime, tmp_path)
+        for _ in range(2):
+            _job_id, calls = submit(runtime, FILES[:1])
+            [report] = run_all(runtime, calls)
+            assert report.cached == 0
+        assert engine_rows(runtime) == 2
+    finally:
+        runtime.close()

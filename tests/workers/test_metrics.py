@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.batching import Batcher, BatchStats
 from workers.metrics import batch_size_histogram, size_buckets, worker_registry
+
+
+@dataclass
+class View:
+    stats: dict[str, BatchStats]
+    engines: dict[str, str]
+
+    def batch_stats(self) -> dict[str, BatchStats]:
+        return self.stats
+
+    def backends(self) -> dict[str, str]:
+        return self.engines
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -37,7 +50,7 @@ def test_histogram_buckets_are_cumulative() -> None:
 
 
 def test_no_runtime_yet_means_no_series() -> None:
-    text = generate_latest(worker_registry(dict)).decode()
+    text = generate_latest(worker_registry(View({}, {}))).decode()
     assert "kiln_batch_size_count{" not in text
 
 
@@ -49,7 +62,8 @@ def test_a_batchers_totals_are_exported() -> None:
     finally:
         batcher.close()
     stats = batcher.snapshot()
-    got = samples(generate_latest(worker_registry(lambda: {"resnet": stats})).decode())
+    view = View({"resnet": stats}, {"resnet": "onnxruntime:CPUExecutionProvider"})
+    got = samples(generate_latest(worker_registry(view)).decode())
     model = (("model", "resnet"),)
     assert got[("kiln_batch_size_count", model)] == stats.batches
     assert got[("kiln_batch_size_sum", model)] == 10
@@ -57,3 +71,6 @@ def test_a_batchers_totals_are_exported() -> None:
     assert got[("kiln_batch_failures_total", model)] == 0
     assert got[("kiln_engine_seconds_total", model)] >= 0
     assert got[("kiln_batch_size_bucket", (("le", "+Inf"), ("model", "resnet")))] == stats.batches
+    backend = (("backend", "onnxruntime:CPUExecutionProvider"), ("model", "resnet"))
+    assert got[("kiln_engine_info", backend)] == 1
+    assert not any(name.startswith("kiln_gpu_") for name, _labels in got)  # no GPU: absent

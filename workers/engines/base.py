@@ -28,6 +28,9 @@ class EngineRequest:
     name: str  # the model's name (and version), for logs and the engine cache
     onnx_path: Any  # pathlib.Path
     max_batch: int
+    # Dynamic axes besides the batch, as (axis, min, opt, max): a text model's sequence length.
+    # Engines that compile for fixed shapes (TensorRT) need their ranges ahead of time.
+    axes: tuple[tuple[int, int, int, int], ...] = ()
 
 
 class Engine(Protocol):

@@ -50,8 +50,10 @@ class Host:
 
 
 def _tensorrt_importable() -> bool:
-    """The real library, not a stub-only namespace (tensorrt-stubs ships `tensorrt/*.pyi`)."""
-    if importlib.util.find_spec("tensorrt") is None:
+    """The real library, not a stub-only namespace (tensorrt-stubs ships `tensorrt/*.pyi`,
+    which Python finds as a namespace package: no origin, and nothing worth importing)."""
+    spec = importlib.util.find_spec("tensorrt")
+    if spec is None or spec.origin is None:
         return False
     try:
         import tensorrt
@@ -119,8 +121,14 @@ class EngineFactory:
         log.info("engine backend %s (%s), %d runner(s) per model", self.choice.backend,
                  self.choice.reason, self.runners)  # fmt: skip
 
-    def build(self, name: str, onnx_path: Path, max_batch: int) -> Engine:
-        request = EngineRequest(name, onnx_path, max_batch)
+    def build(
+        self,
+        name: str,
+        onnx_path: Path,
+        max_batch: int,
+        axes: tuple[tuple[int, int, int, int], ...] = (),
+    ) -> Engine:
+        request = EngineRequest(name, onnx_path, max_batch, axes)
         if self.choice.backend == "tensorrt":
             from workers.engines.tensorrt import build_tensorrt_engine
 

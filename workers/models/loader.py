@@ -11,7 +11,7 @@ from app.catalog import ModelInfo
 from app.core.config import Settings
 from app.storage import ObjectStore
 from workers.engines.select import EngineFactory
-from workers.models import classify, detect, ocr
+from workers.models import classify, detect, embed, ocr, phash, text_embed
 from workers.models.base import Pipeline
 
 
@@ -21,18 +21,30 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
         engine = engines.build(info.name, detect.model_path(), settings.max_batch)
         return detect.DetectorPipeline(engine, max_pixels=settings.max_image_pixels)
     if info.kind == "ocr":
-        return ocr.OcrPipeline(max_pixels=settings.max_image_pixels)
-    if info.kind == "classify":
-        engine = engines.build(info.name, fetch_onnx(info, settings, store), settings.max_batch)
-        return classify.ClassifyPipeline(
-            info.name, engine, info.spec, max_pixels=settings.max_image_pixels
-        )
+        return ocr.OcrPipeline(engines, max_pixels=settings.max_image_pixels)
+    if info.kind == "text-embed":
+        return text_embed.load_text_embed(engines, info.name)
+    if info.kind == "phash":
+        return phash.PhashPipeline(max_pixels=settings.max_image_pixels)
+    if info.kind in ("classify", "embed"):
+        max_batch = min(settings.max_batch, info.spec.get("max_batch") or settings.max_batch)
+        engine = engines.build(info.ref, fetch_onnx(info, settings, store), max_batch)
+        family = classify.ClassifyPipeline if info.kind == "classify" else embed.EmbedPipeline
+        return family(info.ref, engine, info.spec, max_pixels=settings.max_image_pixels)
     raise ValueError(f"Model {info.name!r} has kind {info.kind!r}, which this worker cannot run.")
 
 
 def output_fields(info: ModelInfo) -> list[pa.Field]:
     """The Parquet columns a model family adds; known without loading the model."""
-    families = {"detect": detect.FIELDS, "ocr": ocr.FIELDS, "classify": classify.FIELDS}
+    if info.kind == "embed":
+        return embed.fields(info.spec)
+    families = {
+        "detect": detect.FIELDS,
+        "ocr": ocr.FIELDS,
+        "classify": classify.FIELDS,
+        "text-embed": text_embed.FIELDS,
+        "phash": phash.FIELDS,
+    }
     return list(families.get(info.kind, []))
 
 

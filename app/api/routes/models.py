@@ -1,21 +1,167 @@
-"""/v1/models: what a job can name."""
+"""/v1/models: what a job can name, and registering your own ONNX models."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import json
+from typing import Any
 
-from app.api.deps import SessionDep, TenantDep
-from app.api.schemas import ModelOut
-from app.catalog import list_models
+from fastapi import APIRouter, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.api.deps import ContextDep, SessionDep, TenantDep
+from app.api.errors import RequestTooLargeError, validation_sentence
+from app.api.schemas import EngineOut, ErrorOut, ModelCreate, ModelOut, ModelSpecIn
+from app.catalog import ModelInfo, get_model, list_models, model_versions, register_model
+from app.core.errors import InputError
+from app.db import queries
+from app.model_spec import ImageModelSpec
+from app.storage.s3 import make_s3_client, read_object
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)
+}
 
-@router.get("", response_model=list[ModelOut])
-def get_models(session: SessionDep, _tenant: TenantDep) -> list[ModelOut]:
-    return [
-        ModelOut(
-            name=m.name, kind=m.kind, input=m.input, description=m.description, builtin=m.builtin
+
+def model_out(session: Session, tenant: str, info: ModelInfo) -> ModelOut:
+    engines = queries.engine_reports(session, [info.ref])
+    return ModelOut(
+        name=info.name,
+        ref=info.ref,
+        kind=info.kind,
+        input=info.input,
+        description=info.description,
+        builtin=info.builtin,
+        version=info.version,
+        versions=[] if info.builtin else model_versions(session, tenant, info.name),
+        sha256=info.sha256,
+        spec=info.spec,
+        created_at=info.created_at,
+        engines=[
+            EngineOut(
+                node=e.node,
+                backend=e.backend,
+                reason=e.reason,
+                device=e.device,
+                updated_at=e.updated_at,
+            )
+            for e in engines
+        ],
+    )
+
+
+@router.get("", response_model=list[ModelOut], responses=ERRORS)
+def get_models(session: SessionDep, tenant: TenantDep) -> list[ModelOut]:
+    """Built-in models, then the latest version of each model you (or an operator) registered."""
+    return [model_out(session, tenant, m) for m in list_models(session, tenant)]
+
+
+@router.get("/{ref}", response_model=ModelOut, responses=ERRORS)
+def get_one(ref: str, session: SessionDep, tenant: TenantDep) -> ModelOut:
+    """One model: `NAME` (its latest version) or `NAME:VERSION`."""
+    return model_out(session, tenant, get_model(session, ref, tenant))
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ModelOut,
+    responses=ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/json": {"schema": ModelCreate.model_json_schema()},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["name", "kind", "spec", "file"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "kind": {"type": "string", "enum": ["classify", "embed"]},
+                            "spec": {"type": "string", "description": "A JSON object."},
+                            "file": {"type": "string", "format": "binary"},
+                        },
+                    }
+                },
+            },
+            "required": True,
+        }
+    },
+)
+async def create_model(
+    request: Request, response: Response, context: ContextDep, tenant: TenantDep
+) -> ModelOut:
+    """Register an ONNX file (uploaded, or from `s3://`) as the next version of `name`."""
+    name, kind, spec, data, source = await _read_model(request, context.settings)
+
+    def register() -> ModelOut:
+        with context.sessions() as session:
+            info = register_model(
+                session,
+                context.store,
+                tenant=tenant,
+                name=name,
+                data=data if data is not None else _from_s3(context, source),
+                kind=kind,
+                spec=spec,
+                source=source,
+            )
+            session.commit()
+            return model_out(session, tenant, info)
+
+    out = await run_in_threadpool(register)
+    response.headers["Location"] = str(request.url_for("get_one", ref=out.ref))
+    return out
+
+
+def _from_s3(context: Any, source: str | None) -> bytes:
+    if not source or not source.startswith("s3://"):
+        raise InputError("'source' must be an s3:// URI of the ONNX file (or upload it).")
+    return read_object(make_s3_client(context.settings), source, context.settings.max_model_bytes)
+
+
+def _spec(raw: Any) -> ImageModelSpec:
+    try:
+        parsed = ModelSpecIn.model_validate(raw)
+    except ValidationError as error:
+        raise InputError(validation_sentence(error.errors())) from None
+    return ImageModelSpec(**parsed.model_dump())
+
+
+async def _read_model(
+    request: Request, settings: Any
+) -> tuple[str, str, ImageModelSpec, bytes | None, str | None]:
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("application/json"):
+        try:
+            body = ModelCreate.model_validate_json(await request.body())
+        except ValidationError as error:
+            raise InputError(validation_sentence(error.errors())) from None
+        return body.name, body.kind, _spec(body.spec.model_dump()), None, body.source
+    if content_type.startswith("multipart/form-data"):
+        async with request.form(max_files=1, max_fields=10) as form:
+            return await _from_form(form, settings)
+    raise InputError("Send the model as application/json (an s3:// source) or multipart/form-data.")
+
+
+async def _from_form(
+    form: Any, settings: Any
+) -> tuple[str, str, ImageModelSpec, bytes | None, str | None]:
+    name, kind, upload = form.get("name"), form.get("kind"), form.get("file")
+    if not isinstance(name, str) or not name or kind not in ("classify", "embed"):
+        raise InputError("The form needs 'name' and 'kind' (classify or embed).")
+    if upload is None or isinstance(upload, str):
+        raise InputError("The form needs the ONNX file as 'file'.")
+    try:
+        spec = _spec(json.loads(str(form.get("spec") or "{}")))
+    except json.JSONDecodeError:
+        raise InputError("'spec' must be a JSON object.") from None
+    data = await upload.read(settings.max_model_bytes + 1)
+    if len(data) > settings.max_model_bytes:
+        raise RequestTooLargeError(
+            f"The model is over the {settings.max_model_bytes:,}-byte limit."
         )
-        for m in list_models(session)
-    ]
+    return name, str(kind), spec, data, None

@@ -10,7 +10,7 @@ import io
 import json
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,49 +18,14 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.exceptions import StarletteDeprecationWarning
 
 from app.api.app import create_app
-from app.auth import create_key, revoke_key
+from app.auth import revoke_key
 from app.core.config import Settings
+from tests.app.api.conftest import TestClient, bearer
 from tests.images import solid
 
-with warnings.catch_warnings():
-    # Starlette 1.x warns when its TestClient falls back to `httpx` because `httpx2` (its
-    # preferred client) is not installed; the fallback works the same for these tests.
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from fastapi.testclient import TestClient
-
 MISSING_JOB = "00000000-0000-0000-0000-000000000000"
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {secret}"}
-
-
-@pytest.fixture
-def new_key(sessions: sessionmaker[Session]) -> Callable[[str], str]:
-    def make(tenant: str) -> str:
-        with sessions() as session:
-            key = create_key(session, tenant)
-            session.commit()
-        return key.secret
-
-    return make
-
-
-@pytest.fixture
-def client(settings: Settings, new_key: Callable[[str], str]) -> Iterator[TestClient]:
-    """A client for tenant `acme`."""
-    with TestClient(create_app(settings), headers=bearer(new_key("acme"))) as http:
-        yield http
-    gc.collect()  # finalize this test's request objects while its warning filters apply
-
-
-@pytest.fixture
-def other(client: TestClient, new_key: Callable[[str], str]) -> dict[str, str]:
-    """Headers for tenant `globex`, on the same app."""
-    return bearer(new_key("globex"))
 
 
 def files(*names: str) -> list[tuple[str, tuple[str, bytes, str]]]:
@@ -337,13 +302,12 @@ def test_models_lists_the_builtins(client: TestClient) -> None:
     models = {m["name"]: m for m in response.json()}
     assert {"detector", "ocr"} <= set(models)
     assert models["detector"]["kind"] == "detect"
-    assert models["ocr"] == {
-        "name": "ocr",
-        "kind": "ocr",
-        "input": "image",
-        "description": models["ocr"]["description"],
-        "builtin": True,
-    }
+    ocr = models["ocr"]
+    assert (ocr["ref"], ocr["kind"], ocr["input"], ocr["builtin"]) == ("ocr", "ocr", "image", True)
+    assert ocr["version"]  # the shipping package's version
+    assert ocr["engines"] == []  # no worker has loaded it yet
+    assert {"text-embed", "phash"} <= set(models)
+    assert models["text-embed"]["input"] == "text"
 
 
 def test_healthz_needs_no_key(client: TestClient) -> None:

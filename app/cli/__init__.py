@@ -1,0 +1,26 @@
+"""The `kiln` command: run locally, serve, work, administer, and talk to a remote API."""
+
+from __future__ import annotations
+
+import typer
+
+from app.cli import admin, local, remote, serve
+
+app = typer.Typer(help="Kiln: batch inference on GPUs.", no_args_is_help=True)
+app.add_typer(admin.db_app, name="db")
+app.add_typer(admin.keys_app, name="keys")
+app.add_typer(admin.models_app, name="models")
+app.add_typer(admin.engines_app, name="engines")
+app.command("api")(serve.api)
+app.command("worker")(serve.worker)
+app.command("flower")(serve.flower)
+app.command("beat")(serve.beat)
+app.command("run")(local.run)
+app.command("submit")(remote.submit)
+app.command("status")(remote.status)
+app.command("results")(remote.results_cmd)
+app.command("cancel")(remote.cancel)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,195 @@
+"""`kiln db`, `kiln keys`, `kiln models`: the operator's commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from app.cli.common import console, errors, fail, redact, session, settings
+from app.core.errors import KilnError
+
+db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+models_app = typer.Typer(help="Models a job can name.", no_args_is_help=True)
+engines_app = typer.Typer(help="Inference engines (TensorRT plans).", no_args_is_help=True)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Apply database migrations (run once per release, before the API starts)."""
+    from app.db.migrate import upgrade
+
+    current = settings()
+    upgrade(current)
+    console.print(f"database at {redact(current.database_url)} is up to date")
+
+
+@keys_app.command("create")
+def keys_create(tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")]) -> None:
+    """Create an API key; it is printed once and stored only as a hash."""
+    from app.auth import create_key
+
+    with session() as db:
+        try:
+            key = create_key(db, tenant)
+        except KilnError as error:
+            raise fail(error) from None
+        db.commit()
+    errors.print(f"key {key.prefix} for tenant {tenant!r} (shown once):")
+    console.print(key.secret)
+
+
+@keys_app.command("revoke")
+def keys_revoke(prefix: str) -> None:
+    """Revoke a key by the 8-character prefix shown at creation (kiln_<prefix>_…)."""
+    from app.auth import revoke_key
+
+    with session() as db:
+        try:
+            revoke_key(db, prefix)
+        except KilnError as error:
+            raise fail(error) from None
+        db.commit()
+    console.print(f"key {prefix} revoked")
+
+
+@models_app.command("add")
+def models_add(
+    name: str,
+    onnx: Annotated[str, typer.Option(help="ONNX file: a local path or an s3:// URI.")],
+    kind: Annotated[str, typer.Option(help="Model family: classify or embed.")] = "classify",
+    input_size: Annotated[int, typer.Option(help="Square input side in pixels.")] = 224,
+    labels: Annotated[Path | None, typer.Option(exists=True, help="One label per line.")] = None,
+    mean: Annotated[str, typer.Option(help="Per-channel mean, 0-1 scale.")] = "0.485,0.456,0.406",
+    std: Annotated[str, typer.Option(help="Per-channel std, 0-1 scale.")] = "0.229,0.224,0.225",
+    layout: Annotated[str, typer.Option(help="NCHW or NHWC.")] = "NCHW",
+    top_k: Annotated[int, typer.Option(help="Labels kept per image (classify).")] = 5,
+    max_batch: Annotated[int | None, typer.Option(help="Largest batch the model takes.")] = None,
+    fp16: Annotated[bool, typer.Option(help="Store embeddings as float16 (embed).")] = False,
+    tenant: Annotated[
+        str, typer.Option(help="Only this tenant sees it (default: every tenant).")
+    ] = "",
+) -> None:
+    """Register an ONNX model as the next version of NAME (stored, sha256-checked)."""
+    from app.catalog import register_model
+    from app.model_spec import ImageModelSpec
+    from app.storage import open_store
+
+    label_list = labels.read_text().splitlines() if labels else []
+    try:
+        spec = ImageModelSpec(
+            input_size=input_size,
+            labels=[x.strip() for x in label_list if x.strip()],
+            mean=_triple(mean),
+            std=_triple(std),
+            layout="NHWC" if layout.upper() == "NHWC" else "NCHW",
+            top_k=top_k,
+            max_batch=max_batch,
+            fp16=fp16,
+        )
+        current = settings()
+        data = _read_onnx(onnx, current.max_model_bytes)
+        with session() as db:
+            info = register_model(
+                db, open_store(current), tenant=tenant, name=name, data=data, kind=kind,
+                spec=spec, source=onnx,
+            )  # fmt: skip
+            db.commit()
+    except KilnError as error:
+        raise fail(error) from None
+    console.print(f"model {info.ref} ({info.kind}) registered, sha256 {info.sha256}")
+
+
+@models_app.command("list")
+def models_list(
+    tenant: Annotated[str, typer.Option(help="Show what this tenant sees.")] = "",
+) -> None:
+    """List built-in models and the latest version of each registered one."""
+    from app.catalog import list_models
+
+    table = Table("model", "kind", "input", "description")
+    with session() as db:
+        for m in list_models(db, tenant):
+            table.add_row(m.ref, m.kind, m.input, m.description)
+    console.print(table)
+
+
+@models_app.command("export")
+def models_export(
+    model: Annotated[str, typer.Argument(help="The built-in model to export: text-embed.")],
+) -> None:
+    """Export a built-in model to ONNX once (needs the torch extra); workers then need no torch."""
+    from app.storage import open_store
+    from workers.models.text_embed import export_text_embed
+
+    if model != "text-embed":
+        raise fail(KilnError("Only text-embed is exported; the other built-ins ship ONNX files."))
+    current = settings()
+    try:
+        where = export_text_embed(current, open_store(current))
+    except KilnError as error:
+        raise fail(error) from None
+    console.print(f"text-embed exported to {where}")
+
+
+@engines_app.command("build")
+def engines_build(
+    model: Annotated[str, typer.Argument(help="NAME or NAME:VERSION.")],
+    tenant: Annotated[str, typer.Option(help="Whose model NAME is (default: shared).")] = "",
+    precision: Annotated[str | None, typer.Option(help="auto, fp16 or fp32.")] = None,
+) -> None:
+    """Build the model's TensorRT engines on this GPU and upload them to the engine cache, so
+    new workers download them instead of building."""
+    from app.catalog import get_model
+    from app.storage import open_store
+    from workers.engines.select import EngineFactory
+    from workers.models.loader import load_pipeline
+
+    current = settings()
+    if precision is not None:
+        current = current.model_copy(update={"precision": precision})
+    engines = EngineFactory(current, open_store(current))
+    if engines.choice.backend != "tensorrt":
+        raise fail(
+            KilnError(
+                f"TensorRT cannot run here ({engines.choice.reason}); build on a GPU host with "
+                "kiln[gpu] installed."
+            )
+        )
+    try:
+        with session() as db:
+            info = get_model(db, model, tenant)
+        load_pipeline(info, engines).close()  # building the engines caches their plans
+    except KilnError as error:
+        raise fail(error) from None
+    gpu = engines.host.gpus[0]
+    plans = [k for k in engines.store.list(f"engines/tensorrt/{gpu.slug}/") if k.endswith(".plan")]
+    console.print(f"{info.ref}: TensorRT plans for {gpu.name} in the engine cache:")
+    for key in plans:
+        console.print(f"  {engines.store.describe(key)}")
+
+
+def _read_onnx(source: str, max_bytes: int) -> bytes:
+    if source.startswith("s3://"):
+        from app.storage.s3 import make_s3_client, read_object
+
+        return read_object(make_s3_client(settings()), source, max_bytes)
+    path = Path(source)
+    if not path.is_file():
+        raise KilnError(f"There is no file at {source}.")
+    if path.stat().st_size > max_bytes:
+        raise KilnError(f"{source} is over the {max_bytes:,}-byte limit (KILN_MAX_MODEL_BYTES).")
+    return path.read_bytes()
+
+
+def _triple(text: str) -> tuple[float, float, float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 3:
+        raise KilnError(f"{text!r} must be three comma-separated numbers.")
+    return (values[0], values[1], values[2])

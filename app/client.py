@@ -57,6 +57,21 @@ class KilnClient:
         ).json()
         return result
 
+    def submit_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/jobs", json=body).json()
+        return result
+
+    def add_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/schedules", json=body).json()
+        return result
+
+    def schedules(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/v1/schedules").json()
+        return result
+
+    def remove_schedule(self, name: str) -> None:
+        self._call("DELETE", f"/v1/schedules/{name}")
+
     def job(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}").json()
         return result

@@ -74,7 +74,7 @@ def submit_job(
 ) -> Submitted:
     """Store inputs, record the job and its items in one transaction, then enqueue chunks."""
     if request.idempotency_key:
-        existing = _by_idempotency_key(session, request.tenant, request.idempotency_key)
+        existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
         if existing is not None:
             return Submitted(existing, created=False)
     model = _check_request(session, settings, request)
@@ -100,7 +100,7 @@ def submit_job(
         session.rollback()
         _delete_inputs(store, job_id, request)
         if request.idempotency_key:  # a concurrent request with the same key won the race
-            existing = _by_idempotency_key(session, request.tenant, request.idempotency_key)
+            existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
             if existing is not None:
                 return Submitted(existing, created=False)
         raise
@@ -132,7 +132,7 @@ def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequ
         session.commit()
 
 
-def _by_idempotency_key(session: Session, tenant: str, key: str) -> Job | None:
+def by_idempotency_key(session: Session, tenant: str, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key))
 
 
@@ -159,11 +159,11 @@ def _check_request(session: Session, settings: Settings, request: JobRequest) ->
             _check_uri(ref.uri, request.local_files)
     if request.uploads and model.input != "image":
         raise InputError(f"Model {model.name!r} takes text, not files.")
-    _check_options(model, request.options or {})
+    check_options(model, request.options or {})
     return model
 
 
-def _check_options(model: ModelInfo, options: dict[str, Any]) -> None:
+def check_options(model: ModelInfo, options: dict[str, Any]) -> None:
     distance = options.get("max_distance")
     if distance is None:
         return
@@ -249,6 +249,7 @@ class Progress:
     started_at: datetime | None
     finished_at: datetime | None
     created_at: datetime
+    eta_seconds: float | None = None  # unknown while a bulk job is still listing
 
 
 def progress(session: Session, job: Job, counts: queries.Counts | None = None) -> Progress:
@@ -261,4 +262,7 @@ def progress(session: Session, job: Job, counts: queries.Counts | None = None) -
         rate = round(finished_items / elapsed, 2) if elapsed > 0 else None
     created = aware(job.created_at)
     assert created is not None
-    return Progress(job, counts, rate, started, finished, created)
+    eta = None
+    if rate and finished is None and not counts.listing:
+        eta = round(counts.pending / rate, 1)
+    return Progress(job, counts, rate, started, finished, created, eta)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -12,6 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from app.storage import ObjectStore
+from app.storage.s3 import S3Store, parse_s3_uri
+
+S3Factory = Callable[[], Any]  # returns a boto3 S3 client, made only when needed
 
 BASE_FIELDS = [
     pa.field("key", pa.string(), nullable=False),
@@ -45,16 +48,39 @@ class ResultRow:
     outputs: dict[str, Any] | None
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a job's results live: a store and a folder in it (ends with "/")."""
+
+    store: ObjectStore
+    prefix: str
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def describe(self) -> str:
+        return self.store.describe(self.prefix)
+
+
 def results_prefix(job_id: str) -> str:
     return f"results/{job_id}/"
 
 
-def shard_key(job_id: str, chunk: int) -> str:
-    return f"{results_prefix(job_id)}part-{chunk:06d}.parquet"
+def place_for(store: ObjectStore, job_id: str, output: str | None, s3: S3Factory) -> Place:
+    """Kiln's own `results/<job>/`, or `<output>/<job>/` in the user's bucket."""
+    if not output:
+        return Place(store, results_prefix(job_id))
+    bucket, prefix = parse_s3_uri(output)
+    folder = f"{prefix.strip('/')}/{job_id}/".lstrip("/")
+    return Place(S3Store(s3(), bucket), folder)
 
 
-def manifest_key(job_id: str) -> str:
-    return f"{results_prefix(job_id)}manifest.json"
+def shard_key(place: Place, chunk: int) -> str:
+    return place.key(f"part-{chunk:06d}.parquet")
+
+
+def manifest_key(place: Place) -> str:
+    return place.key("manifest.json")
 
 
 def to_parquet(table: pa.Table) -> bytes:
@@ -81,20 +107,25 @@ def items_table(items: Sequence[Result], output_fields: Sequence[pa.Field]) -> p
 
 
 def write_shard(
-    store: ObjectStore,
-    job_id: str,
+    place: Place,
     chunk: int,
     items: Sequence[Result],
     output_fields: Sequence[pa.Field],
 ) -> str:
     """Write (or overwrite, on redelivery) the chunk's shard; returns its key."""
-    key = shard_key(job_id, chunk)
-    store.put(key, to_parquet(items_table(items, output_fields)), "application/vnd.apache.parquet")
+    key = shard_key(place, chunk)
+    place.store.put(
+        key, to_parquet(items_table(items, output_fields)), "application/vnd.apache.parquet"
+    )
     return key
 
 
-def groups_key(job_id: str) -> str:
-    return f"{results_prefix(job_id)}groups.parquet"
+def groups_key(place: Place) -> str:
+    return place.key("groups.parquet")
+
+
+def deleted_key(place: Place) -> str:
+    return place.key("deleted.parquet")
 
 
 GROUP_FIELDS = [
@@ -103,28 +134,36 @@ GROUP_FIELDS = [
 ]
 
 
-def shard_keys(store: ObjectStore, job_id: str) -> list[str]:
-    prefix = f"{results_prefix(job_id)}part-"
-    return sorted(k for k in store.list(prefix) if k.endswith(".parquet"))
+def shard_keys(place: Place) -> list[str]:
+    return sorted(k for k in place.store.list(place.key("part-")) if k.endswith(".parquet"))
 
 
-def write_groups(store: ObjectStore, job_id: str, groups: Sequence[Sequence[str]]) -> str:
-    """Near-duplicate groups of a job: one row per member, groups numbered from 0."""
-    rows = [{"group": number, "key": key} for number, keys in enumerate(groups) for key in keys]
-    table = pa.Table.from_pylist(rows, schema=pa.schema(GROUP_FIELDS))
-    key = groups_key(job_id)
-    store.put(key, to_parquet(table), "application/vnd.apache.parquet")
+def write_keys(place: Place, name: str, keys: Sequence[str]) -> str:
+    """A one-column Parquet file of keys (e.g. the objects a pipeline found deleted)."""
+    table = pa.Table.from_pylist([{"key": k} for k in keys], schema=pa.schema([BASE_FIELDS[0]]))
+    key = place.key(name)
+    place.store.put(key, to_parquet(table), "application/vnd.apache.parquet")
     return key
 
 
-def combined_table(store: ObjectStore, job_id: str) -> pa.Table:
+def write_groups(place: Place, groups: Sequence[Sequence[str]]) -> str:
+    """Near-duplicate groups of a job: one row per member, groups numbered from 0."""
+    rows = [{"group": number, "key": key} for number, keys in enumerate(groups) for key in keys]
+    table = pa.Table.from_pylist(rows, schema=pa.schema(GROUP_FIELDS))
+    key = groups_key(place)
+    place.store.put(key, to_parquet(table), "application/vnd.apache.parquet")
+    return key
+
+
+def combined_table(place: Place) -> pa.Table:
     """Every shard as one table; with a `group` column when the job found near-duplicates."""
-    tables = [pq.read_table(io.BytesIO(store.get(key))) for key in shard_keys(store, job_id)]
+    store = place.store
+    tables = [pq.read_table(io.BytesIO(store.get(key))) for key in shard_keys(place)]
     if not tables:
         return pa.schema(BASE_FIELDS).empty_table()
     table = pa.concat_tables(tables, promote_options="permissive")
-    if store.exists(groups_key(job_id)):
-        groups = pq.read_table(io.BytesIO(store.get(groups_key(job_id)))).to_pydict()
+    if store.exists(groups_key(place)):
+        groups = pq.read_table(io.BytesIO(store.get(groups_key(place)))).to_pydict()
         group_of = dict(zip(groups["key"], groups["group"], strict=True))
         column = pa.array([group_of.get(k) for k in table.column("key").to_pylist()], pa.int32())
         table = table.append_column("group", column)  # (Arrow's join refuses list columns)
@@ -132,11 +171,12 @@ def combined_table(store: ObjectStore, job_id: str) -> pa.Table:
 
 
 def write_manifest(
-    store: ObjectStore, job_id: str, manifest: dict[str, Any], shards: Sequence[str] | None = None
+    place: Place, manifest: dict[str, Any], shards: Sequence[str] | None = None
 ) -> None:
     """The job's summary; `shards` when the caller knows them, else listed from storage."""
     manifest = {
         **manifest,
-        "shards": sorted(shards) if shards is not None else shard_keys(store, job_id),
+        "shards": sorted(shards) if shards is not None else shard_keys(place),
     }
-    store.put(manifest_key(job_id), json.dumps(manifest, indent=2).encode(), "application/json")
+    body = json.dumps(manifest, indent=2).encode()
+    place.store.put(manifest_key(place), body, "application/json")

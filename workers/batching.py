@@ -64,9 +64,10 @@ class BatchStats:
 class Announcement(Generic[In, Out]):
     """Rows a caller said it will submit; `submit` through it counts them down."""
 
-    def __init__(self, batcher: Batcher[In, Out], rows: int) -> None:
+    def __init__(self, batcher: Batcher[In, Out], rows: int, urgent: bool = False) -> None:
         self._batcher = batcher
         self.remaining = rows
+        self.urgent = urgent
 
     def submit(self, row: In) -> Future[Out]:
         return self._batcher._submit(row, self)
@@ -98,6 +99,9 @@ class Batcher(Generic[In, Out]):
         self.max_queued = max_queued
         self.stats = BatchStats()
         self._rows: deque[_Pending[In, Out]] = deque()
+        # Rows of interactive work: taken before any queued bulk row, never held back by a full
+        # queue (bulk rows fill it), so one uploaded image is not stuck behind a bucket.
+        self._urgent: deque[_Pending[In, Out]] = deque()
         self._announced = 0  # rows announced and not yet submitted
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
@@ -118,9 +122,10 @@ class Batcher(Generic[In, Out]):
         return [self.submit(row) for row in rows]
 
     @contextmanager
-    def expect(self, rows: int) -> Iterator[Announcement[In, Out]]:
-        """Announce `rows` coming rows; rows not submitted by the end are written off."""
-        announcement: Announcement[In, Out] = Announcement(self, rows)
+    def expect(self, rows: int, urgent: bool = False) -> Iterator[Announcement[In, Out]]:
+        """Announce `rows` coming rows; rows not submitted by the end are written off.
+        `urgent` rows go ahead of every queued row that is not."""
+        announcement: Announcement[In, Out] = Announcement(self, rows, urgent)
         with self._cond:
             self._announced += rows
         try:
@@ -137,16 +142,18 @@ class Batcher(Generic[In, Out]):
 
     def _submit(self, row: In, announcement: Announcement[In, Out] | None) -> Future[Out]:
         future: Future[Out] = Future()
+        urgent = announcement is not None and announcement.urgent
         with self._cond:
             while (
-                not self._closed
+                not urgent
+                and not self._closed
                 and self.max_queued is not None
                 and len(self._rows) >= self.max_queued
             ):
                 self._cond.wait()
             if self._closed:
                 raise BatcherClosedError(f"{self.name} is closed.")
-            self._rows.append(_Pending(row, future))
+            (self._urgent if urgent else self._rows).append(_Pending(row, future))
             if announcement is not None and announcement.remaining > 0:
                 announcement.remaining -= 1
                 self._announced -= 1
@@ -181,15 +188,15 @@ class Batcher(Generic[In, Out]):
         """Block for a first row, then take more until full, the delay has passed, or (greedy)
         no announced row is still coming. None once closed and drained."""
         with self._cond:
-            while not self._rows:
+            while not self._rows and not self._urgent:
                 if self._closed:
                     return None
                 self._cond.wait()
-            batch = [self._rows.popleft()]
+            batch = [self._next_row()]
             deadline = batch[0].enqueued + self.max_delay_s
             while len(batch) < self.max_batch:
-                if self._rows:
-                    batch.append(self._rows.popleft())
+                if self._rows or self._urgent:
+                    batch.append(self._next_row())
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed or (self.greedy and self._announced <= 0):
@@ -197,6 +204,9 @@ class Batcher(Generic[In, Out]):
                 self._cond.wait(remaining)
             self._cond.notify_all()  # room in the queue for blocked submitters
             return batch
+
+    def _next_row(self) -> _Pending[In, Out]:
+        return self._urgent.popleft() if self._urgent else self._rows.popleft()
 
     def _execute(self, batch: list[_Pending[In, Out]]) -> None:
         started = time.monotonic()

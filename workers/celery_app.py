@@ -14,9 +14,12 @@ if TYPE_CHECKING:
     from workers.batching import BatchStats
     from workers.runtime import WorkerRuntime
 
-QUEUES = ("interactive", "bulk", "ingest", "control")
-WORK_QUEUES = ("interactive", "bulk")  # interactive first: a worker drains it before bulk
+# In priority order: a worker takes interactive chunks before anything else, then ingest
+# steps (short, and they keep bulk fed), then bulk chunks, then periodic control tasks.
+QUEUES = ("interactive", "ingest", "bulk", "control")
+WORK_QUEUES = QUEUES
 CHUNK_TASK = "kiln.process_chunk"
+INGEST_TASK = "kiln.ingest"
 
 
 class KilnCelery(Celery):  # type: ignore[misc]
@@ -74,6 +77,7 @@ def make_celery(settings: Settings) -> KilnCelery:
         broker_transport_options=_transport_options(settings),
         worker_send_task_events=True,
         task_send_sent_event=False,
+        beat_schedule=_beat_schedule(settings),
     )
     from workers import tasks
 
@@ -94,8 +98,30 @@ def _transport_options(settings: Settings) -> dict[str, Any]:
             # kombu's default 1 s poll costs ~4x throughput on short jobs.
             "polling_interval": settings.filesystem_polling_ms / 1000.0,
         }
-    # A chunk unacknowledged this long is redelivered; longer than any sane chunk.
-    return {"visibility_timeout": 3600}
+    return {
+        # A chunk unacknowledged this long is redelivered; longer than any sane chunk.
+        "visibility_timeout": settings.visibility_timeout_s,
+        # Consume queues strictly in the order the worker lists them (kombu's default rotates
+        # round-robin, which lets a bulk backlog delay an interactive chunk).
+        "queue_order_strategy": "priority",
+    }
+
+
+def _beat_schedule(settings: Settings) -> dict[str, Any]:
+    """What `kiln beat` sends: the reconciler and the schedule tick, on the control queue."""
+    control = {"queue": "control", "routing_key": "control", "expires": 60}
+    return {
+        "kiln-reconcile": {
+            "task": "kiln.reconcile",
+            "schedule": settings.reconcile_interval_s,
+            "options": control,
+        },
+        "kiln-schedules": {
+            "task": "kiln.run_schedules",
+            "schedule": settings.schedule_tick_s,
+            "options": control,
+        },
+    }
 
 
 class CeleryDispatcher:
@@ -107,4 +133,13 @@ class CeleryDispatcher:
     def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None:
         self.app.send_task(
             CHUNK_TASK, args=[job_id, chunk, item_ids], queue=queue, routing_key=queue
+        )
+
+    def enqueue_ingest(self, job_id: str, owner: str | None = None, countdown: float = 0) -> None:
+        self.app.send_task(
+            INGEST_TASK,
+            args=[job_id, owner],
+            queue="ingest",
+            routing_key="ingest",
+            countdown=countdown or None,
         )

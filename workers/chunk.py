@@ -59,14 +59,15 @@ class _Work:
 
 
 def process_chunk(
-    runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int]
+    runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], urgent: bool = False
 ) -> ChunkReport:
+    """`urgent`: an interactive chunk, whose rows go ahead of bulk rows in the Batcher."""
     report = ChunkReport(job_id, chunk)
     lease = _lease(runtime, job_id, chunk, item_ids)
     if lease is None:
         log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk)
         return report
-    work = _run(runtime, lease.model, lease.items, report) if lease.items else []
+    work = _run(runtime, lease.model, lease.items, report, urgent) if lease.items else []
     fresh = {
         w.digest: content_cache.encode(w.outputs)
         for w in work
@@ -88,11 +89,26 @@ def _lease(runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int])
             queries.mark_job_running(session, job_id)
         session.commit()
         model = runtime.model_info(session, job.model, job.tenant)
-        return Lease(job_id, chunk, item_ids, job.chunk_count, was_open, model, leased)
+        return Lease(
+            job_id,
+            chunk,
+            item_ids,
+            job.chunk_count,
+            was_open,
+            model,
+            leased,
+            place=runtime.place(job.id, job.output),
+            bulk=job.source is not None,
+            pipeline_id=job.pipeline_id,
+        )
 
 
 def _run(
-    runtime: WorkerRuntime, model: ModelInfo, items: list[Item], report: ChunkReport
+    runtime: WorkerRuntime,
+    model: ModelInfo,
+    items: list[Item],
+    report: ChunkReport,
+    urgent: bool = False,
 ) -> list[_Work]:
     """Fetch, consult the content cache and decode on this thread, feeding the shared Batcher
     as rows become ready; then collect. Inputs are fetched a few at a time so a chunk of large
@@ -108,7 +124,7 @@ def _run(
             w.error = f"Model {model.ref!r} could not be loaded: {error}."
         return work
     timer = time.monotonic()
-    with runner.batcher.expect(len(work)) as announced:  # so the Batcher waits for these
+    with runner.batcher.expect(len(work), urgent) as announced:  # so the Batcher waits for these
         for start in range(0, len(work), FETCH_GROUP):
             group = work[start : start + FETCH_GROUP]
             for w in group:

@@ -170,7 +170,10 @@ def run_embedded(
             job_id = submitted.job.id
         report = _wait(runtime.sessions, job_id, on_progress)
     return RunOutcome(
-        job_id, report, results.combined_table(store, job_id), time.monotonic() - started
+        job_id,
+        report,
+        results.combined_table(results.Place(store, results.results_prefix(job_id))),
+        time.monotonic() - started,
     )
 
 

@@ -37,7 +37,7 @@ class Fetcher:
         self._s3: Any = None
         self._lock = threading.Lock()
 
-    def _s3_client(self) -> Any:
+    def s3_client(self) -> Any:
         with self._lock:  # boto3 clients are thread-safe once built, but building is not
             if self._s3 is None:
                 self._s3 = make_s3_client(self.settings)
@@ -59,4 +59,4 @@ class Fetcher:
         return data
 
     def _fetch_s3(self, uri: str, max_bytes: int) -> bytes:
-        return read_object(self._s3_client(), uri, max_bytes)
+        return read_object(self.s3_client(), uri, max_bytes)

@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from app import results
 from app.catalog import ModelInfo
-from app.db import queries
-from app.db.models import Item, Job, aware, utcnow
+from app.db import ingest, queries
+from app.db.models import Item, ItemStatus, Job, aware, utcnow
 from app.results import Result, ResultRow
 from workers import content_cache
 from workers.models.base import VECTOR_OUTPUTS
@@ -41,6 +41,9 @@ class Lease:
     was_open: bool  # the job was open when leased (else this is a replay of a closed job)
     model: ModelInfo
     items: list[Item]
+    place: results.Place  # where the job's results go
+    bulk: bool = False  # items come from an ingest (the chunk count grows while it lists)
+    pipeline_id: int | None = None  # bulk, incremental: remember what succeeded
 
 
 def finish_chunk(
@@ -55,17 +58,20 @@ def finish_chunk(
     with runtime.sessions() as session:
         shard = _shard_rows(session, lease, rows)
         if shard:
-            results.write_shard(runtime.store, lease.job_id, lease.chunk, shard, fields)
+            results.write_shard(lease.place, lease.chunk, shard, fields)
         session.commit()  # end the read above; hold no lock during the next step's wait
         # Chunks of one job finish one at a time (job row first, then items, like a lease):
         # each then sees the others' results, so the last one always closes the job.
         queries.lock_job(session, lease.job_id)
         queries.upsert_results(session, lease.job_id, [_upsert_row(r) for r in rows])
         queries.cache_results(session, lease.model.cache_key, fresh or {})
+        if lease.pipeline_id is not None:
+            done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
+            ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
         final, shards = _close_if_done(runtime, session, lease, bool(shard), fields)
         session.commit()
         if final is not None or not lease.was_open:
-            _ensure_manifest(runtime, session, lease, final is not None, shards)
+            ensure_manifest(runtime, session, lease.job_id, lease.model, final is not None, shards)
     return final
 
 
@@ -98,42 +104,44 @@ def _close_if_done(
     runtime: WorkerRuntime, session: Session, lease: Lease, wrote: bool, fields: list[pa.Field]
 ) -> tuple[str | None, list[str] | None]:
     """Close the job if no item is open: the final status and the shard keys (if known)."""
-    if lease.chunk_count <= 1:
-        shards = [results.shard_key(lease.job_id, lease.chunk)] if wrote else []
+    if lease.chunk_count <= 1 and not lease.bulk:  # a bulk job may gain chunks as it lists
+        shards = [results.shard_key(lease.place, lease.chunk)] if wrote else []
     else:
-        if queries.has_open_items(session, lease.job_id):
+        if queries.has_open_items(session, lease.job_id) or ingest.listing(session, lease.job_id):
             return None, None
-        shards = _write_missing_shards(runtime, session, lease.job_id, fields)
+        shards = write_missing_shards(session, lease.place, lease.job_id, fields)
     return queries.finish_job_if_done(session, lease.job_id), shards
 
 
-def _write_missing_shards(
-    runtime: WorkerRuntime, session: Session, job_id: str, fields: list[pa.Field]
+def write_missing_shards(
+    session: Session, place: results.Place, job_id: str, fields: list[pa.Field]
 ) -> list[str]:
     """Chunks whose results are in the database but whose shard is not in storage (a crash
     between the two, a job cancelled before its chunks ran); returns every shard key."""
-    written = set(results.shard_keys(runtime.store, job_id))
+    written = set(results.shard_keys(place))
     for chunk in queries.job_chunks(session, job_id):
-        key = results.shard_key(job_id, chunk)
+        key = results.shard_key(place, chunk)
         if key not in written:
             items = queries.chunk_items(session, job_id, chunk)
-            results.write_shard(runtime.store, job_id, chunk, items, fields)
+            results.write_shard(place, chunk, items, fields)
             written.add(key)
     return sorted(written)
 
 
-def _ensure_manifest(
+def ensure_manifest(
     runtime: WorkerRuntime,
     session: Session,
-    lease: Lease,
+    job_id: str,
+    model: ModelInfo,
     closed_now: bool,
     shards: list[str] | None,
 ) -> None:
-    job_id, model = lease.job_id, lease.model
+    """The closed job's manifest: written by whoever closed it, or healed by a later replay."""
     job = session.get(Job, job_id)
     if job is None or queries.is_open(job):
         return
-    if not closed_now and runtime.store.exists(results.manifest_key(job_id)):
+    place = runtime.place(job.id, job.output)
+    if not closed_now and place.store.exists(results.manifest_key(place)):
         return
     counts = queries.job_counts(session, job_id)
     runner = runtime.runners().get(model.cache_key)
@@ -147,30 +155,43 @@ def _ensure_manifest(
             "succeeded": counts.succeeded,
             "failed": counts.failed,
             "cancelled": counts.cancelled,
+            "skipped": counts.skipped,
+            "deleted": counts.deleted,
         },
         "created_at": _iso(job.created_at),
+        "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),
+        "seconds": _seconds(job),
+        "source": job.source,
+        "error": job.error,
     }
+    if counts.deleted and place.store.exists(results.deleted_key(place)):
+        manifest["deleted_keys"] = results.deleted_key(place)
     if model.kind == "phash":
-        manifest["groups"] = _near_duplicates(runtime, session, job)
-    results.write_manifest(runtime.store, job.id, manifest, shards)
+        manifest["groups"] = _near_duplicates(place, session, job)
+    results.write_manifest(place, manifest, shards)
     log.info("job %s %s: %s", job.id, job.status, counts)
 
 
-def _near_duplicates(runtime: WorkerRuntime, session: Session, job: Job) -> dict[str, Any]:
+def _near_duplicates(place: results.Place, session: Session, job: Job) -> dict[str, Any]:
     """A phash job's near-duplicate groups, over all its items: written beside the shards."""
     from workers.models.phash import DEFAULT_MAX_DISTANCE, near_duplicate_groups
 
     distance = int(job.options.get("max_distance", DEFAULT_MAX_DISTANCE))
     hashed = [(k, o["phash"]) for k, o in queries.item_outputs(session, job.id) if o.get("phash")]
     groups = near_duplicate_groups([k for k, _h in hashed], [h for _k, h in hashed], distance)
-    key = results.write_groups(runtime.store, job.id, groups)
+    key = results.write_groups(place, groups)
     return {
         "key": key,
         "max_distance": distance,
         "groups": len(groups),
         "items_in_groups": sum(len(g) for g in groups),
     }
+
+
+def _seconds(job: Job) -> float | None:
+    started, finished = aware(job.started_at), aware(job.finished_at)
+    return round((finished - started).total_seconds(), 3) if started and finished else None
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -18,6 +18,7 @@ from app.catalog import ModelInfo, get_model
 from app.core.config import Settings
 from app.db import queries
 from app.db.session import engine_for, make_session_factory
+from app.results import Place, place_for
 from app.storage import ObjectStore, open_store
 from workers.batching import Batcher, BatchStats
 from workers.engines.select import EngineFactory
@@ -50,6 +51,10 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._engines: EngineFactory | None = None
         self._engines_lock = threading.Lock()
+
+    def place(self, job_id: str, output: str | None) -> Place:
+        """Where this job's results go (Kiln's store, or the user's `output` prefix)."""
+        return place_for(self.store, job_id, output, self.fetcher.s3_client)
 
     def runner(self, info: ModelInfo) -> ModelRunner:
         """The model's pipeline and Batcher, built on first use (one per process and weights:

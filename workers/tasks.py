@@ -1,4 +1,5 @@
-"""Thin Celery adapters over plain functions: the logic lives in `workers.chunk`."""
+"""Thin Celery adapters over plain functions: the logic lives in `workers.chunk`,
+`workers.ingest` and `workers.periodic`."""
 
 from __future__ import annotations
 
@@ -14,22 +15,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RETRY: dict[str, Any] = {
+    "bind": True,
+    "shared": False,  # shared tasks join every later app: a second app would run this one's
+    "autoretry_for": (TransientError, OperationalError),  # a DB restart is transient too
+    "retry_backoff": 2,
+    "retry_backoff_max": 120,
+    "retry_jitter": True,
+    "max_retries": 8,
+}
+
 
 def register(app: KilnCelery) -> None:
-    @app.task(  # type: ignore[untyped-decorator]
-        name="kiln.process_chunk",
-        bind=True,
-        shared=False,  # shared tasks join every later app: a second app would run this one's
-        autoretry_for=(TransientError, OperationalError),  # a DB restart is transient too
-        retry_backoff=2,
-        retry_backoff_max=120,
-        retry_jitter=True,
-        max_retries=8,
-    )
+    @app.task(name="kiln.process_chunk", **RETRY)  # type: ignore[untyped-decorator]
     def process_chunk(task: Any, job_id: str, chunk: int, item_ids: list[int]) -> dict[str, Any]:
         from workers.chunk import process_chunk as run
 
-        report = run(app.runtime(), job_id, chunk, item_ids)
+        queue = (task.request.delivery_info or {}).get("routing_key")
+        report = run(app.runtime(), job_id, chunk, item_ids, urgent=queue == "interactive")
         log.info(
             "chunk %s/%d: %d ok, %d failed, %s",
             job_id,
@@ -39,3 +42,29 @@ def register(app: KilnCelery) -> None:
             {k: round(v, 3) for k, v in report.seconds.items()},
         )
         return {"processed": report.processed, "job_status": report.job_status}
+
+    @app.task(name="kiln.ingest", **RETRY)  # type: ignore[untyped-decorator]
+    def ingest(task: Any, job_id: str, owner: str | None = None) -> dict[str, Any]:
+        from workers.celery_app import CeleryDispatcher
+        from workers.ingest import ingest_step
+
+        report = ingest_step(app.runtime(), CeleryDispatcher(app), job_id, owner)
+        log.info(
+            "ingest %s: %s, %d pages, %d objects, %d chunks",
+            job_id, report.outcome, report.pages, report.listed, report.queued,
+        )  # fmt: skip
+        return {"outcome": report.outcome, "listed": report.listed}
+
+    @app.task(name="kiln.reconcile", **RETRY)  # type: ignore[untyped-decorator]
+    def reconcile(task: Any) -> dict[str, Any]:
+        from workers.celery_app import CeleryDispatcher
+        from workers.periodic import reconcile as run
+
+        return run(app.runtime(), CeleryDispatcher(app))
+
+    @app.task(name="kiln.run_schedules", **RETRY)  # type: ignore[untyped-decorator]
+    def run_schedules(task: Any) -> dict[str, Any]:
+        from workers.celery_app import CeleryDispatcher
+        from workers.periodic import run_due_schedules
+
+        return run_due_schedules(app.runtime(), CeleryDispatcher(app))

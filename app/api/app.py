@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
-from app.api.routes import health, jobs, models
+from app.api.routes import health, jobs, models, schedules
 from app.core.config import Settings, get_settings
 
 
@@ -35,4 +35,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(models.router)
+    app.include_router(schedules.router)
     return app

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class InputIn(BaseModel):
@@ -15,13 +15,67 @@ class InputIn(BaseModel):
     text: str | None = Field(None, max_length=100_000)
 
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class SourceIn(BaseModel):
+    """A bucket to process: every object under the prefix that the filters let through."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    s3: str = Field(..., max_length=2048, examples=["s3://photos/2026/"])
+    include: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=50, examples=[["*.jpg", "*.png"]]
+    )
+    exclude: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=50
+    )
+
+
 class JobCreate(BaseModel):
+    """Either `inputs` (a list of URIs or texts) or a `source` bucket prefix (a bulk job)."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(..., min_length=1, max_length=128)
-    inputs: list[InputIn] = Field(..., min_length=1)
+    inputs: list[InputIn] | None = Field(None, min_length=1)
+    source: SourceIn | None = None
+    pipeline: str | None = Field(
+        None, pattern=NAME_PATTERN, description="Name an incremental pipeline (bulk jobs)."
+    )
+    output: str | None = Field(
+        None, max_length=2048, description="s3:// prefix for the results (bulk jobs)."
+    )
     options: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> JobCreate:
+        if (self.inputs is None) == (self.source is None):
+            raise ValueError('give either "inputs" or "source", not both')
+        if self.source is None and (self.pipeline or self.output):
+            raise ValueError('"pipeline" and "output" go with a "source"')
+        return self
+
+
+class ScheduleCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., pattern=NAME_PATTERN)
+    cron: str = Field(..., min_length=9, max_length=128, examples=["0 2 * * *"])
+    model: str = Field(..., min_length=1, max_length=128)
+    source: SourceIn
+    output: str | None = Field(None, max_length=2048)
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    cron: str
+    model: str
+    source: dict[str, Any]
+    output: str | None
+    next_run_at: datetime
+    last_job_id: str | None
 
 
 class CountsOut(BaseModel):
@@ -30,6 +84,8 @@ class CountsOut(BaseModel):
     failed: int
     pending: int
     cancelled: int
+    skipped: int = 0
+    deleted: int = 0
 
 
 class JobOut(BaseModel):
@@ -41,6 +97,9 @@ class JobOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     items_per_second: float | None
+    eta_seconds: float | None = None
+    listing: bool = False
+    source: dict[str, Any] | None = None
     results_url: str
     error: str | None = None
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from app.cli import admin, local, remote, serve
+from app.cli import admin, bulk, local, remote, serve
 
 app = typer.Typer(help="Kiln: batch inference on GPUs.", no_args_is_help=True)
 app.add_typer(admin.db_app, name="db")
 app.add_typer(admin.keys_app, name="keys")
 app.add_typer(admin.models_app, name="models")
 app.add_typer(admin.engines_app, name="engines")
+app.add_typer(bulk.schedule_app, name="schedule")
 app.command("api")(serve.api)
 app.command("worker")(serve.worker)
 app.command("flower")(serve.flower)
@@ -20,6 +21,7 @@ app.command("submit")(remote.submit)
 app.command("status")(remote.status)
 app.command("results")(remote.results_cmd)
 app.command("cancel")(remote.cancel)
+app.command("bulk")(bulk.bulk)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from app.cli.common import console, errors, fail, settings
 from app.core.errors import KilnError
@@ -19,20 +19,23 @@ def submit(
     wait: Annotated[bool, typer.Option(help="Wait until the job finishes.")] = False,
 ) -> None:
     """Submit files to the API at KILN_API_URL."""
-    with _client() as client:
+    with ApiClient() as client:
         job = client.submit(files, model)
         console.print(f"job {job['id']} {job['status']} ({job['counts']['total']} items)")
         if wait:
-            _watch(client, job["id"])
+            watch(client, job["id"])
 
 
 def status(
-    job_id: str, watch: Annotated[bool, typer.Option(help="Follow with a progress bar.")] = False
+    job_id: str,
+    follow: Annotated[
+        bool, typer.Option("--watch", help="Follow with a progress bar, items/s and ETA.")
+    ] = False,
 ) -> None:
     """Show a job's status and counts."""
-    with _client() as client:
-        if watch:
-            _watch(client, job_id)
+    with ApiClient() as client:
+        if follow:
+            watch(client, job_id)
         else:
             _print_job(client.job(job_id))
 
@@ -42,18 +45,18 @@ def results_cmd(
     output: Annotated[Path, typer.Option("-o", "--output", help="Parquet file to write.")],
 ) -> None:
     """Download a job's results as one Parquet file."""
-    with _client() as client:
+    with ApiClient() as client:
         output.write_bytes(client.results(job_id))
     console.print(f"results of {job_id} written to {output}")
 
 
 def cancel(job_id: str) -> None:
     """Cancel a job; finished results are kept."""
-    with _client() as client:
+    with ApiClient() as client:
         _print_job(client.cancel(job_id))
 
 
-class _client:
+class ApiClient:
     def __enter__(self) -> Any:
         from app.client import KilnClient
 
@@ -70,30 +73,52 @@ class _client:
             raise fail(error) from None
 
 
-def _watch(client: Any, job_id: str) -> None:
+def watch(client: Any, job_id: str) -> dict[str, Any]:
+    """A live bar until the job closes: done of total, items/s and the API's ETA. While a bulk
+    job is still listing its bucket the total grows and the ETA is unknown."""
     with Progress(
         TextColumn(job_id[:8]),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
-        TimeRemainingColumn(),
+        TextColumn("{task.fields[eta]}"),
         console=errors,
     ) as bar:
-        task = bar.add_task("job", total=None, rate="")
+        task = bar.add_task("job", total=None, rate="", eta="")
         while True:
             job = client.job(job_id)
-            done = job["counts"]["total"] - job["counts"]["pending"]
+            c = job["counts"]
             rate = f"{job['items_per_second'] or 0:.1f} items/s"
-            bar.update(task, total=job["counts"]["total"], completed=done, rate=rate)
+            bar.update(
+                task,
+                total=None if job.get("listing") else c["total"],
+                completed=c["total"] - c["pending"],
+                rate=rate,
+                eta=_eta(job),
+            )
             if job["status"] in ("completed", "failed", "cancelled"):
                 break
             time.sleep(0.5)
     _print_job(job)
+    return job  # type: ignore[no-any-return]
+
+
+def _eta(job: dict[str, Any]) -> str:
+    if job.get("listing"):
+        skipped = job["counts"].get("skipped", 0)
+        return f"listing… ({skipped} unchanged)" if skipped else "listing…"
+    eta = job.get("eta_seconds")
+    return "" if eta is None else f"ETA {int(eta) // 60}:{int(eta) % 60:02d}"
 
 
 def _print_job(job: dict[str, Any]) -> None:
     c = job["counts"]
-    console.print(
+    line = (
         f"job {job['id']} {job['status']}: {c['succeeded']} succeeded, {c['failed']} failed, "
         f"{c['pending']} pending of {c['total']}"
     )
+    if job.get("source"):
+        line += f"; {c.get('skipped', 0)} unchanged, {c.get('deleted', 0)} deleted"
+    console.print(line)
+    if job.get("error"):
+        console.print(f"[red]{job['error']}[/red]")

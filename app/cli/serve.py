@@ -28,7 +28,7 @@ def worker(
     concurrency: Annotated[int | None, typer.Option(help="Task threads.")] = None,
     queues: Annotated[
         str, typer.Option(help="Queues, highest priority first.")
-    ] = "interactive,bulk",
+    ] = "interactive,ingest,bulk,control",
     hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     metrics_port: Annotated[

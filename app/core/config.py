@@ -45,6 +45,19 @@ class Settings(BaseSettings):
     worker_metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Prometheus port of `kiln worker`; unset = off."
     )
+    # Bulk jobs: listing in pages, at most this many chunks in the queue or running per job, so
+    # Redis never holds a bucket's worth of messages and interactive work is not starved.
+    ingest_page_size: int = Field(1000, ge=1, le=1000, description="Keys per S3 list call.")
+    ingest_pages_per_step: int = Field(20, ge=1, description="Pages listed per ingest task.")
+    bulk_max_chunks: int = Field(64, ge=1, description="Chunks outstanding per bulk job.")
+    ingest_stale_s: float = Field(
+        60.0, gt=0, description="An ingest silent this long is taken over by the reconciler."
+    )
+    visibility_timeout_s: float = Field(
+        3600.0, gt=0, description="Redis redelivers a message unacknowledged this long."
+    )
+    reconcile_interval_s: float = Field(15.0, gt=0, description="How often beat reconciles.")
+    schedule_tick_s: float = Field(20.0, gt=0, description="How often beat looks for due runs.")
     filesystem_polling_ms: float = Field(20.0, gt=0, description="Embedded broker poll interval.")
 
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -138,6 +139,12 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
     error: Mapped[str | None] = mapped_column(Text)
     chunk_count: Mapped[int] = mapped_column(Integer, default=0)
+    queue: Mapped[str] = mapped_column(String(16), default="interactive")
+    # Bulk jobs: the listed source {"s3", "include", "exclude"}, the user's results prefix, and
+    # the incremental pipeline this run belongs to.
+    source: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    output: Mapped[str | None] = mapped_column(String(2048))
+    pipeline_id: Mapped[int | None] = mapped_column(ForeignKey("pipelines.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -154,6 +161,7 @@ class Item(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(1024))
     source: Mapped[str | None] = mapped_column(String(2048))
+    etag: Mapped[str | None] = mapped_column(String(128))  # of a listed object (bulk jobs)
     text: Mapped[str | None] = mapped_column(Text)
     chunk: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.PENDING)
@@ -163,3 +171,68 @@ class Item(Base):
     duration_ms: Mapped[float | None] = mapped_column()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Ingest(Base):
+    """A bulk job's listing: how far it got, so a crashed ingest resumes after the last key."""
+
+    __tablename__ = "ingests"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    cursor: Mapped[str | None] = mapped_column(String(1024))  # last key listed and committed
+    done: Mapped[bool] = mapped_column(Boolean, default=False)
+    listed: Mapped[int] = mapped_column(Integer, default=0)  # objects matching the filters
+    skipped: Mapped[int] = mapped_column(Integer, default=0)  # unchanged since the last run
+    deleted: Mapped[int] = mapped_column(Integer, default=0)  # gone since the last run
+    chunks_sent: Mapped[int] = mapped_column(Integer, default=0)
+    owner: Mapped[str | None] = mapped_column(String(36))  # the ingest step holding it
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    pages: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Pipeline(Base):
+    """A named source + model: reruns process only new or changed objects."""
+
+    __tablename__ = "pipelines"
+    __table_args__ = (UniqueConstraint("tenant", "name", name="uq_pipelines_tenant_name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(128))
+    source: Mapped[dict[str, Any]] = mapped_column(JSON)
+    model: Mapped[str] = mapped_column(String(160))  # as asked: `name` follows the latest version
+    output: Mapped[str | None] = mapped_column(String(2048))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PipelineObject(Base):
+    """One object a pipeline has seen: its ETag, and the ETag and model it last succeeded with."""
+
+    __tablename__ = "pipeline_objects"
+
+    pipeline_id: Mapped[int] = mapped_column(
+        ForeignKey("pipelines.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    etag: Mapped[str] = mapped_column(String(128))
+    seen_job: Mapped[str] = mapped_column(String(36))
+    done_etag: Mapped[str | None] = mapped_column(String(128))
+    done_model: Mapped[str | None] = mapped_column(String(160))
+
+
+class Schedule(Base):
+    """A cron-timed run of a pipeline (its name is the pipeline's), started by `kiln beat`."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (UniqueConstraint("tenant", "name", name="uq_schedules_tenant_name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(128))
+    cron: Mapped[str] = mapped_column(String(128))
+    source: Mapped[dict[str, Any]] = mapped_column(JSON)
+    model: Mapped[str] = mapped_column(String(160))
+    output: Mapped[str | None] = mapped_column(String(2048))
+    next_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_job_id: Mapped[str | None] = mapped_column(String(36))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

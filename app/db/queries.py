@@ -15,6 +15,7 @@ from app.db.models import (
     OPEN_JOB_STATUSES,
     ContentCache,
     EngineReport,
+    Ingest,
     Item,
     ItemStatus,
     Job,
@@ -31,6 +32,9 @@ class Counts:
     failed: int = 0
     pending: int = 0  # pending or running: not finished yet
     cancelled: int = 0
+    skipped: int = 0  # bulk, incremental: unchanged since the pipeline's last run
+    deleted: int = 0  # bulk, incremental: gone since the pipeline's last run
+    listing: bool = False  # bulk: the source is still being listed, more items may come
 
     @property
     def done(self) -> int:
@@ -43,7 +47,11 @@ def job_counts(session: Session, job_id: str) -> Counts:
         select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
     ).all()
     by_status: dict[str, int] = {status: n for status, n in rows}
+    ingest = session.get(Ingest, job_id)
     return Counts(
+        skipped=ingest.skipped if ingest else 0,
+        deleted=ingest.deleted if ingest else 0,
+        listing=bool(ingest and not ingest.done),
         total=sum(by_status.values()),
         succeeded=by_status.get(ItemStatus.SUCCEEDED, 0),
         failed=by_status.get(ItemStatus.FAILED, 0),
@@ -156,6 +164,7 @@ def finish_job_if_done(session: Session, job_id: str) -> str | None:
     One statement: concurrent callers serialise on the job row, and only one sees a row back.
     """
     open_items = exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES))
+    listing = exists().where(Ingest.job_id == job_id, Ingest.done.is_(False))  # more may come
     now = utcnow()
     final = case(
         (Job.status == JobStatus.CANCELLING, JobStatus.CANCELLED.value),
@@ -163,7 +172,7 @@ def finish_job_if_done(session: Session, job_id: str) -> str | None:
     )
     closed = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status.in_(OPEN_JOB_STATUSES), ~open_items)
+        .where(Job.id == job_id, Job.status.in_(OPEN_JOB_STATUSES), ~open_items, ~listing)
         .values(status=final, finished_at=now, started_at=func.coalesce(Job.started_at, now))
         .returning(Job.status),
         execution_options={"synchronize_session": False},

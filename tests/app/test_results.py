@@ -15,9 +15,11 @@ import pytest
 from app.db.models import ItemStatus
 from app.results import (
     BASE_FIELDS,
+    Place,
     combined_table,
     items_table,
     manifest_key,
+    results_prefix,
     shard_key,
     shard_keys,
     write_groups,
@@ -108,26 +110,30 @@ def test_items_table_missing_output_is_null() -> None:
     assert items_table([item], LABEL_FIELDS).column("labels").to_pylist() == [None]
 
 
+def P(store: LocalStore, job_id: str) -> Place:
+    return Place(store, results_prefix(job_id))
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> LocalStore:
     return LocalStore(tmp_path / "objects")
 
 
 def test_write_shard_writes_parquet_at_the_chunk_key(store: LocalStore) -> None:
-    key = write_shard(store, "job1", 3, [classified("a"), failed("b")], LABEL_FIELDS)
-    assert key == shard_key("job1", 3) == "results/job1/part-000003.parquet"
+    key = write_shard(P(store, "job1"), 3, [classified("a"), failed("b")], LABEL_FIELDS)
+    assert key == shard_key(P(store, "job1"), 3) == "results/job1/part-000003.parquet"
     table = pq.read_table(io.BytesIO(store.get(key)))
     assert table.column("key").to_pylist() == ["a", "b"]
     assert table.column("labels").to_pylist() == [[{"label": "cat", "score": 0.75}], None]
 
 
 def test_combined_table_across_shards_with_different_fields(store: LocalStore) -> None:
-    write_shard(store, "job1", 0, [classified("a"), failed("b")], LABEL_FIELDS)
-    write_shard(store, "job1", 1, [detected("c"), failed("d")], DETECTION_FIELDS)
-    write_shard(store, "other-job", 0, [classified("z")], LABEL_FIELDS)
-    store.put(manifest_key("job1"), b"{}")  # not a shard
+    write_shard(P(store, "job1"), 0, [classified("a"), failed("b")], LABEL_FIELDS)
+    write_shard(P(store, "job1"), 1, [detected("c"), failed("d")], DETECTION_FIELDS)
+    write_shard(P(store, "other-job"), 0, [classified("z")], LABEL_FIELDS)
+    store.put(manifest_key(P(store, "job1")), b"{}")  # not a shard
 
-    table = combined_table(store, "job1")
+    table = combined_table(P(store, "job1"))
     assert table.num_rows == 4
     assert set(table.column_names) == {
         "key",
@@ -150,36 +156,41 @@ def test_combined_table_across_shards_with_different_fields(store: LocalStore) -
 
 
 def test_redelivered_chunk_overwrites_its_shard(store: LocalStore) -> None:
-    write_shard(store, "job1", 0, [classified("a", "cat")], LABEL_FIELDS)
-    write_shard(store, "job1", 0, [classified("a", "dog")], LABEL_FIELDS)
-    table = combined_table(store, "job1")
+    write_shard(P(store, "job1"), 0, [classified("a", "cat")], LABEL_FIELDS)
+    write_shard(P(store, "job1"), 0, [classified("a", "dog")], LABEL_FIELDS)
+    table = combined_table(P(store, "job1"))
     assert table.num_rows == 1
     assert table.column("labels").to_pylist() == [[{"label": "dog", "score": 0.75}]]
 
 
 def test_combined_table_of_a_job_without_shards(store: LocalStore) -> None:
-    table = combined_table(store, "nothing")
+    table = combined_table(P(store, "nothing"))
     assert table.num_rows == 0
     assert table.column_names == ["key", "status", "error", "duration_ms"]
 
 
 def test_manifest_lists_the_shards(store: LocalStore) -> None:
-    write_shard(store, "job1", 1, [failed("b")], [])
-    write_shard(store, "job1", 0, [failed("a")], [])
-    write_manifest(store, "job1", {"job_id": "job1", "shards": ["stale"]})
-    manifest = json.loads(store.get(manifest_key("job1")))
+    write_shard(P(store, "job1"), 1, [failed("b")], [])
+    write_shard(P(store, "job1"), 0, [failed("a")], [])
+    write_manifest(P(store, "job1"), {"job_id": "job1", "shards": ["stale"]})
+    manifest = json.loads(store.get(manifest_key(P(store, "job1"))))
     assert manifest == {
         "job_id": "job1",
         "shards": ["results/job1/part-000000.parquet", "results/job1/part-000001.parquet"],
     }
-    assert shard_keys(store, "job1") == manifest["shards"]
+    assert shard_keys(P(store, "job1")) == manifest["shards"]
 
 
 def test_groups_join_the_combined_results_in_order(store: LocalStore) -> None:
-    write_shard(store, "job1", 0, [classified("a"), classified("b"), classified("c")], LABEL_FIELDS)
-    write_shard(store, "job1", 1, [classified("d")], LABEL_FIELDS)
-    assert write_groups(store, "job1", [["a", "d"]]) == "results/job1/groups.parquet"
-    table = combined_table(store, "job1")
+    write_shard(
+        P(store, "job1"), 0, [classified("a"), classified("b"), classified("c")], LABEL_FIELDS
+    )
+    write_shard(P(store, "job1"), 1, [classified("d")], LABEL_FIELDS)
+    assert write_groups(P(store, "job1"), [["a", "d"]]) == "results/job1/groups.parquet"
+    table = combined_table(P(store, "job1"))
     assert table.column("key").to_pylist() == ["a", "b", "c", "d"]
     assert table.column("group").to_pylist() == [0, None, None, 0]
-    assert shard_keys(store, "job1") == [shard_key("job1", 0), shard_key("job1", 1)]
+    assert shard_keys(P(store, "job1")) == [
+        shard_key(P(store, "job1"), 0),
+        shard_key(P(store, "job1"), 1),
+    ]

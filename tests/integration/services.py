@@ -71,6 +71,11 @@ class Process:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no acknowledgements, as a crash or an OOM kill."""
+        self.proc.kill()
+        self.proc.wait()
+
     def stop(self, timeout: float = 20) -> None:
         if self.alive():
             self.proc.terminate()

@@ -53,6 +53,8 @@ def test_fifty_images_end_to_end(
         "failed": 0,
         "pending": 0,
         "cancelled": 0,
+        "skipped": 0,
+        "deleted": 0,
     }
     assert job["items_per_second"] > 0
     assert job["started_at"] and job["finished_at"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import migrated_settings
-from workers.celery_app import CHUNK_TASK, make_celery
+from workers.celery_app import CHUNK_TASK, _transport_options, make_celery
 
 
 def test_each_app_runs_its_own_chunk_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,10 +29,14 @@ def test_queues_and_delivery_guarantees(tmp_path: Path, monkeypatch: pytest.Monk
     try:
         assert [q.name for q in app.conf.task_queues] == [
             "interactive",
-            "bulk",
             "ingest",
+            "bulk",
             "control",
-        ]
+        ]  # the order workers consume them in
+        redis = migrated_settings(tmp_path, monkeypatch).model_copy(
+            update={"broker_url": "redis://127.0.0.1:6379/0"}
+        )
+        assert _transport_options(redis)["queue_order_strategy"] == "priority"
         assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
         assert app.conf.task_serializer == "json" and app.conf.accept_content == ["json"]
     finally:

@@ -45,6 +45,10 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     return migrated_settings(tmp_path, monkeypatch, chunk_size=3, max_batch=8, max_delay_ms=2)
 
 
+def _place(runtime: WorkerRuntime, job_id: str) -> results.Place:
+    return results.Place(runtime.store, results.results_prefix(job_id))
+
+
 def register_colours(runtime: WorkerRuntime, tmp_path: Path) -> None:
     path = tmp_path / "colours.onnx"
     colour_classifier(path)
@@ -108,12 +112,14 @@ def job_row(runtime: WorkerRuntime, job_id: str) -> Job:
 
 
 def shard_rows(runtime: WorkerRuntime, job_id: str, chunk: int) -> list[dict[str, Any]]:
-    table = pq.read_table(io.BytesIO(runtime.store.get(results.shard_key(job_id, chunk))))
+    table = pq.read_table(
+        io.BytesIO(runtime.store.get(results.shard_key(_place(runtime, job_id), chunk)))
+    )
     return list(table.to_pylist())
 
 
 def manifest(runtime: WorkerRuntime, job_id: str) -> dict[str, Any]:
-    return dict(json.loads(runtime.store.get(results.manifest_key(job_id))))
+    return dict(json.loads(runtime.store.get(results.manifest_key(_place(runtime, job_id)))))
 
 
 def test_a_job_runs_to_completion(runtime: WorkerRuntime) -> None:
@@ -124,7 +130,7 @@ def test_a_job_runs_to_completion(runtime: WorkerRuntime) -> None:
     assert (first.processed, first.succeeded, first.failed) == (3, 3, 0)
     assert first.job_status is None
     assert job_row(runtime, job_id).status == JobStatus.RUNNING
-    assert not runtime.store.exists(results.manifest_key(job_id))
+    assert not runtime.store.exists(results.manifest_key(_place(runtime, job_id)))
 
     second = process_chunk(runtime, job_id, 1, calls[1].item_ids)
     assert (second.processed, second.succeeded, second.failed) == (2, 1, 1)
@@ -156,7 +162,7 @@ def test_each_chunk_writes_one_parquet_shard(runtime: WorkerRuntime) -> None:
     job_id, calls = submit(runtime)
     run_all(runtime, calls)
 
-    assert results.shard_keys(runtime.store, job_id) == [
+    assert results.shard_keys(_place(runtime, job_id)) == [
         f"results/{job_id}/part-000000.parquet",
         f"results/{job_id}/part-000001.parquet",
     ]
@@ -170,7 +176,7 @@ def test_each_chunk_writes_one_parquet_shard(runtime: WorkerRuntime) -> None:
     assert by_key["notes.txt"]["labels"] is None
     assert by_key["b2.png"]["labels"][0]["label"] == "blue"
 
-    combined = results.combined_table(runtime.store, job_id)
+    combined = results.combined_table(_place(runtime, job_id))
     assert combined.num_rows == len(FILES)
     assert combined.column_names[:4] == ["key", "status", "error", "duration_ms"]
     assert "labels" in combined.column_names
@@ -185,8 +191,10 @@ def test_the_manifest_is_written_when_the_job_completes(runtime: WorkerRuntime) 
     assert written["model"] == f"{MODEL}:1"  # the version the job ran
     assert written["status"] == "completed"
     assert written["engine"]  # the backend that ran it, e.g. onnxruntime-cpu
-    assert written["counts"] == {"total": 5, "succeeded": 4, "failed": 1, "cancelled": 0}
-    assert written["shards"] == results.shard_keys(runtime.store, job_id)
+    assert written["counts"] == {
+        "total": 5, "succeeded": 4, "failed": 1, "cancelled": 0, "skipped": 0, "deleted": 0,
+    }  # fmt: skip
+    assert written["shards"] == results.shard_keys(_place(runtime, job_id))
     assert written["finished_at"] is not None
 
 
@@ -221,7 +229,7 @@ def test_replaying_a_chunk_changes_nothing(runtime: WorkerRuntime) -> None:
         for k, i in items_by_key(runtime, job_id).items()
     }
     shard_before = shard_rows(runtime, job_id, 0)
-    manifest_before = runtime.store.get(results.manifest_key(job_id))
+    manifest_before = runtime.store.get(results.manifest_key(_place(runtime, job_id)))
 
     replay = process_chunk(runtime, job_id, 0, calls[0].item_ids)  # a redelivered message
 
@@ -233,7 +241,7 @@ def test_replaying_a_chunk_changes_nothing(runtime: WorkerRuntime) -> None:
     }
     assert after == before
     assert shard_rows(runtime, job_id, 0) == shard_before
-    assert runtime.store.get(results.manifest_key(job_id)) == manifest_before
+    assert runtime.store.get(results.manifest_key(_place(runtime, job_id))) == manifest_before
     assert job_row(runtime, job_id).status == JobStatus.COMPLETED
 
 
@@ -321,13 +329,13 @@ def test_a_chunk_shard_lost_before_the_job_closed_is_rewritten(runtime: WorkerRu
     database first, so whoever sees `completed` can read every row."""
     job_id, calls = submit(runtime)
     process_chunk(runtime, job_id, 0, calls[0].item_ids)
-    runtime.store.delete(results.shard_key(job_id, 0))
+    runtime.store.delete(results.shard_key(_place(runtime, job_id), 0))
 
     done = process_chunk(runtime, job_id, 1, calls[1].item_ids)
 
     assert done.job_status == JobStatus.COMPLETED
-    assert results.combined_table(runtime.store, job_id).num_rows == len(FILES)
-    assert manifest(runtime, job_id)["shards"] == results.shard_keys(runtime.store, job_id)
+    assert results.combined_table(_place(runtime, job_id)).num_rows == len(FILES)
+    assert manifest(runtime, job_id)["shards"] == results.shard_keys(_place(runtime, job_id))
     assert shard_rows(runtime, job_id, 0)[0]["labels"][0]["label"] == "red"
 
 
@@ -374,7 +382,7 @@ def test_a_failed_manifest_write_is_healed_by_the_retry(
 
     process_chunk(runtime, job_id, 1, calls[1].item_ids)  # the redelivered message
 
-    assert runtime.store.exists(results.manifest_key(job_id))
+    assert runtime.store.exists(results.manifest_key(_place(runtime, job_id)))
 
 
 # --- content cache -------------------------------------------------------------------------

@@ -13,12 +13,14 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
 from app import jobs, results
-from app.api.deps import ContextDep, SessionDep, StoreDep, TenantDep
+from app.api.deps import ContextDep, SessionDep, TenantDep
 from app.api.errors import RequestTooLargeError, validation_sentence
 from app.api.schemas import CountsOut, ErrorOut, ItemOut, ItemsPage, JobCreate, JobOut, JobsPage
+from app.bulk import BulkRequest, Source, submit_bulk
 from app.core.errors import InputError
 from app.db import queries
 from app.db.models import OPEN_JOB_STATUSES, ItemStatus
+from app.storage.s3 import make_s3_client
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -47,11 +49,16 @@ def job_out(
             failed=c.failed,
             pending=c.pending,
             cancelled=c.cancelled,
+            skipped=c.skipped,
+            deleted=c.deleted,
         ),
         created_at=report.created_at,
         started_at=report.started_at,
         finished_at=report.finished_at,
         items_per_second=report.items_per_second,
+        eta_seconds=report.eta_seconds,
+        listing=c.listing,
+        source=job.source,
         results_url=str(request.url_for("get_results", job_id=job.id)),
         error=job.error,
     )
@@ -93,14 +100,18 @@ async def create_job(
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
 ) -> JobOut:
-    """Submit a job: multipart uploads (`model` + `files`) or JSON (`model` + `inputs`)."""
+    """Submit a job: multipart uploads (`model` + `files`), JSON `inputs`, or a JSON `source`
+    bucket prefix (a bulk job, listed by the workers; optionally an incremental `pipeline`)."""
     job_request = await _read_request(request, context.settings, tenant, idempotency_key)
 
     def submit() -> JobOut:
         with context.sessions() as session:
-            submitted = jobs.submit_job(
-                session, context.store, context.dispatcher, context.settings, job_request
-            )
+            if isinstance(job_request, BulkRequest):
+                submitted = submit_bulk(session, context.dispatcher, job_request)
+            else:
+                submitted = jobs.submit_job(
+                    session, context.store, context.dispatcher, context.settings, job_request
+                )
             if not submitted.created:
                 response.status_code = status.HTTP_200_OK
             return job_out(request, session, submitted.job, submitted.counts)
@@ -112,7 +123,7 @@ async def create_job(
 
 async def _read_request(
     request: Request, settings: Any, tenant: str, header_key: str | None
-) -> jobs.JobRequest:
+) -> jobs.JobRequest | BulkRequest:
     content_type = request.headers.get("content-type", "")
     length = int(request.headers.get("content-length") or 0)
     if length > settings.max_upload_bytes * settings.max_files_per_job:
@@ -124,10 +135,22 @@ async def _read_request(
             body = JobCreate.model_validate_json(await request.body())
         except ValidationError as error:
             raise InputError(validation_sentence(error.errors())) from None
+        if body.source is not None:
+            return BulkRequest(
+                tenant=tenant,
+                model=body.model,
+                source=Source(
+                    body.source.s3, tuple(body.source.include), tuple(body.source.exclude)
+                ),
+                pipeline=body.pipeline,
+                output=body.output,
+                options=body.options,
+                idempotency_key=body.idempotency_key or header_key,
+            )
         return jobs.JobRequest(
             tenant=tenant,
             model=body.model,
-            inputs=[jobs.InputRef(uri=i.uri, text=i.text) for i in body.inputs],
+            inputs=[jobs.InputRef(uri=i.uri, text=i.text) for i in body.inputs or []],
             options=body.options,
             idempotency_key=body.idempotency_key or header_key,
         )
@@ -264,10 +287,15 @@ def list_items(
     responses={**ERRORS, 200: {"content": {"application/vnd.apache.parquet": {}}}},
     response_class=Response,
 )
-def get_results(job_id: str, session: SessionDep, store: StoreDep, tenant: TenantDep) -> Response:
+def get_results(
+    job_id: str, session: SessionDep, context: ContextDep, tenant: TenantDep
+) -> Response:
     """All results so far as one Parquet file (`key`, `status`, `error`, model outputs)."""
     job = jobs.get_job(session, tenant, job_id)
-    table = results.combined_table(store, job_id)
+    place = results.place_for(
+        context.store, job.id, job.output, lambda: make_s3_client(context.settings)
+    )
+    table = results.combined_table(place)
     return Response(
         results.to_parquet(table),
         media_type="application/vnd.apache.parquet",

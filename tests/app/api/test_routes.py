@@ -106,7 +106,10 @@ def test_submit_multipart_is_accepted_and_queued(client: TestClient, settings: S
     assert response.headers["Location"] == f"http://testserver/v1/jobs/{job['id']}"
     assert job["status"] == "queued"
     assert job["model"] == "detector"
-    assert job["counts"] == {"total": 4, "succeeded": 0, "failed": 0, "pending": 4, "cancelled": 0}
+    assert job["counts"] == {
+        "total": 4, "succeeded": 0, "failed": 0, "pending": 4, "cancelled": 0,
+        "skipped": 0, "deleted": 0,
+    }  # fmt: skip
     assert job["results_url"] == f"http://testserver/v1/jobs/{job['id']}/results"
     assert job["started_at"] is None and job["items_per_second"] is None
     assert len(queued_messages(settings)) == 2  # chunk_size 3: two chunk messages
@@ -345,7 +348,10 @@ def test_cancel_then_cancel_again(client: TestClient) -> None:
     assert response.status_code == 200, response.text
     job = response.json()
     assert job["status"] == "cancelled"
-    assert job["counts"] == {"total": 4, "succeeded": 0, "failed": 0, "pending": 0, "cancelled": 4}
+    assert job["counts"] == {
+        "total": 4, "succeeded": 0, "failed": 0, "pending": 0, "cancelled": 4,
+        "skipped": 0, "deleted": 0,
+    }  # fmt: skip
     assert job["finished_at"] is not None
     items = client.get(f"/v1/jobs/{job_id}/items").json()["items"]
     assert {i["status"] for i in items} == {"cancelled"}

@@ -1,0 +1,62 @@
+"""/v1/schedules: cron-timed incremental runs over a bucket, started by `kiln beat`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response, status
+
+from app import schedules
+from app.api.deps import SessionDep, TenantDep
+from app.api.schemas import ErrorOut, ScheduleCreate, ScheduleOut
+from app.bulk import Source
+from app.db.models import Schedule
+
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (401, 404, 409, 422, 503)
+}
+
+
+def schedule_out(schedule: Schedule) -> ScheduleOut:
+    return ScheduleOut(
+        name=schedule.name,
+        cron=schedule.cron,
+        model=schedule.model,
+        source=schedule.source,
+        output=schedule.output,
+        next_run_at=schedule.next_run_at,
+        last_job_id=schedule.last_job_id,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=ScheduleOut, responses=ERRORS)
+def create_schedule(body: ScheduleCreate, session: SessionDep, tenant: TenantDep) -> ScheduleOut:
+    """Run `model` over `source` at each `cron` time (UTC), incrementally: each run processes
+    only new or changed objects. A run never starts while the previous one is going."""
+    source = Source(body.source.s3, tuple(body.source.include), tuple(body.source.exclude))
+    request = schedules.ScheduleRequest(
+        tenant, body.name, body.cron, source, body.model, body.output
+    )
+    return schedule_out(schedules.add_schedule(session, request))
+
+
+@router.get("", response_model=list[ScheduleOut], responses=ERRORS)
+def list_schedules(session: SessionDep, tenant: TenantDep) -> list[ScheduleOut]:
+    """Your schedules, by name."""
+    return [schedule_out(s) for s in schedules.list_schedules(session, tenant)]
+
+
+@router.get("/{name}", response_model=ScheduleOut, responses=ERRORS)
+def get_schedule(name: str, session: SessionDep, tenant: TenantDep) -> ScheduleOut:
+    return schedule_out(schedules.get_schedule(session, tenant, name))
+
+
+@router.delete(
+    "/{name}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses=ERRORS
+)
+def delete_schedule(name: str, session: SessionDep, tenant: TenantDep) -> Response:
+    """Stop scheduling; runs already started go on."""
+    schedules.remove_schedule(session, tenant, name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

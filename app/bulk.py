@@ -1,0 +1,176 @@
+"""Bulk jobs: a whole `s3://bucket/prefix`, listed by an ingest task, optionally incremental.
+
+Submitting records the job and its ingest state and sends one `ingest` message; the listing,
+the items and the chunks come from the worker side (`workers.ingest`), page by page.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.catalog import ModelInfo, get_model
+from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
+from app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline, utcnow
+from app.jobs import Submitted, by_idempotency_key, check_options
+from app.storage.s3 import parse_s3_uri
+
+log = logging.getLogger(__name__)
+
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+MAX_PATTERNS = 50
+
+
+class IngestDispatcher(Protocol):
+    def enqueue_ingest(self, job_id: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """`s3://bucket/prefix` and glob filters on each key's path below the prefix."""
+
+    uri: str
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @property
+    def bucket(self) -> str:
+        return parse_s3_uri(self.uri)[0]
+
+    @property
+    def prefix(self) -> str:
+        return parse_s3_uri(self.uri)[1]
+
+    def matches(self, key: str) -> bool:
+        """Included (by any `include` glob, or all when none) and not excluded."""
+        name = key[len(self.prefix) :].lstrip("/")
+        if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"s3": self.uri, "include": list(self.include), "exclude": list(self.exclude)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Source:
+        return cls(data["s3"], tuple(data.get("include", ())), tuple(data.get("exclude", ())))
+
+    def check(self) -> None:
+        parse_s3_uri(self.uri)  # raises InputError with a sentence
+        if len(self.include) + len(self.exclude) > MAX_PATTERNS:
+            raise InputError(f"A source takes at most {MAX_PATTERNS} include/exclude patterns.")
+        if any(not p for p in (*self.include, *self.exclude)):
+            raise InputError("Include and exclude patterns must not be empty.")
+
+
+@dataclass(frozen=True)
+class BulkRequest:
+    tenant: str
+    model: str
+    source: Source
+    pipeline: str | None = None
+    output: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+
+
+def submit_bulk(session: Session, dispatcher: IngestDispatcher, request: BulkRequest) -> Submitted:
+    """Record the job and its ingest state, then send the first ingest message."""
+    if request.idempotency_key:
+        existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
+        if existing is not None:
+            return Submitted(existing, created=False)
+    model = _check(session, request)
+    pipeline = _pipeline(session, request) if request.pipeline else None
+    job = Job(
+        id=str(uuid.uuid4()),
+        tenant=request.tenant,
+        model=model.ref,
+        status=JobStatus.QUEUED,
+        options=request.options,
+        idempotency_key=request.idempotency_key,
+        chunk_count=0,
+        queue="bulk",
+        source=request.source.to_json(),
+        output=request.output,
+        pipeline_id=pipeline.id if pipeline else None,
+    )
+    session.add(job)
+    session.flush()
+    session.add(Ingest(job_id=job.id))
+    session.commit()
+    try:
+        dispatcher.enqueue_ingest(job.id)
+    except Exception as error:
+        log.exception("could not enqueue the ingest of job %s", job.id)
+        job.status, job.error, job.finished_at = (
+            JobStatus.FAILED,
+            "Kiln could not reach its queue.",
+            utcnow(),
+        )
+        session.commit()
+        raise TransientError("The job could not be queued: the broker is unreachable.") from error
+    return Submitted(job, True)
+
+
+def _check(session: Session, request: BulkRequest) -> ModelInfo:
+    try:
+        model = get_model(session, request.model, request.tenant)
+    except NotFoundError as error:
+        raise InputError(str(error)) from None
+    if model.input != "image":
+        raise InputError(f"Model {model.name!r} takes text; a bucket source holds images.")
+    request.source.check()
+    if request.output:
+        parse_s3_uri(request.output)
+    check_options(model, request.options)
+    return model
+
+
+def _pipeline(session: Session, request: BulkRequest) -> Pipeline:
+    """The named pipeline (created on its first run); refuses a second concurrent run."""
+    assert request.pipeline
+    pipeline = session.scalar(
+        select(Pipeline)
+        .where(Pipeline.tenant == request.tenant, Pipeline.name == request.pipeline)
+        .with_for_update()
+    )
+    source = request.source.to_json()
+    if pipeline is None:
+        pipeline = Pipeline(
+            tenant=request.tenant,
+            name=request.pipeline,
+            source=source,
+            model=request.model,
+            output=request.output,
+        )
+        session.add(pipeline)
+        session.flush()
+        return pipeline
+    if pipeline.source != source or pipeline.model != request.model:
+        raise ConflictError(
+            f"Pipeline {request.pipeline!r} reads {pipeline.source['s3']} with model "
+            f"{pipeline.model!r}; use another name for another source or model."
+        )
+    running = running_job(session, pipeline.id)
+    if running is not None:
+        raise ConflictError(
+            f"Pipeline {request.pipeline!r} is still running job {running}; "
+            "a new run starts once it has finished."
+        )
+    return pipeline
+
+
+def running_job(session: Session, pipeline_id: int) -> str | None:
+    """An open job of this pipeline, if any."""
+    return session.scalar(
+        select(Job.id)
+        .where(Job.pipeline_id == pipeline_id, Job.status.in_(OPEN_JOB_STATUSES))
+        .limit(1)
+    )

@@ -1,0 +1,211 @@
+"""Queries for bulk jobs: the ingest claim, items by page, pipeline object state.
+
+Like `queries`, they never commit: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.db.models import (
+    OPEN_ITEM_STATUSES,
+    OPEN_JOB_STATUSES,
+    Ingest,
+    Item,
+    ItemStatus,
+    Job,
+    PipelineObject,
+    utcnow,
+)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """An object from a listing page that passed the source's filters."""
+
+    key: str
+    etag: str
+
+
+def _insert(session: Session) -> Any:
+    dialect = session.get_bind().dialect.name
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+def claim(session: Session, job_id: str, owner: str, stale_s: float) -> Ingest | None:
+    """Take the job's ingest for `owner`: free, already ours, or silent for `stale_s`.
+
+    One statement, so two steps racing for one ingest cannot both win.
+    """
+    now = utcnow()
+    stale = now - timedelta(seconds=stale_s)
+    won = session.execute(
+        update(Ingest)
+        .where(
+            Ingest.job_id == job_id,
+            Ingest.done.is_(False),
+            or_(Ingest.owner.is_(None), Ingest.owner == owner, Ingest.heartbeat_at < stale),
+        )
+        .values(owner=owner, heartbeat_at=now)
+        .returning(Ingest.job_id),
+        execution_options={"synchronize_session": False},
+    ).scalar_one_or_none()
+    return session.get(Ingest, job_id, populate_existing=True) if won else None
+
+
+def still_owner(session: Session, job_id: str, owner: str) -> Ingest | None:
+    """Lock the ingest row if `owner` still holds it (else another step took over)."""
+    return session.scalar(
+        select(Ingest)
+        .where(Ingest.job_id == job_id, Ingest.owner == owner, Ingest.done.is_(False))
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+
+
+def listing(session: Session, job_id: str) -> bool:
+    """The job's source is still being listed (more items may come)."""
+    return bool(
+        session.scalar(select(Ingest.job_id).where(Ingest.job_id == job_id, Ingest.done.is_(False)))
+    )
+
+
+def outstanding_chunks(session: Session, job_id: str) -> int:
+    """Chunks of the job still queued or running (reads only open items, via the index)."""
+    return int(
+        session.scalar(
+            select(func.count(func.distinct(Item.chunk))).where(
+                Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES)
+            )
+        )
+        or 0
+    )
+
+
+def insert_items(
+    session: Session,
+    job_id: str,
+    bucket: str,
+    objects: Sequence[Listed],
+    first_chunk: int,
+    size: int,
+) -> int:
+    """One statement for a page's new items; returns how many chunks they fill."""
+    if not objects:
+        return 0
+    rows = [
+        {
+            "job_id": job_id,
+            "key": o.key,
+            "source": f"s3://{bucket}/{o.key}",
+            "etag": o.etag,
+            "chunk": first_chunk + i // size,
+            "status": ItemStatus.PENDING,
+            "attempts": 0,
+        }
+        for i, o in enumerate(objects)
+    ]
+    session.execute(_insert(session)(Item).values(rows).on_conflict_do_nothing())
+    return -(-len(objects) // size)
+
+
+def unsent_chunks(session: Session, job_id: str, sent: int) -> dict[int, list[int]]:
+    """Open items of chunks numbered `sent` and up, by chunk (ids in order)."""
+    rows = session.execute(
+        select(Item.chunk, Item.id)
+        .where(Item.job_id == job_id, Item.chunk >= sent, Item.status.in_(OPEN_ITEM_STATUSES))
+        .order_by(Item.id)
+    )
+    chunks: dict[int, list[int]] = {}
+    for chunk, item_id in rows:
+        chunks.setdefault(chunk, []).append(item_id)
+    return chunks
+
+
+def changed_objects(
+    session: Session, pipeline_id: int, job_id: str, model: str, objects: Sequence[Listed]
+) -> list[Listed]:
+    """Mark a page's objects seen by this run; the ones that are new, changed, or were last
+    done by another model version (the rest are skipped)."""
+    if not objects:
+        return []
+    keys = [o.key for o in objects]
+    done = dict(
+        session.execute(
+            select(PipelineObject.key, PipelineObject.done_etag).where(
+                PipelineObject.pipeline_id == pipeline_id,
+                PipelineObject.key.in_(keys),
+                PipelineObject.done_model == model,
+            )
+        ).all()
+    )
+    statement = _insert(session)(PipelineObject).values(
+        [
+            {"pipeline_id": pipeline_id, "key": o.key, "etag": o.etag, "seen_job": job_id}
+            for o in objects
+        ]
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[PipelineObject.pipeline_id, PipelineObject.key],
+            set_={"etag": statement.excluded.etag, "seen_job": statement.excluded.seen_job},
+        )
+    )
+    return [o for o in objects if done.get(o.key) != o.etag]
+
+
+def mark_done(
+    session: Session, pipeline_id: int, job_id: str, model: str, keys: Sequence[str]
+) -> None:
+    """Objects this job processed successfully: remember the ETag they were processed at."""
+    if not keys:
+        return
+    etag = (
+        select(Item.etag)
+        .where(Item.job_id == job_id, Item.key == PipelineObject.key)
+        .scalar_subquery()
+    )
+    session.execute(
+        update(PipelineObject)
+        .where(PipelineObject.pipeline_id == pipeline_id, PipelineObject.key.in_(keys))
+        .values(done_etag=etag, done_model=model),
+        execution_options={"synchronize_session": False},
+    )
+
+
+def forget_unseen(session: Session, pipeline_id: int, job_id: str) -> list[str]:
+    """Objects this run's listing did not see: deleted since the last run. Forgets them."""
+    return list(
+        session.scalars(
+            delete(PipelineObject)
+            .where(PipelineObject.pipeline_id == pipeline_id, PipelineObject.seen_job != job_id)
+            .returning(PipelineObject.key),
+            execution_options={"synchronize_session": False},
+        )
+    )
+
+
+def stalled_ingests(session: Session, stale_s: float) -> list[str]:
+    """Open jobs whose ingest is unfinished and silent for `stale_s` (a crashed step)."""
+    stale = utcnow() - timedelta(seconds=stale_s)
+    return list(
+        session.scalars(
+            select(Ingest.job_id)
+            .join(Job, Job.id == Ingest.job_id)
+            .where(
+                Ingest.done.is_(False),
+                Job.status.in_(OPEN_JOB_STATUSES),
+                or_(
+                    and_(Ingest.heartbeat_at.is_(None), Job.created_at < stale),  # never started
+                    Ingest.heartbeat_at < stale,
+                ),
+            )
+        )
+    )

@@ -1,0 +1,193 @@
+"""Bulk jobs over a bucket with the real stack: moto S3, Postgres, Redis, `kiln api`/`kiln worker`.
+
+Incremental reruns, a missing bucket, and interactive work finishing fast during a bulk job.
+(The ingest crash-resume test has its own worker processes: tests/integration/test_bulk_resume.py.)
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import func, select
+
+from app.db.models import Item
+from tests.images import photo
+from tests.integration.conftest import SOURCE_BUCKET
+
+CLOSED = ("completed", "failed", "cancelled")
+
+
+def put_objects(s3: Any, keys: list[str], seed: int = 0) -> None:
+    """Small distinct JPEGs (the seed varies the picture, so a rewrite changes the ETag)."""
+
+    def put(pair: tuple[int, str]) -> None:
+        i, key = pair
+        s3.put_object(Bucket=SOURCE_BUCKET, Key=key, Body=photo(seed * 100_000 + i, (48, 36)))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, enumerate(keys)))
+
+
+def wait_job(client: httpx.Client, job_id: str, timeout: float = 600) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", params={"wait": 10}).json()
+        if job["status"] in CLOSED:
+            return job
+    raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f} s")
+
+
+def run_pipeline(client: httpx.Client, prefix: str, name: str) -> dict[str, Any]:
+    body = {
+        "model": "phash",
+        "source": {"s3": f"s3://{SOURCE_BUCKET}/{prefix}", "include": ["*.jpg"]},
+        "pipeline": name,
+    }
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["source"]["s3"] == body["source"]["s3"] and job["listing"] is True
+    return wait_job(client, job["id"])
+
+
+def result_keys(client: httpx.Client, job_id: str) -> list[str]:
+    table = pq.read_table(io.BytesIO(client.get(f"/v1/jobs/{job_id}/results").content))
+    return list(table.column("key").to_pylist())
+
+
+def test_incremental_pipeline_processes_only_what_changed(
+    client: httpx.Client, s3: Any, sessions: Any
+) -> None:
+    prefix = "bulk-inc/"
+    keys = [f"{prefix}d{i // 1000}/img-{i:05d}.jpg" for i in range(5000)]
+    put_objects(s3, keys)
+    s3.put_object(Bucket=SOURCE_BUCKET, Key=f"{prefix}notes.txt", Body=b"not an image")
+
+    first = run_pipeline(client, prefix, "nightly")
+    assert first["status"] == "completed", first
+    c = first["counts"]
+    assert (c["total"], c["succeeded"], c["failed"], c["skipped"], c["deleted"]) == (
+        5000,
+        5000,
+        0,
+        0,
+        0,
+    )  # fmt: skip  (notes.txt is not included)
+    with sessions() as session:
+        rows = session.scalar(select(func.count()).where(Item.job_id == first["id"]))
+        distinct = session.scalar(
+            select(func.count(func.distinct(Item.key))).where(Item.job_id == first["id"])
+        )
+    assert rows == distinct == 5000  # every object exactly once
+    written = result_keys(client, first["id"])
+    assert len(written) == len(set(written)) == 5000
+
+    again = run_pipeline(client, prefix, "nightly")
+    assert again["status"] == "completed"
+    assert (again["counts"]["total"], again["counts"]["skipped"]) == (0, 5000)
+
+    put_objects(s3, [f"{prefix}new/img-{i:05d}.jpg" for i in range(100)], seed=1)
+    put_objects(s3, keys[:10], seed=2)  # new bytes: new ETags
+    changed = run_pipeline(client, prefix, "nightly")
+    c = changed["counts"]
+    assert (c["total"], c["succeeded"], c["skipped"], c["deleted"]) == (110, 110, 4990, 0)
+    assert set(result_keys(client, changed["id"])) >= set(keys[:10])
+
+    s3.delete_objects(Bucket=SOURCE_BUCKET, Delete={"Objects": [{"Key": k} for k in keys[100:105]]})
+    pruned = run_pipeline(client, prefix, "nightly")
+    c = pruned["counts"]
+    assert (c["total"], c["skipped"], c["deleted"]) == (0, 5095, 5)  # 5000 + 100 - 5
+
+
+def test_a_pipeline_name_is_bound_to_its_source(client: httpx.Client) -> None:
+    body = {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/elsewhere/"}}
+    first = client.post("/v1/jobs", json={**body, "pipeline": "bound"})
+    assert first.status_code == 202
+    wait_job(client, first.json()["id"])
+    other = {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/other/"}}
+    clash = client.post("/v1/jobs", json={**other, "pipeline": "bound"})
+    assert clash.status_code == 409
+    assert "another name" in clash.json()["detail"]
+
+
+def test_a_missing_bucket_fails_the_job_with_a_sentence(client: httpx.Client) -> None:
+    response = client.post(
+        "/v1/jobs", json={"model": "phash", "source": {"s3": "s3://no-such-bucket/photos/"}}
+    )
+    assert response.status_code == 202, response.text
+    job = wait_job(client, response.json()["id"], timeout=120)
+    assert job["status"] == "failed"
+    assert job["error"] == "The bucket 'no-such-bucket' does not exist."
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "phash", "source": {"s3": "http://bucket/x"}},
+        {
+            "model": "phash",
+            "source": {"s3": f"s3://{SOURCE_BUCKET}/"},
+            "inputs": [{"uri": "s3://a/b"}],
+        },
+        {"model": "phash", "inputs": [{"uri": "s3://a/b"}], "pipeline": "p"},
+        {"model": "text-embed", "source": {"s3": f"s3://{SOURCE_BUCKET}/"}},
+        {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/"}, "pipeline": "bad name!"},
+        {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/", "include": [""]}},
+    ],
+)
+def test_bad_bulk_requests_get_a_sentence(client: httpx.Client, body: dict[str, Any]) -> None:
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"]
+
+
+def test_interactive_work_goes_ahead_of_a_bulk_backlog(client: httpx.Client, s3: Any) -> None:
+    prefix = "bulk-load/"
+    put_objects(s3, [f"{prefix}img-{i:05d}.jpg" for i in range(1500)], seed=3)
+    image = photo(99, (320, 240))
+
+    def one_image_seconds() -> float:
+        started = time.perf_counter()
+        response = client.post(
+            "/v1/jobs",
+            data={"model": "detector"},
+            files=[("files", ("x.jpg", image, "image/jpeg"))],
+        )
+        job = wait_job(client, response.json()["id"], timeout=120)
+        assert job["counts"]["succeeded"] == 1, job
+        return time.perf_counter() - started
+
+    one_image_seconds()  # loads the detector
+    idle = min(one_image_seconds() for _ in range(3))
+    bulk = client.post(
+        "/v1/jobs", json={"model": "detector", "source": {"s3": f"s3://{SOURCE_BUCKET}/{prefix}"}}
+    ).json()
+    backlog = _wait_for_backlog(client, bulk["id"], items=200)
+    loaded = [one_image_seconds() for _ in range(3)]
+    progress = client.get(f"/v1/jobs/{bulk['id']}").json()
+    batch_s = 8 / max(progress["items_per_second"] or 1.0, 1.0)  # max_batch 8 in these tests
+    client.post(f"/v1/jobs/{bulk['id']}/cancel")
+    wait_job(client, bulk["id"], timeout=300)
+    print(
+        f"one image: idle {idle:.3f} s, under bulk {[round(s, 3) for s in loaded]} s; "
+        f"batch {batch_s:.3f} s; backlog {backlog} items"
+    )
+    # Behind the backlog it would wait backlog/rate seconds; ahead of it, about a batch or two.
+    assert max(loaded) <= idle + 6 * batch_s, (idle, loaded, batch_s)
+    assert max(loaded) < backlog * batch_s / 8 / 2  # well under the time to drain the backlog
+
+
+def _wait_for_backlog(client: httpx.Client, job_id: str, items: int) -> int:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["counts"]["pending"] >= items and job["counts"]["succeeded"] > 0:
+            return int(job["counts"]["pending"])
+        time.sleep(0.2)
+    raise TimeoutError("the bulk job never built a backlog")

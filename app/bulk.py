@@ -7,7 +7,6 @@ the items and the chunks come from the worker side (`workers.ingest`), page by p
 from __future__ import annotations
 
 import fnmatch
-import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,12 +15,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.catalog import ModelInfo, get_model
-from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
-from app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline, utcnow
-from app.jobs import Submitted, by_idempotency_key, check_options
+from app.core.errors import ConflictError, InputError, NotFoundError
+from app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
+from app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from app.storage.s3 import parse_s3_uri
-
-log = logging.getLogger(__name__)
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 MAX_PATTERNS = 50
@@ -105,17 +102,8 @@ def submit_bulk(session: Session, dispatcher: IngestDispatcher, request: BulkReq
     session.flush()
     session.add(Ingest(job_id=job.id))
     session.commit()
-    try:
+    with failing_unqueued(session, job):
         dispatcher.enqueue_ingest(job.id)
-    except Exception as error:
-        log.exception("could not enqueue the ingest of job %s", job.id)
-        job.status, job.error, job.finished_at = (
-            JobStatus.FAILED,
-            "Kiln could not reach its queue.",
-            utcnow(),
-        )
-        session.commit()
-        raise TransientError("The job could not be queued: the broker is unreachable.") from error
     return Submitted(job, True)
 
 

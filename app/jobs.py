@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -115,9 +116,20 @@ def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequ
         chunks.setdefault(item.chunk, []).append(item.id)
     total = len(items)
     queue = "interactive" if total <= INTERACTIVE_MAX_ITEMS else "bulk"
-    try:
+    with failing_unqueued(session, job):
         for chunk, ids in sorted(chunks.items()):
             dispatcher.enqueue_chunk(job.id, chunk, ids, queue)
+    if not chunks:  # a job with no items is complete at once
+        queries.finish_job_if_done(session, job.id)
+        session.commit()
+
+
+@contextmanager
+def failing_unqueued(session: Session, job: Job) -> Iterator[None]:
+    """Around the sends of a committed job: if the broker refuses, the job fails (with a
+    sentence) rather than waiting forever, and the caller gets a TransientError (503)."""
+    try:
+        yield
     except Exception as error:
         log.exception("could not enqueue job %s", job.id)
         job.status, job.error, job.finished_at = (
@@ -127,9 +139,6 @@ def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequ
         )
         session.commit()
         raise TransientError("The job could not be queued: the broker is unreachable.") from error
-    if not chunks:  # a job with no items is complete at once
-        queries.finish_job_if_done(session, job.id)
-        session.commit()
 
 
 def by_idempotency_key(session: Session, tenant: str, key: str) -> Job | None:

@@ -79,6 +79,8 @@ def make_celery(settings: Settings) -> KilnCelery:
         task_send_sent_event=False,
         beat_schedule=_beat_schedule(settings),
     )
+    if settings.embedded_broker:  # kombu's own loses a message a reader catches half-written
+        app.conf.broker_transport = "workers.fs_transport:Transport"
     from workers import tasks
 
     tasks.register(app)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app import tenants
 from app.catalog import ModelInfo, get_model
 from app.core.errors import ConflictError, InputError, NotFoundError
 from app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
@@ -118,7 +119,13 @@ def _check(session: Session, request: BulkRequest) -> ModelInfo:
     if request.output:
         parse_s3_uri(request.output)
     check_options(model, request.options)
+    check_places(session, request.tenant, request.source, request.output)
     return model
+
+
+def check_places(session: Session, tenant: str, source: Source, output: str | None) -> None:
+    """The tenant may read the source's bucket and write results to the output's."""
+    tenants.check_buckets(session, tenant, [source.uri, *([output] if output else [])])
 
 
 def _pipeline(session: Session, request: BulkRequest) -> Pipeline:

@@ -83,5 +83,10 @@ class KilnClient:
     def results(self, job_id: str) -> bytes:
         return self._call("GET", f"/v1/jobs/{job_id}/results").content
 
+    def result_urls(self, job_id: str, expires: int) -> dict[str, Any]:
+        path = f"/v1/jobs/{job_id}/results/urls"
+        result: dict[str, Any] = self._call("GET", path, params={"expires": expires}).json()
+        return result
+
     def close(self) -> None:
         self.http.close()

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app import tenants
 from app.catalog import ModelInfo, get_model
 from app.core.config import Settings
 from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
@@ -89,6 +90,7 @@ def submit_job(
         options=request.options or {},
         idempotency_key=request.idempotency_key,
         chunk_count=-(-len(items) // settings.chunk_size),
+        queue=queue_for(len(items)),
     )
     for index, item in enumerate(items):
         item.job_id, item.chunk = job_id, index // settings.chunk_size
@@ -114,14 +116,17 @@ def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequ
     chunks: dict[int, list[int]] = {}
     for item in sorted(items, key=lambda i: i.id):
         chunks.setdefault(item.chunk, []).append(item.id)
-    total = len(items)
-    queue = "interactive" if total <= INTERACTIVE_MAX_ITEMS else "bulk"
     with failing_unqueued(session, job):
         for chunk, ids in sorted(chunks.items()):
-            dispatcher.enqueue_chunk(job.id, chunk, ids, queue)
+            dispatcher.enqueue_chunk(job.id, chunk, ids, job.queue)
     if not chunks:  # a job with no items is complete at once
         queries.finish_job_if_done(session, job.id)
         session.commit()
+
+
+def queue_for(items: int) -> str:
+    """Large jobs go to the bulk queue so small ones are not starved."""
+    return "interactive" if items <= INTERACTIVE_MAX_ITEMS else "bulk"
 
 
 @contextmanager
@@ -164,12 +169,20 @@ def _check_request(session: Session, settings: Settings, request: JobRequest) ->
             raise InputError(f"Model {model.name!r} takes images, not text.")
         if ref.uri is not None and model.input != "image":
             raise InputError(f"Model {model.name!r} takes text, not images.")
-        if ref.uri is not None:
-            _check_uri(ref.uri, request.local_files)
     if request.uploads and model.input != "image":
         raise InputError(f"Model {model.name!r} takes text, not files.")
     check_options(model, request.options or {})
+    _item_keys(request)  # a bad request is a 422 before any bucket is judged
+    _check_s3_inputs(session, request)
     return model
+
+
+def _check_s3_inputs(session: Session, request: JobRequest) -> None:
+    """Every URI is s3:// (or a `kiln run` file://) in a bucket the tenant may read."""
+    uris = [r.uri for r in request.inputs if r.uri and not _is_local(r.uri, request)]
+    for uri in uris:
+        parse_s3_uri(uri)
+    tenants.check_buckets(session, request.tenant, uris)
 
 
 def check_options(model: ModelInfo, options: dict[str, Any]) -> None:
@@ -187,10 +200,9 @@ def check_options(model: ModelInfo, options: dict[str, Any]) -> None:
         )
 
 
-def _check_uri(uri: str, local_files: bool) -> None:
-    if local_files and uri.startswith("file:///"):
-        return
-    parse_s3_uri(uri)
+def _is_local(uri: str, request: JobRequest) -> bool:
+    """A file:// input of `kiln run` (the operator's own machine): no bucket to allow."""
+    return request.local_files and uri.startswith("file:///")
 
 
 def _item_keys(request: JobRequest) -> list[str]:

@@ -170,6 +170,20 @@ def combined_table(place: Place) -> pa.Table:
     return table
 
 
+@dataclass(frozen=True)
+class SignedObject:
+    key: str
+    url: str
+
+
+def presign_results(place: Place, seconds: int) -> tuple[SignedObject | None, list[SignedObject]]:
+    """The manifest (None until the job has ended) and every shard so far, each with a GET URL
+    valid for `seconds`. ConflictError, before anything is listed, on a store that cannot sign."""
+    manifest = SignedObject(manifest_key(place), place.store.presign(manifest_key(place), seconds))
+    shards = [SignedObject(k, place.store.presign(k, seconds)) for k in shard_keys(place)]
+    return (manifest if place.store.exists(manifest.key) else None), shards
+
+
 def write_manifest(
     place: Place, manifest: dict[str, Any], shards: Sequence[str] | None = None
 ) -> None:

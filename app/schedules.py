@@ -12,10 +12,18 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.bulk import NAME_PATTERN, BulkRequest, IngestDispatcher, Source, submit_bulk
+from app.bulk import (
+    NAME_PATTERN,
+    BulkRequest,
+    IngestDispatcher,
+    Source,
+    check_places,
+    submit_bulk,
+)
 from app.catalog import get_model
-from app.core.errors import ConflictError, InputError, NotFoundError
+from app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from app.db.models import Schedule, utcnow
+from app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +55,13 @@ def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
         raise InputError("A cron expression has five fields: minute hour day month weekday.")
     when = next_run(request.cron, utcnow())
     request.source.check()
+    if request.output:
+        parse_s3_uri(request.output)
     try:
         get_model(session, request.model, request.tenant)
     except NotFoundError as error:
         raise InputError(str(error)) from None
+    check_places(session, request.tenant, request.source, request.output)
     schedule = Schedule(
         tenant=request.tenant,
         name=request.name,
@@ -112,7 +123,7 @@ def run_due(
             session.rollback()
             _advance(session, schedule.id, now)
             continue
-        except InputError as error:  # the model was removed, say: log and try next time
+        except (InputError, ForbiddenError) as error:  # model removed, bucket denied: next time
             log.warning("schedule %s/%s cannot run: %s", schedule.tenant, schedule.name, error)
             session.rollback()
             _advance(session, schedule.id, now)

@@ -31,6 +31,7 @@ from app.bulk import BulkRequest, Source, submit_bulk
 from app.core.config import get_settings
 from app.db.migrate import upgrade
 from app.db.models import Ingest
+from app.tenants import allow_bucket
 from tests.integration.services import (
     AWS_ENV,
     claim_redis_db,
@@ -137,6 +138,7 @@ def _ingest(env: dict[str, str], prefix: str, size: int) -> dict[str, Any]:
     steps = _Steps(CeleryDispatcher(celery))
     try:
         with runtime.sessions() as session:
+            allow_bucket(session, "bench", BUCKET)
             job = submit_bulk(
                 session, steps, BulkRequest("bench", "phash", Source(f"s3://{BUCKET}/{prefix}"))
             ).job

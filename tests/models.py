@@ -29,3 +29,45 @@ def colour_classifier(path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     onnx.checker.check_model(model)
     onnx.save(model, path)
+
+
+def oom_embedder(path: Path) -> None:
+    """A 3-d embedder whose engine runs out of memory on batches over 2: for those, a branch
+    asks ONNX Runtime for a 4 TiB buffer, a real allocation failure (nothing is allocated)."""
+    huge = helper.make_graph(
+        [
+            helper.make_node(
+                "ConstantOfShape", ["huge_shape"], ["huge"],
+                value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0]),
+            ),
+            helper.make_node("ReduceSum", ["huge"], ["t_out"], keepdims=0),
+        ],
+        "then", [], [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.array([1 << 40], np.int64), "huge_shape")],
+    )  # fmt: skip
+    fits = helper.make_graph(
+        [helper.make_node("Constant", [], ["e_out"],
+                          value=helper.make_tensor("z", TensorProto.FLOAT, [], [0.0]))],
+        "else", [], [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["images"], ["shape"]),
+            helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+            helper.make_node("Greater", ["n", "two"], ["big"]),
+            helper.make_node("If", ["big"], ["extra"], then_branch=huge, else_branch=fits),
+            helper.make_node("GlobalAveragePool", ["images"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("Add", ["flat", "extra"], ["embedding"]),
+        ],
+        "oom",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["N", 3])],
+        [
+            numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array(2, np.int64), "two"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)

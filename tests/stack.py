@@ -1,5 +1,7 @@
-"""Real services for integration tests: a fresh Postgres database, a Redis DB index of our
-own, moto's standalone S3 server, and real `kiln api` / `kiln worker` processes."""
+"""Real services for integration and reliability tests: a fresh Postgres database, a Redis DB
+index of our own, moto's standalone S3 server, and real `kiln api` / `kiln worker` processes.
+
+A plugin (tests/conftest.py), so tests/integration and tests/reliability share one stack."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from app.auth import create_key
 from app.core.config import Settings, get_settings
 from app.db.migrate import upgrade
 from app.db.session import make_engine, make_session_factory
+from app.tenants import allow_bucket
 from tests.integration.services import (
     AWS_ENV,
     IN_CI,
@@ -34,8 +37,6 @@ from tests.integration.services import (
 from tests.integration.services import (
     service_env as _env,
 )
-
-pytestmark = pytest.mark.integration
 
 BUCKET = "kiln-test"
 SOURCE_BUCKET = "kiln-sources"
@@ -59,10 +60,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+STACK_DIRS = (Path(__file__).parent / "integration", Path(__file__).parent / "reliability")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        if any(folder in Path(str(item.fspath)).parents for folder in STACK_DIRS):
             item.add_marker(pytest.mark.integration)
 
 
@@ -157,8 +160,18 @@ def migrated(settings: Settings) -> Settings:
 @pytest.fixture(scope="session")
 def sessions(migrated: Settings) -> Iterator[object]:
     engine = make_engine(migrated.database_url)
-    yield make_session_factory(engine)
+    factory = make_session_factory(engine)
+    allow_test_buckets(factory, "acme")  # tests that submit as `acme` without an HTTP client
+    yield factory
     engine.dispose()
+
+
+def allow_test_buckets(sessions: object, tenant: str) -> None:
+    """Let `tenant` read the stack's buckets (an empty allow-list means no S3 at all)."""
+    with sessions() as session:  # type: ignore[operator]
+        for bucket in (BUCKET, SOURCE_BUCKET):
+            allow_bucket(session, tenant, bucket)
+        session.commit()
 
 
 @pytest.fixture(scope="session")
@@ -195,6 +208,7 @@ def _key(sessions: object, tenant: str) -> str:
     with sessions() as session:  # type: ignore[operator]
         key = create_key(session, tenant)
         session.commit()
+    allow_test_buckets(sessions, tenant)
     return key.secret
 
 

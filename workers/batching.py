@@ -3,7 +3,8 @@
 Generic on purpose: it knows nothing of Celery, images or ONNX. Callers `submit` rows and
 get one `Future` per row; runner threads block on a condition (no polling), release a batch at
 `max_batch` rows or `max_delay_s` after its first row, and resolve each future. A batch that
-raises is split in halves until the bad row is alone, so one bad input fails one row.
+raises is split in halves until the bad row is alone, so one bad input fails one row; a batch
+that runs out of memory also lowers the batch cap, so the engine is not asked for it again.
 
 Two refinements for a worker that serves both bulk and interactive jobs:
 - `greedy=True`: callers announce the rows they are about to submit (`expect`), and a partial
@@ -52,6 +53,7 @@ class BatchStats:
     batches: int = 0
     rows: int = 0
     failed_batches: int = 0
+    out_of_memory: int = 0  # batches that ran out of device or host memory (the cap shrank)
     engine_seconds: float = 0.0
     queue_wait_seconds: float = 0.0
     size_counts: Counter[int] = field(default_factory=Counter)
@@ -224,6 +226,9 @@ class Batcher(Generic[In, Out]):
             self.stats.queue_wait_seconds += sum(started - p.enqueued for p in batch)
 
     def _run_or_split(self, batch: list[_Pending[In, Out]]) -> None:
+        if len(batch) > self.max_batch:  # the cap shrank after an out-of-memory: don't retry
+            self._split(batch)
+            return
         try:
             outputs = self.fn([p.row for p in batch])
             if len(outputs) != len(batch):
@@ -234,13 +239,43 @@ class Batcher(Generic[In, Out]):
         except Exception as error:
             with self._stats_lock:
                 self.stats.failed_batches += 1
+            if is_out_of_memory(error):
+                self._shrink(len(batch), error)
             if len(batch) == 1:
                 batch[0].future.set_exception(error)
                 return
             log.info("%s: batch of %d failed (%s); splitting", self.name, len(batch), error)
-            middle = len(batch) // 2
-            self._run_or_split(batch[:middle])
-            self._run_or_split(batch[middle:])
+            self._split(batch)
             return
         for pending, output in zip(batch, outputs, strict=True):
             pending.future.set_result(output)
+
+    def _split(self, batch: list[_Pending[In, Out]]) -> None:
+        middle = len(batch) // 2
+        self._run_or_split(batch[:middle])
+        self._run_or_split(batch[middle:])
+
+    def _shrink(self, failed_size: int, error: Exception) -> None:
+        """A batch ran out of memory: later batches stay below its size (never below 1), so
+        the engine is not asked again for what it cannot hold."""
+        with self._cond:
+            if failed_size <= self.max_batch:
+                self.max_batch = max(1, failed_size // 2)
+        with self._stats_lock:
+            self.stats.out_of_memory += 1
+        log.warning(
+            "%s: a batch of %d ran out of memory (%s); max batch is now %d",
+            self.name, failed_size, error, self.max_batch,
+        )  # fmt: skip
+
+
+_OOM_WORDS = ("out of memory", "failed to allocate memory", "cudaerrormemoryallocation")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """MemoryError, CuPy's OutOfMemoryError, or an engine's allocation failure by its message
+    (ONNX Runtime and TensorRT report it as a generic runtime error)."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return any(word in text for word in _OOM_WORDS)

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.catalog import ModelInfo
 from app.core.errors import KilnError, TransientError
-from app.db import queries
+from app.db import leases, queries
 from app.db.models import Item, ItemStatus, JobStatus
 from app.results import ResultRow
 from workers import content_cache
 from workers.batching import Announcement
 from workers.finish import Lease, finish_chunk
+from workers.lease import LeaseKeeper
 from workers.models.base import Prepared
 from workers.runtime import ModelRunner, WorkerRuntime
 
@@ -51,39 +53,78 @@ class _Work:
     future: Future[Any] | None = None
     outputs: dict[str, Any] | None = None
     error: str | None = None
+    cancelled: bool = False  # the job was cancelled before this input was started
 
     @property
     def waiting(self) -> bool:
         """Fetched, not failed, not answered from the cache: it needs the engine."""
-        return self.error is None and self.outputs is None
+        return self.error is None and self.outputs is None and not self.cancelled
 
 
 def process_chunk(
-    runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], urgent: bool = False
+    runtime: WorkerRuntime,
+    job_id: str,
+    chunk: int,
+    item_ids: list[int],
+    urgent: bool = False,
+    owner: str | None = None,
 ) -> ChunkReport:
-    """`urgent`: an interactive chunk, whose rows go ahead of bulk rows in the Batcher."""
+    """`urgent`: an interactive chunk, whose rows go ahead of bulk rows in the Batcher.
+    `owner`: this run's lease token (new per run, so a redelivered copy of a message that is
+    still running elsewhere finds the items held and drops out)."""
     report = ChunkReport(job_id, chunk)
-    lease = _lease(runtime, job_id, chunk, item_ids)
+    owner = owner or str(uuid.uuid4())
+    lease = _lease(runtime, job_id, chunk, item_ids, owner)
     if lease is None:
         log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk)
         return report
-    work = _run(runtime, lease.model, lease.items, report, urgent) if lease.items else []
-    fresh = {
+    if lease.held_elsewhere:
+        log.info("chunk %s/%d: another run holds it; dropping this copy", job_id, chunk)
+        return report
+    settings = runtime.settings
+    keeper = LeaseKeeper(runtime.sessions, job_id, owner, settings.lease_s, settings.lease_renew_s)
+    try:
+        with keeper:
+            work = _run(runtime, lease, report, urgent, keeper) if lease.items else []
+            if keeper.lost.is_set():
+                log.warning("chunk %s/%d: lease lost; another run owns the results", job_id, chunk)
+                return report
+            report.job_status = finish_chunk(runtime, lease, _result_rows(work), _fresh(work))
+    except BaseException:
+        _release(runtime, job_id, owner)  # so the task's retry can take the items at once
+        raise
+    return report
+
+
+def _fresh(work: list[_Work]) -> dict[str, content_cache.Entry]:
+    """Results computed by this run, for the content cache."""
+    return {
         w.digest: content_cache.encode(w.outputs)
         for w in work
         if w.digest and w.outputs is not None and not w.cached and w.error is None
     }
-    report.job_status = finish_chunk(runtime, lease, _result_rows(work), fresh)
-    return report
 
 
-def _lease(runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int]) -> Lease | None:
+def _release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
+    try:
+        with runtime.sessions() as session:
+            leases.release(session, job_id, owner)
+            session.commit()
+    except Exception as error:  # the database is away: the lease simply runs out
+        log.warning("could not release lease %s of job %s: %s", owner, job_id, error)
+
+
+def _lease(
+    runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], owner: str
+) -> Lease | None:
     """One transaction: lock the job, take the chunk's open items, mark the job running."""
+    settings = runtime.settings
     with runtime.sessions() as session:
         job = queries.lock_job(session, job_id)
         if job is None:
             return None
-        leased = queries.lease_items(session, job_id, item_ids)
+        leased = leases.take(session, job_id, item_ids, owner, settings.lease_s)
+        elsewhere = not leased and leases.held_elsewhere(session, item_ids, owner)
         was_open = queries.is_open(job)
         if leased and job.status == JobStatus.QUEUED:
             queries.mark_job_running(session, job_id)
@@ -100,20 +141,24 @@ def _lease(runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int])
             place=runtime.place(job.id, job.output),
             bulk=job.source is not None,
             pipeline_id=job.pipeline_id,
+            owner=owner,
+            held_elsewhere=elsewhere,
         )
 
 
 def _run(
     runtime: WorkerRuntime,
-    model: ModelInfo,
-    items: list[Item],
+    lease: Lease,
     report: ChunkReport,
-    urgent: bool = False,
+    urgent: bool,
+    keeper: LeaseKeeper,
 ) -> list[_Work]:
     """Fetch, consult the content cache and decode on this thread, feeding the shared Batcher
     as rows become ready; then collect. Inputs are fetched a few at a time so a chunk of large
-    images never sits in memory whole."""
-    work = [_Work(item, time.monotonic()) for item in items]
+    images never sits in memory whole. A cancel seen between groups stops the rest."""
+    model = lease.model
+    work = [_Work(item, time.monotonic()) for item in lease.items]
+    _give_up_on_retried(work, runtime.settings.max_attempts)
     try:
         runner = runtime.runner(model)
     except TransientError:
@@ -121,26 +166,61 @@ def _run(
     except Exception as error:
         log.exception("model %s failed to load", model.ref)
         for w in work:
-            w.error = f"Model {model.ref!r} could not be loaded: {error}."
+            w.error = w.error or f"Model {model.ref!r} could not be loaded: {error}."
         return work
     timer = time.monotonic()
     with runner.batcher.expect(len(work), urgent) as announced:  # so the Batcher waits for these
         for start in range(0, len(work), FETCH_GROUP):
             group = work[start : start + FETCH_GROUP]
-            for w in group:
-                _fetch(runtime, w)
-            report.cached += _use_cache(runtime, model, group)
-            for w in group:
-                _submit(runner, announced, w)
+            if keeper.cancelled.is_set() or keeper.lost.is_set():
+                _cancel(group, announced)
+            else:
+                report.cached += _feed(runtime, runner, model, group, announced)
     report.seconds["fetch_decode"] = time.monotonic() - timer
     timer = time.monotonic()
     for w in work:
         _collect(runner, w)
     report.seconds["infer_finish"] = time.monotonic() - timer
-    report.processed = len(work)
-    report.failed = sum(1 for w in work if w.error)
+    report.processed = sum(1 for w in work if not w.cancelled)
+    report.failed = sum(1 for w in work if w.error and not w.cancelled)
     report.succeeded = report.processed - report.failed
     return work
+
+
+def _feed(
+    runtime: WorkerRuntime,
+    runner: ModelRunner,
+    model: ModelInfo,
+    group: list[_Work],
+    announced: Announcement[Prepared, Any],
+) -> int:
+    """Fetch a group, answer what the cache knows, hand the rest to the Batcher; returns the
+    cache hits."""
+    for w in group:
+        if w.waiting:
+            _fetch(runtime, w)
+    hits = _use_cache(runtime, model, group)
+    for w in group:
+        _submit(runner, announced, w)
+    return hits
+
+
+def _cancel(group: list[_Work], announced: Announcement[Prepared, Any]) -> None:
+    """The job is cancelling: these inputs are never started."""
+    for w in group:
+        w.cancelled = True
+    announced.skip(len(group))
+
+
+def _give_up_on_retried(work: list[_Work], max_attempts: int) -> None:
+    """An item leased more than `max_attempts` times keeps killing or losing its runs: fail
+    it with the reason rather than letting it crash workers forever."""
+    for w in work:
+        if w.item.attempts > max_attempts:
+            w.error = (
+                f"Kiln gave up on this input after {max_attempts} attempts; each run stopped "
+                "before finishing it (a worker crash, a lost lease or repeated transient errors)."
+            )
 
 
 def _fetch(runtime: WorkerRuntime, w: _Work) -> None:
@@ -208,10 +288,16 @@ def _result_rows(work: list[_Work]) -> list[ResultRow]:
     return [
         ResultRow(
             key=w.item.key,
-            status=ItemStatus.FAILED if w.error else ItemStatus.SUCCEEDED,
-            error=w.error,
+            status=_status(w),
+            error="The job was cancelled." if w.cancelled else w.error,
             duration_ms=round((time.monotonic() - w.started) * 1000, 2),
-            outputs=None if w.error else w.outputs,
+            outputs=None if w.error or w.cancelled else w.outputs,
         )
         for w in work
     ]
+
+
+def _status(w: _Work) -> ItemStatus:
+    if w.cancelled:
+        return ItemStatus.CANCELLED
+    return ItemStatus.FAILED if w.error else ItemStatus.SUCCEEDED

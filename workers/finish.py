@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app import results
 from app.catalog import ModelInfo
-from app.db import ingest, queries
+from app.db import ingest, leases, queries
 from app.db.models import Item, ItemStatus, Job, aware, utcnow
 from app.results import Result, ResultRow
 from workers import content_cache
@@ -44,6 +44,8 @@ class Lease:
     place: results.Place  # where the job's results go
     bulk: bool = False  # items come from an ingest (the chunk count grows while it lists)
     pipeline_id: int | None = None  # bulk, incremental: remember what succeeded
+    owner: str = ""  # the run holding the items' lease: only its results are written
+    held_elsewhere: bool = False  # nothing leased because another live run holds the chunk
 
 
 def finish_chunk(
@@ -56,6 +58,9 @@ def finish_chunk(
     if nothing is open. Returns the final status if this call closed the job."""
     fields = output_fields(lease.model)
     with runtime.sessions() as session:
+        if lease.items and not leases.holds(session, lease.item_ids, lease.owner):
+            log.warning("chunk %s/%d: lease taken over; not writing", lease.job_id, lease.chunk)
+            return None
         shard = _shard_rows(session, lease, rows)
         if shard:
             results.write_shard(lease.place, lease.chunk, shard, fields)
@@ -63,7 +68,9 @@ def finish_chunk(
         # Chunks of one job finish one at a time (job row first, then items, like a lease):
         # each then sees the others' results, so the last one always closes the job.
         queries.lock_job(session, lease.job_id)
-        queries.upsert_results(session, lease.job_id, [_upsert_row(r) for r in rows])
+        queries.upsert_results(
+            session, lease.job_id, [_upsert_row(r) for r in rows], owner=lease.owner
+        )
         queries.cache_results(session, lease.model.cache_key, fresh or {})
         if lease.pipeline_id is not None:
             done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
@@ -76,11 +83,13 @@ def finish_chunk(
 
 
 def _shard_rows(session: Session, lease: Lease, rows: Sequence[ResultRow]) -> list[Result]:
-    """This run's rows, plus the chunk's items finished earlier (a replay, a cancel)."""
+    """This run's rows, plus the chunk's items finished earlier (a replay, a cancel, a run
+    before a crash): a shard always holds each of its chunk's items once."""
     if len(rows) == len(lease.item_ids):
         return list(rows)
     position = {item.key: item.id for item in lease.items}  # shards list items in id order
-    earlier = [i for i in queries.finished_items(session, lease.item_ids) if i.key not in position]
+    chunk = queries.finished_chunk_items(session, lease.job_id, lease.chunk)
+    earlier = [i for i in chunk if i.key not in position]
     position |= {item.key: item.id for item in earlier}
     return sorted([*earlier, *rows], key=lambda r: position[r.key])
 

@@ -3,25 +3,61 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from app import schedules
 from app.db import ingest as db
+from app.db import leases
+from workers.inflight import Chunk
 from workers.ingest import StepDispatcher
 from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
+InFlight = Callable[[], set[Chunk] | None]  # the broker's chunk messages; None = unknown
 
-def reconcile(runtime: WorkerRuntime, dispatcher: StepDispatcher) -> dict[str, Any]:
-    """Restart ingests whose step died (a killed worker, a lost message): the new step claims
-    the stale ingest and resumes after its last committed key."""
+
+def reconcile(
+    runtime: WorkerRuntime, dispatcher: StepDispatcher, in_flight: InFlight
+) -> dict[str, Any]:
+    """Postgres is the truth, Redis only carries work: find what the broker lost and send it.
+
+    - an ingest silent too long is resumed after its last committed key;
+    - running items whose lease ran out (a killed worker) go back to pending and are re-sent;
+    - pending chunks with no message queued or recently delivered (Redis flushed or
+      restarted) are re-sent. Duplicates are harmless: a copy finds the items leased or done.
+    """
     with runtime.sessions() as session:
         stalled = db.stalled_ingests(session, runtime.settings.ingest_stale_s)
     for job_id in stalled:
         log.warning("ingest %s is silent; sending a new step to resume it", job_id)
         dispatcher.enqueue_ingest(job_id)
-    return {"ingests_resumed": len(stalled)}
+    return {"ingests_resumed": len(stalled), **_resend_chunks(runtime, dispatcher, in_flight)}
+
+
+def _resend_chunks(
+    runtime: WorkerRuntime, dispatcher: StepDispatcher, in_flight: InFlight
+) -> dict[str, int]:
+    with runtime.sessions() as session:
+        expired = leases.reset_expired(session)
+        session.commit()
+        stranded = leases.stranded_chunks(session, runtime.settings.redispatch_after_s)
+    if not stranded:
+        return {"chunks_expired": len(expired), "chunks_resent": 0}
+    flying = in_flight()
+    resent = 0
+    for chunk in stranded:
+        where = (chunk.job_id, chunk.chunk)
+        if where not in expired and (flying is None or where in flying):
+            continue
+        log.warning("chunk %s/%d has no live run or message; sending it again", *where)
+        dispatcher.enqueue_chunk(chunk.job_id, chunk.chunk, chunk.item_ids, chunk.queue)
+        with runtime.sessions() as session:
+            leases.mark_sent(session, chunk.item_ids)
+            session.commit()
+        resent += 1
+    return {"chunks_expired": len(expired), "chunks_resent": resent}
 
 
 def run_due_schedules(runtime: WorkerRuntime, dispatcher: StepDispatcher) -> dict[str, Any]:

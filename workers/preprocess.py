@@ -8,6 +8,7 @@ than one vectorised pass over the batch.
 from __future__ import annotations
 
 import io
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -58,11 +59,39 @@ def decode_image(data: bytes, *, max_pixels: int, draft_to: int | None = None) -
                 # JPEG decodes at 1/2, 1/4 or 1/8 scale directly: far cheaper than in full.
                 image.draft("RGB", (draft_to, draft_to))
             image = ImageOps.exif_transpose(image) or image
-            return Decoded(image.convert("RGB"), width, height)
+            return Decoded(_to_rgb(image), width, height)
     except Image.DecompressionBombError as error:
-        raise InputError(f"The image is too large to decode safely: {error}") from None
+        raise _too_large(error, max_pixels) from None
     except _DECODE_ERRORS as error:
         raise InputError(f"The image could not be decoded: {error}.") from None
+
+
+_WIDE_GREY = {"I", "I;16", "I;16B", "I;16L", "I;16N"}  # 16-bit greyscale PNG and TIFF
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB from any mode. Pillow's own conversion of 16-bit grey clips at 255 (a white
+    picture), so those keep their high byte instead."""
+    if image.mode in _WIDE_GREY:
+        pixels = np.asarray(image)
+        if pixels.dtype.kind == "i":
+            pixels = np.clip(pixels, 0, 0xFFFF)
+        image = Image.fromarray((pixels >> 8).astype(np.uint8))
+    return image.convert("RGB")
+
+
+def _too_large(error: Image.DecompressionBombError, max_pixels: int) -> InputError:
+    """Pillow refuses a header far over its own limit before Kiln sees the size: one sentence
+    with the numbers, rather than Pillow's message."""
+    claimed = re.search(r"\((\d+) pixels\)", str(error))
+    pillow_limit = 2 * (Image.MAX_IMAGE_PIXELS or max_pixels)
+    limit = f"the limit is {min(max_pixels, pillow_limit):,}"
+    if claimed is None:
+        return InputError(f"The image is too large to decode safely; {limit} pixels.")
+    return InputError(
+        f"The image is too large to decode safely: it claims {int(claimed[1]):,} pixels "
+        f"and {limit}."
+    )
 
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
@@ -77,7 +106,7 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     except UnidentifiedImageError:
         raise InputError("The file is not an image Kiln can read.") from None
     except Image.DecompressionBombError as error:
-        raise InputError(f"The image is too large to decode safely: {error}") from None
+        raise _too_large(error, max_pixels) from None
     except _DECODE_ERRORS as error:
         raise InputError(f"The image header is damaged: {error}.") from None
     width, height = image.size

@@ -57,10 +57,16 @@ def register(app: KilnCelery) -> None:
 
     @app.task(name="kiln.reconcile", **RETRY)  # type: ignore[untyped-decorator]
     def reconcile(task: Any) -> dict[str, Any]:
-        from workers.celery_app import CeleryDispatcher
+        from workers.celery_app import CHUNK_TASK, QUEUES, CeleryDispatcher
+        from workers.inflight import chunks_in_flight
         from workers.periodic import reconcile as run
 
-        return run(app.runtime(), CeleryDispatcher(app))
+        grace = app.settings.redispatch_after_s
+        return run(
+            app.runtime(),
+            CeleryDispatcher(app),
+            lambda: chunks_in_flight(app, QUEUES, CHUNK_TASK, grace),
+        )
 
     @app.task(name="kiln.run_schedules", **RETRY)  # type: ignore[untyped-decorator]
     def run_schedules(task: Any) -> dict[str, Any]:

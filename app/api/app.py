@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,7 +11,9 @@ from fastapi import FastAPI
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
 from app.api.routes import health, jobs, models, schedules
-from app.core.config import Settings, get_settings
+from app.core.config import Settings, get_settings, redact_url
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -18,6 +21,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Redacted: URLs may carry passwords, and this line lands in every log collector.
+        log.info(
+            "Kiln API: database %s, broker %s, storage %s",
+            redact_url(settings.database_url),
+            redact_url(settings.broker_url),
+            redact_url(settings.storage_url),
+        )
         app.state.kiln = ApiContext.build(settings)
         app.state.kiln.waiters.start()
         try:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.config import Settings
 from app.db.notify import JobWaiters
 from app.db.session import engine_for, make_session_factory
+from app.quotas import TenantLimiter
 from app.storage import ObjectStore, open_store
 from workers.celery_app import CeleryDispatcher, KilnCelery, make_celery
 
@@ -23,6 +24,7 @@ class ApiContext:
     celery: KilnCelery
     dispatcher: CeleryDispatcher
     waiters: JobWaiters
+    limiter: TenantLimiter
 
     @classmethod
     def build(cls, settings: Settings) -> ApiContext:
@@ -37,6 +39,7 @@ class ApiContext:
             celery=celery,
             dispatcher=CeleryDispatcher(celery),
             waiters=JobWaiters(settings.database_url),
+            limiter=TenantLimiter.for_settings(settings),
         )
 
     def close(self) -> None:

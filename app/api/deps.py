@@ -70,6 +70,7 @@ def get_tenant(
             "The API key is unknown or revoked.",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    context.limiter.hit(tenant)  # every authenticated route counts against the tenant's rate
     return tenant
 
 

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException
 
 from app.core.errors import (
     ConflictError,
+    ForbiddenError,
     InputError,
     KilnError,
+    LimitExceededError,
     NotFoundError,
     TransientError,
 )
@@ -29,10 +33,12 @@ class RequestTooLargeError(InputError):
 
 _STATUS: list[tuple[type[KilnError], int]] = [
     (RequestTooLargeError, status.HTTP_413_CONTENT_TOO_LARGE),
+    (ForbiddenError, status.HTTP_403_FORBIDDEN),
     (NotFoundError, status.HTTP_404_NOT_FOUND),
     (ConflictError, status.HTTP_409_CONFLICT),
     (InputError, status.HTTP_422_UNPROCESSABLE_CONTENT),
     (TransientError, status.HTTP_503_SERVICE_UNAVAILABLE),
+    (LimitExceededError, status.HTTP_429_TOO_MANY_REQUESTS),
 ]
 
 
@@ -44,11 +50,26 @@ def validation_sentence(errors: Sequence[Any]) -> str:
     return "The request is not valid: " + "; ".join(parts) + "."
 
 
+def http_sentence(request: Request, error: HTTPException) -> str:
+    """The error's own detail, or a sentence instead of Starlette's bare phrase ("Not Found")."""
+    detail = str(error.detail)
+    if detail != HTTPStatus(error.status_code).phrase:
+        return detail if detail.endswith((".", "?", "!")) else f"{detail}."
+    where = f"{request.method} {request.url.path}"
+    if error.status_code == status.HTTP_404_NOT_FOUND:
+        return f"There is no route for {where}; the routes are listed at /docs."
+    if error.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+        return f"{request.url.path} does not take {request.method}; the routes are listed at /docs."
+    return f"The request {where} failed: {detail.lower()}."
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KilnError)
     async def kiln_error(_request: Request, error: KilnError) -> JSONResponse:
         code = next((c for kind, c in _STATUS if isinstance(error, kind)), 500)
         headers = {"Retry-After": "5"} if code == 503 else None
+        if isinstance(error, LimitExceededError):
+            headers = {"Retry-After": str(error.retry_after)}
         return JSONResponse({"detail": str(error)}, status_code=code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -57,6 +78,24 @@ def install_error_handlers(app: FastAPI) -> None:
             {"detail": validation_sentence(error.errors())},
             status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
         )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"detail": http_sentence(request, error)},
+            status_code=error.status_code,
+            headers=error.headers,
+        )
+
+    @app.exception_handler(DataError)
+    async def unstorable(request: Request, error: DataError) -> JSONResponse:
+        # What passed validation but the database refuses: a NUL character, an infinite number.
+        log.info("refused data on %s %s: %s", request.method, request.url.path, error.orig)
+        sentence = (
+            "The request holds a value Kiln cannot store "
+            "(a NUL character in a string, or a number that is not finite)."
+        )
+        return JSONResponse({"detail": sentence}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(PoolTimeoutError)

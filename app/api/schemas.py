@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class InputIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    uri: str | None = Field(None, max_length=2048, examples=["s3://bucket/photos/cat.jpg"])
+    uri: str | None = Field(
+        None, min_length=1, max_length=2048, examples=["s3://bucket/photos/cat.jpg"]
+    )
     text: str | None = Field(None, max_length=100_000)
 
 
@@ -37,7 +39,7 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(..., min_length=1, max_length=128)
+    model: str = Field(..., min_length=1, max_length=128, examples=["phash"])
     inputs: list[InputIn] | None = Field(None, min_length=1)
     source: SourceIn | None = None
     pipeline: str | None = Field(
@@ -102,6 +104,19 @@ class JobOut(BaseModel):
     source: dict[str, Any] | None = None
     results_url: str
     error: str | None = None
+
+
+class SignedUrlOut(BaseModel):
+    key: str = Field(description="The object's key in the results store.")
+    url: str = Field(description="A presigned GET URL: no API key needed until it expires.")
+
+
+class ResultUrlsOut(BaseModel):
+    job_id: str
+    status: str
+    expires_at: datetime
+    manifest: SignedUrlOut | None = Field(description="None until the job has ended.")
+    shards: list[SignedUrlOut]
 
 
 class JobsPage(BaseModel):
@@ -173,3 +188,10 @@ class ModelCreate(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: str
+
+
+MALFORMED_BODY: dict[str, Any] = {
+    "model": ErrorOut,
+    "description": "A body Kiln cannot parse: not UTF-8, or a multipart form with too many "
+    "files or fields.",
+}

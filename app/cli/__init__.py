@@ -9,6 +9,7 @@ from app.cli import admin, bulk, local, remote, serve
 app = typer.Typer(help="Kiln: batch inference on GPUs.", no_args_is_help=True)
 app.add_typer(admin.db_app, name="db")
 app.add_typer(admin.keys_app, name="keys")
+app.add_typer(admin.tenants_app, name="tenants")
 app.add_typer(admin.models_app, name="models")
 app.add_typer(admin.engines_app, name="engines")
 app.add_typer(bulk.schedule_app, name="schedule")

@@ -1,4 +1,4 @@
-"""`kiln db`, `kiln keys`, `kiln models`: the operator's commands."""
+"""`kiln db`, `kiln keys`, `kiln tenants`, `kiln models`: the operator's commands."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from app.core.errors import KilnError
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+tenants_app = typer.Typer(help="Tenants and the S3 buckets they may read.", no_args_is_help=True)
 models_app = typer.Typer(help="Models a job can name.", no_args_is_help=True)
 engines_app = typer.Typer(help="Inference engines (TensorRT plans).", no_args_is_help=True)
 
@@ -28,18 +29,67 @@ def db_upgrade() -> None:
 
 
 @keys_app.command("create")
-def keys_create(tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")]) -> None:
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")],
+    bucket: Annotated[
+        list[str] | None,
+        typer.Option(help="Also let the tenant read this S3 bucket (repeatable)."),
+    ] = None,
+) -> None:
     """Create an API key; it is printed once and stored only as a hash."""
     from app.auth import create_key
+    from app.tenants import allow_bucket
 
     with session() as db:
         try:
             key = create_key(db, tenant)
+            for name in bucket or []:
+                allow_bucket(db, tenant, name)
         except KilnError as error:
             raise fail(error) from None
         db.commit()
     errors.print(f"key {key.prefix} for tenant {tenant!r} (shown once):")
     console.print(key.secret)
+
+
+@tenants_app.command("allow-bucket")
+def tenants_allow(tenant: str, bucket: str) -> None:
+    """Let TENANT name s3://BUCKET/… in jobs, bulk sources and outputs, schedules and models."""
+    from app.tenants import allow_bucket
+
+    with session() as db:
+        try:
+            added = allow_bucket(db, tenant, bucket)
+        except KilnError as error:
+            raise fail(error) from None
+        db.commit()
+    console.print(f"tenant {tenant!r} may read bucket {bucket!r}" + ("" if added else " (already)"))
+
+
+@tenants_app.command("deny-bucket")
+def tenants_deny(tenant: str, bucket: str) -> None:
+    """Take BUCKET off TENANT's list; jobs already submitted go on, new ones are refused."""
+    from app.tenants import deny_bucket
+
+    with session() as db:
+        try:
+            deny_bucket(db, tenant, bucket)
+        except KilnError as error:
+            raise fail(error) from None
+        db.commit()
+    console.print(f"tenant {tenant!r} may no longer read bucket {bucket!r}")
+
+
+@tenants_app.command("list")
+def tenants_list() -> None:
+    """Tenants with active keys or allowed buckets."""
+    from app.tenants import list_tenants
+
+    table = Table("tenant", "active keys", "buckets")
+    with session() as db:
+        for t in list_tenants(db):
+            table.add_row(t.tenant, str(t.active_keys), ", ".join(t.buckets) or "(no S3 access)")
+    console.print(table)
 
 
 @keys_app.command("revoke")

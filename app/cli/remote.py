@@ -42,10 +42,24 @@ def status(
 
 def results_cmd(
     job_id: str,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Parquet file to write.")],
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Parquet file to write.")
+    ] = None,
+    urls: Annotated[
+        bool, typer.Option("--urls", help="Print presigned URLs instead (S3 storage only).")
+    ] = False,
+    expires: Annotated[int, typer.Option(help="Seconds the --urls stay valid (≤ 3600).")] = 900,
 ) -> None:
-    """Download a job's results as one Parquet file."""
+    """Download a job's results as one Parquet file, or print presigned URLs of its files."""
+    if not urls and output is None:
+        raise fail(KilnError("Give -o FILE to download the results, or --urls for links."))
     with ApiClient() as client:
+        if urls:
+            signed = client.result_urls(job_id, expires)
+            for entry in ([signed["manifest"]] if signed["manifest"] else []) + signed["shards"]:
+                typer.echo(f"{entry['key']}\t{entry['url']}")  # plain: for scripts, no wrapping
+            return
+        assert output is not None
         output.write_bytes(client.results(job_id))
     console.print(f"results of {job_id} written to {output}")
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -57,6 +59,18 @@ class Settings(BaseSettings):
         3600.0, gt=0, description="Redis redelivers a message unacknowledged this long."
     )
     reconcile_interval_s: float = Field(15.0, gt=0, description="How often beat reconciles.")
+    # Item leases: a chunk run holds its items for lease_s, renewed every lease_renew_s while it
+    # lives; the reconciler re-sends items whose lease ran out (a killed worker, a lost message).
+    lease_s: float = Field(60.0, gt=0, description="How long a chunk run holds its items.")
+    lease_renew_s: float = Field(
+        3.0, gt=0, description="How often a running chunk renews its lease and checks for cancel."
+    )
+    redispatch_after_s: float = Field(
+        60.0, gt=0, description="A pending item with no message in the broker this long is re-sent."
+    )
+    max_attempts: int = Field(
+        20, ge=1, description="Runs of one item before it fails (crashes, lost leases, retries)."
+    )
     schedule_tick_s: float = Field(20.0, gt=0, description="How often beat looks for due runs.")
     filesystem_polling_ms: float = Field(20.0, gt=0, description="Embedded broker poll interval.")
 
@@ -71,9 +85,28 @@ class Settings(BaseSettings):
     local_inputs: bool = Field(
         False, description="Workers may read file:// inputs (set by `kiln run`, never the API)."
     )
+    tenant_rate_limit: str = Field(
+        "100/second",
+        description="Requests per tenant on authenticated routes, as `limits` parses it "
+        "('100/second', '5000/minute'); over it the API answers 429 with Retry-After.",
+    )
+    tenant_max_open_jobs: int = Field(
+        1000, ge=1, description="Jobs queued, running or cancelling at once per tenant."
+    )
 
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
+
+    @field_validator("tenant_rate_limit")
+    @classmethod
+    def _parse_rate(cls, value: str) -> str:
+        from limits import parse_many
+
+        try:
+            parse_many(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a rate like '100/second' or '5000/min'") from None
+        return value
 
     @model_validator(mode="after")
     def _fill_embedded_defaults(self) -> Settings:
@@ -88,6 +121,16 @@ class Settings(BaseSettings):
         if self.model_cache_dir is None:
             self.model_cache_dir = data_dir / "models"
         return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # repr() and str() end up in logs and tracebacks: never a key or a password.
+        for name, value in super().__repr_args__():
+            if name == "api_key" and value:
+                yield name, "***"
+            elif isinstance(value, str) and name and name.endswith("_url"):
+                yield name, redact_url(value)
+            else:
+                yield name, value
 
     @property
     def embedded_broker(self) -> bool:
@@ -105,6 +148,16 @@ class Settings(BaseSettings):
     @property
     def max_delay_s(self) -> float:
         return self.max_delay_ms / 1000.0
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password (if any) replaced by `***`, fit for a log line."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def get_settings(**overrides: object) -> Settings:

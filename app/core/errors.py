@@ -21,3 +21,15 @@ class NotFoundError(KilnError):
 
 class ConflictError(KilnError):
     """The request contradicts the current state (e.g. cancelling a finished job)."""
+
+
+class ForbiddenError(KilnError):
+    """The tenant may not do this (e.g. read a bucket not on its allow-list)."""
+
+
+class LimitExceededError(KilnError):
+    """The tenant is over a rate or quota; `retry_after` says how many seconds to wait."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, retry_after)

@@ -72,6 +72,19 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class TenantBucket(Base):
+    """An S3 bucket a tenant may name (inputs, bulk sources, outputs, model files).
+
+    No row for a tenant means no S3 access at all; uploads still work.
+    """
+
+    __tablename__ = "tenant_buckets"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    bucket: Mapped[str] = mapped_column(String(255), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 SHARED_TENANT = ""  # a model registered for every tenant (by an operator, with the CLI)
 
 
@@ -129,6 +142,7 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
         Index("ix_jobs_tenant_created", "tenant", "created_at"),
+        Index("ix_jobs_tenant_status", "tenant", "status"),  # the open-jobs quota's count
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -155,6 +169,7 @@ class Item(Base):
     __table_args__ = (
         UniqueConstraint("job_id", "key", name="uq_items_job_key"),
         Index("ix_items_job_status", "job_id", "status"),
+        Index("ix_items_status_lease", "status", "lease_expires_at"),  # the reconciler's scan
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -171,6 +186,11 @@ class Item(Base):
     duration_ms: Mapped[float | None] = mapped_column()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A running item is leased: `lease_owner` (one chunk run) holds it until `lease_expires_at`,
+    # extended while the run lives; the reconciler re-sends items whose lease ran out.
+    lease_owner: Mapped[str | None] = mapped_column(String(36))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Ingest(Base):

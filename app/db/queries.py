@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, or_, select, update
+from sqlalchemy import and_, case, exists, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -76,21 +76,6 @@ def lock_job(session: Session, job_id: str, tenant: str | None = None) -> Job | 
     return session.scalar(query.with_for_update())
 
 
-def lease_items(session: Session, job_id: str, item_ids: Sequence[int]) -> list[Item]:
-    """Mark the chunk's unfinished items running and return them; finished ones are skipped.
-
-    Call with the job locked (`lock_job`).
-    """
-    leased = session.scalars(
-        update(Item)
-        .where(Item.job_id == job_id, Item.id.in_(item_ids), Item.status.in_(OPEN_ITEM_STATUSES))
-        .values(status=ItemStatus.RUNNING, attempts=Item.attempts + 1, started_at=utcnow())
-        .returning(Item),
-        execution_options={"synchronize_session": False},
-    )
-    return sorted(leased, key=lambda item: item.id)
-
-
 def mark_job_running(session: Session, job_id: str) -> None:
     session.execute(
         update(Job)
@@ -99,10 +84,13 @@ def mark_job_running(session: Session, job_id: str) -> None:
     )
 
 
-def upsert_results(session: Session, job_id: str, results: Sequence[dict[str, Any]]) -> None:
+def upsert_results(
+    session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None = None
+) -> None:
     """One statement for the whole chunk, keyed by (job_id, key): a replay changes nothing.
 
-    Only a running item takes a result, so a cancelled item stays cancelled.
+    Only a running item takes a result, so a cancelled item stays cancelled; with `owner`,
+    only one this run still leases (a run whose lease was taken over writes nothing).
     """
     if not results:
         return
@@ -119,16 +107,21 @@ def upsert_results(session: Session, job_id: str, results: Sequence[dict[str, An
             "duration_ms": excluded.duration_ms,
             "finished_at": excluded.finished_at,
         },
-        where=Item.status == ItemStatus.RUNNING,
+        where=(Item.status == ItemStatus.RUNNING)
+        & (true() if owner is None else Item.lease_owner == owner),
     )
     session.execute(statement)
 
 
-def finished_items(session: Session, item_ids: Sequence[int]) -> list[Item]:
+def finished_chunk_items(session: Session, job_id: str, chunk: int) -> list[Item]:
     return list(
         session.scalars(
             select(Item)
-            .where(Item.id.in_(item_ids), Item.status.not_in(OPEN_ITEM_STATUSES))
+            .where(
+                Item.job_id == job_id,
+                Item.chunk == chunk,
+                Item.status.not_in(OPEN_ITEM_STATUSES),
+            )
             .order_by(Item.id)
         )
     )

@@ -29,6 +29,11 @@ class ObjectStore(Protocol):
     def describe(self, key: str) -> str:
         """A URL a human can use to find `key` (s3://… or file://…)."""
 
+    def presign(self, key: str, seconds: int) -> str:
+        """A URL anyone holding it can GET `key` with for `seconds`, no Kiln key needed.
+
+        Raises ConflictError where the store cannot make one (a local folder)."""
+
 
 def check_key(key: str) -> str:
     parts = key.split("/")

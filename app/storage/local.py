@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from app.core.errors import NotFoundError
+from app.core.errors import ConflictError, NotFoundError
 from app.storage.base import check_key
 
 
@@ -66,3 +66,8 @@ class LocalStore:
 
     def describe(self, key: str) -> str:
         return self._path(key).as_uri()
+
+    def presign(self, key: str, seconds: int) -> str:
+        raise ConflictError(
+            f"Presigned URLs need S3 storage; {self.describe(key)} is in a local folder."
+        )

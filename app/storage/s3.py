@@ -22,7 +22,11 @@ _DENIED = {"AccessDenied", "403", "AllAccessDisabled"}
 
 def make_s3_client(settings: Settings) -> Any:
     """A client with adaptive retries: throttling and 5xx back off inside botocore."""
-    config = Config(retries={"max_attempts": 8, "mode": "adaptive"}, max_pool_connections=32)
+    config = Config(
+        retries={"max_attempts": 8, "mode": "adaptive"},
+        max_pool_connections=32,
+        signature_version="s3v4",  # else botocore presigns with SigV2, which newer regions refuse
+    )
     return boto3.client(
         "s3",
         endpoint_url=settings.s3_endpoint_url,
@@ -132,3 +136,16 @@ class S3Store:
 
     def describe(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
+
+    def presign(self, key: str, seconds: int) -> str:
+        # Signed locally with the client's credentials (SigV4): no request is made, and S3
+        # refuses the URL once `seconds` have passed or if any part of it is changed.
+        try:
+            url = self.client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": self.bucket, "Key": self._key(key)},
+                ExpiresIn=seconds,
+            )
+        except (ClientError, BotoCoreError) as error:
+            raise translate(error, self.describe(key)) from error
+        return str(url)

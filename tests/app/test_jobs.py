@@ -24,9 +24,18 @@ from app.jobs import (
     submit_job,
 )
 from app.storage.local import LocalStore
+from app.tenants import allow_bucket
 from tests.app.conftest import CHUNK_SIZE
 from tests.images import solid
 from tests.support import BrokenDispatcher, Enqueued, RecordingDispatcher
+
+
+@pytest.fixture(autouse=True)
+def _acme_reads_test_buckets(session: Session) -> None:
+    """The S3 inputs below name these buckets; tests/app/test_tenants.py covers the refusal."""
+    for bucket in ("photos", "bucket"):
+        allow_bucket(session, "acme", bucket)
+    session.commit()
 
 
 def uploads(n: int, prefix: str = "img") -> list[Upload]:

@@ -72,11 +72,5 @@ def test_malformed_requests_are_4xx(client: httpx.Client) -> None:
     assert missing.status_code == 404
 
 
-def test_oversize_upload_is_413(api_url: str, client: httpx.Client, service_env: dict) -> None:
-    # The API in this session keeps the default 50 MB cap; send one byte more.
-    big = b"\xff" * (50 * 1024 * 1024 + 1)
-    response = client.post(
-        "/v1/jobs", data={"model": "detector"}, files=[("files", ("big.jpg", big))]
-    )
-    assert response.status_code == 413
-    assert "limit" in response.json()["detail"]
+# Size limits (413, too many files) are in tests/reliability/test_api_errors.py, against an API
+# started with small limits rather than 50 MB uploads.

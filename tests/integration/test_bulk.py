@@ -17,8 +17,9 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db.models import Item
+from app.tenants import allow_bucket
 from tests.images import photo
-from tests.integration.conftest import SOURCE_BUCKET
+from tests.stack import SOURCE_BUCKET
 
 CLOSED = ("completed", "failed", "cancelled")
 
@@ -116,7 +117,10 @@ def test_a_pipeline_name_is_bound_to_its_source(client: httpx.Client) -> None:
     assert "another name" in clash.json()["detail"]
 
 
-def test_a_missing_bucket_fails_the_job_with_a_sentence(client: httpx.Client) -> None:
+def test_a_missing_bucket_fails_the_job_with_a_sentence(client: httpx.Client, sessions) -> None:
+    with sessions() as session:  # allowed, but gone (the allow-list does not know S3)
+        allow_bucket(session, "acme", "no-such-bucket")
+        session.commit()
     response = client.post(
         "/v1/jobs", json={"model": "phash", "source": {"s3": "s3://no-such-bucket/photos/"}}
     )

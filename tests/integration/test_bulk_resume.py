@@ -17,7 +17,6 @@ from sqlalchemy import func, select
 from app.bulk import BulkRequest, Source, submit_bulk
 from app.core.config import Settings, get_settings
 from app.db.models import Ingest, Item, Job
-from tests.integration.conftest import SOURCE_BUCKET
 from tests.integration.services import (
     Process,
     claim_redis_db,
@@ -28,6 +27,7 @@ from tests.integration.services import (
 )
 from tests.integration.services import service_env as full_env
 from tests.integration.test_bulk import put_objects
+from tests.stack import SOURCE_BUCKET
 from workers.celery_app import CeleryDispatcher, make_celery
 
 OBJECTS = 1500

@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tests.images import solid
-from tests.integration.conftest import run_kiln
 from tests.integration.services import kiln_command
 from tests.models import colour_classifier
+from tests.stack import run_kiln
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_registered_classifier_runs_through_the_api(
 def test_cli_client_commands(
     tmp_path: Path, service_env: dict, api_url: str, client, sessions
 ) -> None:
-    from tests.integration.conftest import _key
+    from tests.stack import _key
 
     env = {**service_env, "KILN_API_URL": api_url, "KILN_API_KEY": _key(sessions, "cli")}
     image = tmp_path / "one.png"
@@ -111,8 +111,8 @@ def test_cli_client_commands(
 def test_flower_requires_auth_and_sees_the_worker(service_env: dict, worker, log_dir: Path) -> None:
     import httpx
 
-    from tests.integration.conftest import _env
     from tests.integration.services import Process, free_port, wait_for
+    from tests.stack import _env
 
     refused = run_kiln({**service_env, "KILN_FLOWER_BASIC_AUTH": ""}, "flower")
     assert refused.returncode == 1 and "KILN_FLOWER_BASIC_AUTH" in refused.stderr

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from app.db.models import Item
 from tests.images import photo, truncated_jpeg
-from tests.integration.conftest import BUCKET, SOURCE_BUCKET
+from tests.stack import BUCKET, SOURCE_BUCKET
 
 DONE = {"completed", "failed", "cancelled"}
 

@@ -121,6 +121,63 @@ def test_a_bad_row_fails_alone_by_bisection(make_batcher) -> None:
     assert batcher.stats.rows == 8
 
 
+class FakeCudaOutOfMemory(RuntimeError):
+    pass
+
+
+FakeCudaOutOfMemory.__name__ = "OutOfMemoryError"  # as cupy.cuda.memory.OutOfMemoryError
+
+
+@pytest.mark.parametrize(
+    "oom",
+    [
+        pytest.param(lambda n: MemoryError(), id="MemoryError"),
+        pytest.param(lambda n: FakeCudaOutOfMemory(f"out of memory allocating {n}"), id="cupy"),
+        pytest.param(
+            lambda n: RuntimeError("[ONNXRuntimeError] : 6 : Failed to allocate memory"), id="ort"
+        ),
+    ],
+)
+def test_out_of_memory_splits_the_batch_and_lowers_the_cap(
+    make_batcher, oom: Callable[[int], Exception]
+) -> None:
+    """An engine that cannot hold more than 2 rows: the batch of 8 is split, every row gets
+    its answer, and later batches are never larger than what fit."""
+
+    def fn_(rows: Sequence[Any]) -> list[Any]:
+        if len(rows) > 2:
+            raise oom(len(rows))
+        return [r * 10 for r in rows]
+
+    fn = Recorder(fn_)
+    batcher = make_batcher(fn, max_batch=8, max_delay_s=0.5)
+    assert [f.result(RESULT_TIMEOUT) for f in batcher.submit_many(range(8))] == [
+        r * 10 for r in range(8)
+    ]
+    assert fn.sizes[:3] == [8, 4, 2]  # halved until it fits
+    assert batcher.max_batch == 2
+    assert batcher.stats.out_of_memory == 2  # the batches of 8 and 4
+
+    fn.calls.clear()
+    assert [f.result(RESULT_TIMEOUT) for f in batcher.submit_many(range(6))] == [
+        r * 10 for r in range(6)
+    ]
+    assert max(fn.sizes) <= 2 and batcher.stats.out_of_memory == 2
+
+
+def test_an_ordinary_error_does_not_lower_the_cap(make_batcher) -> None:
+    def fn_(rows: Sequence[Any]) -> list[Any]:
+        if "bad" in rows:
+            raise ValueError("bad row")
+        return list(rows)
+
+    batcher = make_batcher(fn_, max_batch=4, max_delay_s=0.5)
+    futures = batcher.submit_many([1, "bad", 3, 4])
+    for future in futures:
+        future.exception(RESULT_TIMEOUT)
+    assert batcher.max_batch == 4 and batcher.stats.out_of_memory == 0
+
+
 @pytest.mark.parametrize(
     "wrong",
     [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -14,20 +13,17 @@ import pytest
 from sqlalchemy import select, update
 
 from app import results
-from app.catalog import register_model
 from app.core.config import Settings
 from app.core.errors import TransientError
-from app.db import queries
+from app.db import leases
 from app.db.models import Item, ItemStatus, Job, JobStatus, Model
 from app.jobs import JobRequest, Upload, cancel_job, submit_job
-from app.model_spec import ImageModelSpec
 from tests.images import solid, truncated_jpeg
-from tests.models import colour_classifier
-from tests.support import Enqueued, RecordingDispatcher, migrated_settings
+from tests.support import Enqueued, RecordingDispatcher
+from tests.workers.colours import MODEL, register_colours
 from workers.chunk import ChunkReport, process_chunk
 from workers.runtime import WorkerRuntime
 
-MODEL = "colours"
 RED, GREEN, BLUE = (250, 5, 5), (5, 250, 5), (5, 5, 250)
 # chunk 0: r, g, b; chunk 1: notes.txt (not an image), b2
 FILES = [
@@ -40,46 +36,8 @@ FILES = [
 EXPECTED_LABEL = {"r.png": "red", "g.png": "green", "b.png": "blue", "b2.png": "blue"}
 
 
-@pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    return migrated_settings(tmp_path, monkeypatch, chunk_size=3, max_batch=8, max_delay_ms=2)
-
-
 def _place(runtime: WorkerRuntime, job_id: str) -> results.Place:
     return results.Place(runtime.store, results.results_prefix(job_id))
-
-
-def register_colours(runtime: WorkerRuntime, tmp_path: Path) -> None:
-    path = tmp_path / "colours.onnx"
-    colour_classifier(path)
-    spec = ImageModelSpec(
-        input_size=32,
-        labels=["red", "green", "blue", "dark"],
-        mean=(0, 0, 0),
-        std=(1, 1, 1),
-        top_k=2,
-    )
-    with runtime.sessions() as session:
-        register_model(
-            session,
-            runtime.store,
-            tenant="",
-            name=MODEL,
-            data=path.read_bytes(),
-            kind="classify",
-            spec=spec,
-        )
-        session.commit()
-
-
-@pytest.fixture
-def runtime(settings: Settings, tmp_path: Path) -> Iterator[WorkerRuntime]:
-    runtime = WorkerRuntime(settings)
-    try:
-        register_colours(runtime, tmp_path)
-        yield runtime
-    finally:
-        runtime.close()
 
 
 def submit(
@@ -95,7 +53,10 @@ def submit(
 
 
 def run_all(runtime: WorkerRuntime, calls: list[Enqueued]) -> list[ChunkReport]:
-    return [process_chunk(runtime, c.job_id, c.chunk, c.item_ids) for c in calls]
+    """One run per message; the run's owner is the message, as a Celery task id would be."""
+    return [
+        process_chunk(runtime, c.job_id, c.chunk, c.item_ids, owner=f"msg-{c.chunk}") for c in calls
+    ]
 
 
 def items_by_key(runtime: WorkerRuntime, job_id: str) -> dict[str, Item]:
@@ -287,7 +248,7 @@ def test_a_chunk_of_a_cancelling_job_drains_and_cancels_it(runtime: WorkerRuntim
     first = calls[0]
     # A worker has leased chunk 0 when the cancel arrives: chunk 0 drains, chunk 1 never runs.
     with runtime.sessions() as session:
-        queries.lease_items(session, job_id, first.item_ids)
+        leases.take(session, job_id, first.item_ids, "msg-0", 60)
         session.commit()
         assert cancel_job(session, "acme", job_id).status == JobStatus.CANCELLING
 
@@ -342,8 +303,8 @@ def test_a_chunk_shard_lost_before_the_job_closed_is_rewritten(runtime: WorkerRu
 def test_results_commit_only_after_the_shard_is_written(
     runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Storage fails while the shard is written: nothing is committed, the items stay leased
-    and the retried chunk runs them again."""
+    """Storage fails while the shard is written: no result is committed, the run hands its
+    lease back, and the retried chunk runs the items again."""
     job_id, calls = submit(runtime, FILES[:2])
 
     def down(*_args: Any, **_kwargs: Any) -> None:
@@ -353,7 +314,8 @@ def test_results_commit_only_after_the_shard_is_written(
         patch.setattr(results, "write_shard", down)
         with pytest.raises(TransientError):
             process_chunk(runtime, job_id, 0, calls[0].item_ids)
-    assert {i.status for i in items_by_key(runtime, job_id).values()} == {ItemStatus.RUNNING}
+    items = items_by_key(runtime, job_id).values()
+    assert {(i.status, i.lease_owner) for i in items} == {(ItemStatus.PENDING, None)}
 
     retry = process_chunk(runtime, job_id, 0, calls[0].item_ids)
 

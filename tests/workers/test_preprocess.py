@@ -122,6 +122,58 @@ def test_pixel_limit_is_checked_before_decoding() -> None:
         decode_image(data, max_pixels=MAX_PIXELS)
 
 
+@pytest.mark.parametrize(
+    ("data", "claimed"),
+    [
+        (png_header_only(60_000, 60_000), "3,600,000,000"),
+        (png_header_only(20_000, 10_000), "200,000,000"),
+    ],
+)
+def test_headers_far_over_the_limit_name_both_numbers(data: bytes, claimed: str) -> None:
+    """Refused by Pillow before Kiln sees the size: still Kiln's sentence, with Kiln's limit."""
+    with pytest.raises(InputError) as info:
+        decode_image(data, max_pixels=MAX_PIXELS)
+    assert str(info.value) == (
+        f"The image is too large to decode safely: it claims {claimed} pixels "
+        "and the limit is 50,000,000."
+    )
+
+
+def test_gif_header_over_the_limit() -> None:
+    data = bytearray(encode(Image.new("P", (1, 1)), "GIF"))
+    data[6:10] = struct.pack("<HH", 30_000, 30_000)  # the logical screen
+    with pytest.raises(InputError, match="claims 900,000,000 pixels"):
+        decode_image(bytes(data), max_pixels=MAX_PIXELS)
+
+
+LEVELS_16 = np.array([[0, 100 * 257, 200 * 257, 65535]], dtype=np.uint16)
+
+
+@pytest.mark.parametrize(
+    ("image", "fmt"),
+    [
+        (Image.fromarray(LEVELS_16), "PNG"),  # opens as I;16
+        (Image.fromarray(LEVELS_16), "TIFF"),
+        (Image.frombytes("I;16B", (4, 1), LEVELS_16.astype(">u2").tobytes()), "TIFF"),
+        (Image.fromarray(LEVELS_16.astype(np.int32)), "TIFF"),  # opens as I (32-bit)
+    ],
+)
+def test_16_bit_grey_keeps_its_levels(image: Image.Image, fmt: str) -> None:
+    """Pillow's own conversion clips 16-bit grey at 255 (a white picture); Kiln scales it."""
+    decoded = decode_image(encode(image, fmt), max_pixels=MAX_PIXELS)
+    pixels = np.asarray(decoded.image)
+    assert decoded.image.mode == "RGB"
+    assert pixels[0, :, 0].tolist() == [0, 100, 200, 255]
+    assert (pixels[..., 0] == pixels[..., 2]).all()
+
+
+def test_animated_gif_decodes_its_first_frame() -> None:
+    frames = [Image.new("RGB", (8, 8), colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
+    pixels = np.asarray(decode_image(data, max_pixels=MAX_PIXELS).image)
+    assert (pixels == (255, 0, 0)).all()
+
+
 @pytest.mark.parametrize("fraction", [0.33, 0.6, 0.95])
 def test_truncated_jpeg_body(fraction: float) -> None:
     data = encode(picture((320, 240)), "JPEG", quality=90)

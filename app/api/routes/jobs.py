@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
@@ -12,25 +13,37 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from app import jobs, results
+from app import jobs, quotas, results
 from app.api.deps import ContextDep, SessionDep, TenantDep
 from app.api.errors import RequestTooLargeError, validation_sentence
-from app.api.schemas import CountsOut, ErrorOut, ItemOut, ItemsPage, JobCreate, JobOut, JobsPage
+from app.api.schemas import (
+    MALFORMED_BODY,
+    CountsOut,
+    ErrorOut,
+    ItemOut,
+    ItemsPage,
+    JobCreate,
+    JobOut,
+    JobsPage,
+    ResultUrlsOut,
+    SignedUrlOut,
+)
 from app.bulk import BulkRequest, Source, submit_bulk
-from app.core.errors import InputError
+from app.core.errors import ConflictError, InputError
 from app.db import queries
-from app.db.models import OPEN_JOB_STATUSES, ItemStatus
+from app.db.models import OPEN_JOB_STATUSES, ItemStatus, utcnow
 from app.storage.s3 import make_s3_client
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_WAIT_S = 60.0
+DEFAULT_PRESIGN_S, MAX_PRESIGN_S = 900, 3600  # short-lived: a leaked URL stops working soon
 RECHECK_LISTENING_S = 1.0  # Postgres pushes closes; this only guards against a lost one
 RECHECK_POLLING_S = 0.05  # SQLite: nothing is pushed
 OPEN = {s.value for s in OPEN_JOB_STATUSES}
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)
+    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 413, 422, 429, 503)
 }
 
 
@@ -68,7 +81,7 @@ def job_out(
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
-    responses=ERRORS,
+    responses={**ERRORS, 400: MALFORMED_BODY},
     openapi_extra={
         "requestBody": {
             "content": {
@@ -106,6 +119,12 @@ async def create_job(
 
     def submit() -> JobOut:
         with context.sessions() as session:
+            quotas.check_open_jobs(
+                session,
+                tenant,
+                context.settings.tenant_max_open_jobs,
+                job_request.idempotency_key,
+            )
             if isinstance(job_request, BulkRequest):
                 submitted = submit_bulk(session, context.dispatcher, job_request)
             else:
@@ -303,6 +322,37 @@ def get_results(
             "Content-Disposition": f'attachment; filename="{job_id}.parquet"',
             "X-Kiln-Job-Status": job.status,
         },
+    )
+
+
+@router.get("/{job_id}/results/urls", response_model=ResultUrlsOut, responses=ERRORS)
+def get_result_urls(
+    job_id: str,
+    session: SessionDep,
+    context: ContextDep,
+    tenant: TenantDep,
+    expires: Annotated[
+        int, Query(ge=1, le=MAX_PRESIGN_S, description="Seconds the URLs stay valid.")
+    ] = DEFAULT_PRESIGN_S,
+) -> ResultUrlsOut:
+    """The manifest and shards as presigned GET URLs (S3 storage only), to hand to a tool
+    that reads Parquet directly; they expire after `expires` seconds."""
+    job = jobs.get_job(session, tenant, job_id)
+    place = results.place_for(
+        context.store, job.id, job.output, lambda: make_s3_client(context.settings)
+    )
+    try:
+        manifest, shards = results.presign_results(place, expires)
+    except ConflictError:
+        raise ConflictError(
+            f"Presigned URLs need S3 storage; download through /v1/jobs/{job_id}/results."
+        ) from None
+    return ResultUrlsOut(
+        job_id=job.id,
+        status=job.status,
+        expires_at=utcnow() + timedelta(seconds=expires),
+        manifest=SignedUrlOut(key=manifest.key, url=manifest.url) if manifest else None,
+        shards=[SignedUrlOut(key=s.key, url=s.url) for s in shards],
     )
 
 

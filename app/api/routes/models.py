@@ -12,17 +12,25 @@ from sqlalchemy.orm import Session
 
 from app.api.deps import ContextDep, SessionDep, TenantDep
 from app.api.errors import RequestTooLargeError, validation_sentence
-from app.api.schemas import EngineOut, ErrorOut, ModelCreate, ModelOut, ModelSpecIn
+from app.api.schemas import (
+    MALFORMED_BODY,
+    EngineOut,
+    ErrorOut,
+    ModelCreate,
+    ModelOut,
+    ModelSpecIn,
+)
 from app.catalog import ModelInfo, get_model, list_models, model_versions, register_model
 from app.core.errors import InputError
 from app.db import queries
 from app.model_spec import ImageModelSpec
 from app.storage.s3 import make_s3_client, read_object
+from app.tenants import check_bucket
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)
+    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 413, 422, 429, 503)
 }
 
 
@@ -69,7 +77,7 @@ def get_one(ref: str, session: SessionDep, tenant: TenantDep) -> ModelOut:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ModelOut,
-    responses=ERRORS,
+    responses={**ERRORS, 400: MALFORMED_BODY},
     openapi_extra={
         "requestBody": {
             "content": {
@@ -104,7 +112,7 @@ async def create_model(
                 context.store,
                 tenant=tenant,
                 name=name,
-                data=data if data is not None else _from_s3(context, source),
+                data=data if data is not None else _from_s3(context, session, tenant, source),
                 kind=kind,
                 spec=spec,
                 source=source,
@@ -117,9 +125,10 @@ async def create_model(
     return out
 
 
-def _from_s3(context: Any, source: str | None) -> bytes:
+def _from_s3(context: Any, session: Session, tenant: str, source: str | None) -> bytes:
     if not source or not source.startswith("s3://"):
         raise InputError("'source' must be an s3:// URI of the ONNX file (or upload it).")
+    check_bucket(session, tenant, source)  # before Kiln's credentials fetch anything
     return read_object(make_s3_client(context.settings), source, context.settings.max_model_bytes)
 
 

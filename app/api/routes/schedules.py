@@ -8,14 +8,14 @@ from fastapi import APIRouter, Response, status
 
 from app import schedules
 from app.api.deps import SessionDep, TenantDep
-from app.api.schemas import ErrorOut, ScheduleCreate, ScheduleOut
+from app.api.schemas import MALFORMED_BODY, ErrorOut, ScheduleCreate, ScheduleOut
 from app.bulk import Source
 from app.db.models import Schedule
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 422, 503)
+    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 422, 429, 503)
 }
 
 
@@ -31,7 +31,12 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ScheduleOut, responses=ERRORS)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ScheduleOut,
+    responses={**ERRORS, 400: MALFORMED_BODY},
+)
 def create_schedule(body: ScheduleCreate, session: SessionDep, tenant: TenantDep) -> ScheduleOut:
     """Run `model` over `source` at each `cron` time (UTC), incrementally: each run processes
     only new or changed objects. A run never starts while the previous one is going."""

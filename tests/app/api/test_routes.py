@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.api.app import create_app
 from app.auth import revoke_key
 from app.core.config import Settings
+from app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 from tests.images import solid
 
@@ -131,7 +132,10 @@ def test_chunk_messages_carry_ids_not_bytes(client: TestClient, settings: Settin
     assert message.stat().st_size < 4096
 
 
-def test_submit_json_inputs(client: TestClient) -> None:
+def test_submit_json_inputs(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        allow_bucket(session, "acme", "photos")
+        session.commit()
     body = {
         "model": "detector",
         "inputs": [{"uri": "s3://photos/a.jpg"}, {"uri": "s3://photos/b.jpg"}],

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db import queries
+from app.db import leases, queries
 from app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
 
 
@@ -119,7 +119,7 @@ def test_lease_items_skips_finished_items_and_counts_attempts(session: Session) 
     )
     ids = [i.id for i in items_of(session, job.id)]
 
-    leased = queries.lease_items(session, job.id, ids)
+    leased = leases.take(session, job.id, ids, "run-1", 60)
     session.commit()
 
     assert [i.id for i in leased] == ids[:2]
@@ -139,8 +139,8 @@ def test_lease_items_skips_finished_items_and_counts_attempts(session: Session) 
 def test_leasing_again_increments_attempts(session: Session) -> None:
     job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
     ids = [i.id for i in items_of(session, job.id)]
-    queries.lease_items(session, job.id, ids)
-    queries.lease_items(session, job.id, ids)
+    leases.take(session, job.id, ids, "run-1", 60)
+    leases.take(session, job.id, ids, "run-1", 60)
     session.commit()
     assert [i.attempts for i in items_of(session, job.id)] == [2, 2]
 
@@ -151,7 +151,7 @@ def test_lease_items_takes_only_the_chunks_ids_of_that_job(session: Session) -> 
     ids = [i.id for i in items_of(session, job.id)]
     other_id = items_of(session, other.id)[0].id
 
-    leased = queries.lease_items(session, job.id, [ids[0], ids[2], other_id])
+    leased = leases.take(session, job.id, [ids[0], ids[2], other_id], "run-1", 60)
     session.commit()
 
     assert [i.id for i in leased] == [ids[0], ids[2]]
@@ -166,7 +166,7 @@ def test_lease_items_takes_only_the_chunks_ids_of_that_job(session: Session) -> 
 def test_lease_items_of_a_finished_chunk_is_empty(session: Session) -> None:
     job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.CANCELLED])
     ids = [i.id for i in items_of(session, job.id)]
-    assert queries.lease_items(session, job.id, ids) == []
+    assert leases.take(session, job.id, ids, "run-1", 60) == []
 
 
 def test_mark_job_running_only_moves_a_queued_job(session: Session) -> None:
@@ -187,7 +187,7 @@ def test_mark_job_running_only_moves_a_queued_job(session: Session) -> None:
 def test_upsert_results_writes_the_chunk(session: Session) -> None:
     job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
     ids = [i.id for i in items_of(session, job.id)]
-    queries.lease_items(session, job.id, ids)
+    leases.take(session, job.id, ids, "run-1", 60)
     queries.upsert_results(
         session,
         job.id,
@@ -210,7 +210,7 @@ def test_upsert_results_writes_the_chunk(session: Session) -> None:
 def test_upsert_results_twice_changes_nothing(session: Session) -> None:
     job = make_job(session, [ItemStatus.PENDING] * 3)
     ids = [i.id for i in items_of(session, job.id)]
-    queries.lease_items(session, job.id, ids)
+    leases.take(session, job.id, ids, "run-1", 60)
     rows = [result_row("k0"), result_row("k1"), result_row("k2", ItemStatus.FAILED, error="X.")]
     queries.upsert_results(session, job.id, rows)
     session.commit()
@@ -229,7 +229,7 @@ def test_upsert_results_twice_changes_nothing(session: Session) -> None:
 def test_upsert_results_never_overwrites_a_cancelled_item(session: Session) -> None:
     job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
     ids = [i.id for i in items_of(session, job.id)]
-    queries.lease_items(session, job.id, ids[:1])
+    leases.take(session, job.id, ids[:1], "run-1", 60)
     queries.cancel_items(session, job.id)  # k1 was still pending
     session.commit()
 
@@ -253,8 +253,9 @@ def test_finished_items_are_those_not_open(session: Session) -> None:
         session,
         [ItemStatus.PENDING, ItemStatus.RUNNING, ItemStatus.SUCCEEDED, ItemStatus.CANCELLED],
     )
-    ids = [i.id for i in items_of(session, job.id)]
-    assert [i.key for i in queries.finished_items(session, ids)] == ["k2", "k3"]
+    other = make_job(session, [ItemStatus.SUCCEEDED])  # same chunk number, another job
+    assert [i.key for i in queries.finished_chunk_items(session, job.id, 0)] == ["k2", "k3"]
+    assert [i.key for i in queries.finished_chunk_items(session, other.id, 0)] == ["k0"]
 
 
 def test_cancel_items_cancels_only_pending(session: Session) -> None:

@@ -1,0 +1,124 @@
+"""Item leases: taking, renewing, losing and reclaiming them, on a migrated SQLite database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from app.db import leases, queries
+from app.db.models import Item, ItemStatus, JobStatus, utcnow
+from tests.app.db.test_queries import items_of, make_job, result_row
+
+
+def _ids(session: Session, job_id: str) -> list[int]:
+    return [i.id for i in items_of(session, job_id)]
+
+
+def _expire(session: Session, job_id: str) -> None:
+    session.execute(
+        update(Item)
+        .where(Item.job_id == job_id)
+        .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+    )
+    session.commit()
+
+
+def test_a_live_lease_is_not_taken_by_another_run(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING] * 2)
+    ids = _ids(session, job.id)
+    assert len(leases.take(session, job.id, ids, "run-a", 60)) == 2
+    session.commit()
+
+    assert leases.take(session, job.id, ids, "run-b", 60) == []
+    assert leases.held_elsewhere(session, ids, "run-b")
+    assert not leases.held_elsewhere(session, ids, "run-a")
+    items = items_of(session, job.id)
+    assert {i.lease_owner for i in items} == {"run-a"}
+    assert all(i.lease_expires_at is not None for i in items)
+
+
+def test_the_same_run_retaking_its_lease_succeeds(session: Session) -> None:
+    """A Celery retry keeps the task id, so the retry gets its own items back."""
+    job = make_job(session, [ItemStatus.PENDING])
+    ids = _ids(session, job.id)
+    leases.take(session, job.id, ids, "task-1", 60)
+    assert [i.id for i in leases.take(session, job.id, ids, "task-1", 60)] == ids
+    assert items_of(session, job.id)[0].attempts == 2
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_run_writes_nothing(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING])
+    ids = _ids(session, job.id)
+    leases.take(session, job.id, ids, "run-a", 60)
+    session.commit()
+    _expire(session, job.id)
+
+    assert [i.id for i in leases.take(session, job.id, ids, "run-b", 60)] == ids
+    assert leases.holds(session, ids, "run-a") == 0
+    assert leases.holds(session, ids, "run-b") == 1
+    late = result_row("k0", ItemStatus.FAILED, error="From the stale run.", outputs=None)
+    queries.upsert_results(session, job.id, [late], owner="run-a")
+    assert items_of(session, job.id)[0].status == ItemStatus.RUNNING
+    queries.upsert_results(session, job.id, [result_row("k0")], owner="run-b")
+    session.commit()
+    session.expire_all()
+    assert items_of(session, job.id)[0].status == ItemStatus.SUCCEEDED
+
+
+def test_renew_pushes_the_expiry_and_reports_the_job_status(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING], status=JobStatus.CANCELLING)
+    ids = _ids(session, job.id)
+    leases.take(session, job.id, ids, "run-a", 1)
+    session.commit()
+    before = items_of(session, job.id)[0].lease_expires_at
+    held, status = leases.renew(session, job.id, "run-a", 600)
+    session.commit()
+    session.expire_all()
+    after = items_of(session, job.id)[0].lease_expires_at
+    assert (held, status) == (1, JobStatus.CANCELLING)
+    assert before is not None and after is not None and after > before
+    assert leases.renew(session, job.id, "someone-else", 600)[0] == 0
+
+
+def test_release_hands_items_back(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING])
+    leases.take(session, job.id, _ids(session, job.id), "run-a", 60)
+    assert leases.release(session, job.id, "run-a") == 1
+    item = items_of(session, job.id)[0]
+    assert (item.status, item.lease_owner) == (ItemStatus.PENDING, None)
+
+
+def test_reset_expired_touches_only_open_jobs_with_lapsed_leases(session: Session) -> None:
+    lapsed = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
+    live = make_job(session, [ItemStatus.PENDING])
+    closed = make_job(session, [ItemStatus.RUNNING], status=JobStatus.CANCELLED)
+    leases.take(session, lapsed.id, _ids(session, lapsed.id), "run-a", 60)
+    leases.take(session, live.id, _ids(session, live.id), "run-b", 60)
+    session.commit()
+    _expire(session, lapsed.id)
+
+    assert leases.reset_expired(session) == {(lapsed.id, 0)}
+    session.commit()
+    session.expire_all()
+    assert {i.status for i in items_of(session, lapsed.id)} == {ItemStatus.PENDING}
+    assert items_of(session, live.id)[0].status == ItemStatus.RUNNING
+    assert items_of(session, closed.id)[0].status == ItemStatus.RUNNING
+    stranded = leases.stranded_chunks(session, older_than_s=30)
+    assert [(c.job_id, c.item_ids) for c in stranded] == [(lapsed.id, _ids(session, lapsed.id))]
+
+
+def test_stranded_chunks_wait_out_the_grace_and_mark_sent_restarts_it(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.SUCCEEDED])
+    session.execute(update(Item).values(queued_at=utcnow() - timedelta(seconds=120)))
+    session.commit()
+
+    stranded = leases.stranded_chunks(session, older_than_s=60)
+    assert [(c.job_id, c.chunk, c.item_ids) for c in stranded] == [
+        (job.id, 0, _ids(session, job.id)[:1])
+    ]
+    assert leases.stranded_chunks(session, older_than_s=600) == []
+    leases.mark_sent(session, stranded[0].item_ids)
+    session.commit()
+    assert leases.stranded_chunks(session, older_than_s=60) == []

@@ -1,0 +1,35 @@
+"""The tiny real classifier the worker tests register, as model `colours`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.catalog import register_model
+from app.model_spec import ImageModelSpec
+from tests.models import colour_classifier
+from workers.runtime import WorkerRuntime
+
+MODEL = "colours"
+
+
+def register_colours(runtime: WorkerRuntime, tmp_path: Path) -> None:
+    path = tmp_path / "colours.onnx"
+    colour_classifier(path)
+    spec = ImageModelSpec(
+        input_size=32,
+        labels=["red", "green", "blue", "dark"],
+        mean=(0, 0, 0),
+        std=(1, 1, 1),
+        top_k=2,
+    )
+    with runtime.sessions() as session:
+        register_model(
+            session,
+            runtime.store,
+            tenant="",
+            name=MODEL,
+            data=path.read_bytes(),
+            kind="classify",
+            spec=spec,
+        )
+        session.commit()

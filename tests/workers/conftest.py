@@ -1,0 +1,29 @@
+"""A worker runtime over SQLite and a local store, with a tiny real ONNX classifier
+registered as `colours`: what `process_chunk` tests run against, without a broker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.core.config import Settings
+from tests.support import migrated_settings
+from tests.workers.colours import register_colours
+from workers.runtime import WorkerRuntime
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return migrated_settings(tmp_path, monkeypatch, chunk_size=3, max_batch=8, max_delay_ms=2)
+
+
+@pytest.fixture
+def runtime(settings: Settings, tmp_path: Path) -> Iterator[WorkerRuntime]:
+    runtime = WorkerRuntime(settings)
+    try:
+        register_colours(runtime, tmp_path)
+        yield runtime
+    finally:
+        runtime.close()

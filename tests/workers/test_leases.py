@@ -1,0 +1,165 @@
+"""Leases from the worker's side: kept alive while a chunk runs, noticed when lost or when the
+job is cancelled, and re-sent by the reconciler when their run died or their message was lost."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from app import results
+from app.db import leases
+from app.db.models import Item, ItemStatus, JobStatus, utcnow
+from app.jobs import cancel_job
+from tests.support import RecordingDispatcher
+from tests.workers.test_chunk import FILES, items_by_key, job_row, manifest, shard_rows, submit
+from workers import chunk as chunk_module
+from workers.chunk import process_chunk
+from workers.lease import LeaseKeeper
+from workers.periodic import reconcile
+from workers.runtime import WorkerRuntime
+
+
+def _take(runtime: WorkerRuntime, job_id: str, ids: list[int], owner: str, lease_s: float) -> None:
+    with runtime.sessions() as session:
+        leases.take(session, job_id, ids, owner, lease_s)
+        session.commit()
+
+
+def _expire(runtime: WorkerRuntime, job_id: str) -> None:
+    with runtime.sessions() as session:
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
+        session.commit()
+
+
+def test_the_keeper_renews_the_lease_while_the_run_lives(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    _take(runtime, job_id, calls[0].item_ids, "run-a", lease_s=0.5)
+    with LeaseKeeper(runtime.sessions, job_id, "run-a", lease_s=0.5, renew_s=0.05) as keeper:
+        time.sleep(1.2)  # more than twice the lease
+        with runtime.sessions() as session:
+            assert leases.reset_expired(session) == set()
+        assert not keeper.lost.is_set() and not keeper.cancelled.is_set()
+    time.sleep(0.6)  # the keeper is gone: the lease runs out
+    with runtime.sessions() as session:
+        assert leases.reset_expired(session) == {(job_id, 0)}
+
+
+def test_the_keeper_sees_a_cancel_and_a_lost_lease(runtime: WorkerRuntime) -> None:
+    job_id, calls = submit(runtime)
+    _take(runtime, job_id, calls[0].item_ids, "run-a", lease_s=30)
+    with LeaseKeeper(runtime.sessions, job_id, "run-a", lease_s=30, renew_s=0.05) as keeper:
+        with runtime.sessions() as session:
+            cancel_job(session, "acme", job_id)
+        assert keeper.cancelled.wait(2)
+        _expire(runtime, job_id)
+        _take(runtime, job_id, calls[0].item_ids, "run-b", lease_s=30)
+        assert keeper.lost.wait(2)
+
+
+def test_a_cancel_stops_a_running_chunk_between_inputs(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel arrives while the first input is being fetched: the inputs not yet started
+    are cancelled, the started one keeps its result, and the job closes as cancelled."""
+    monkeypatch.setattr(chunk_module, "FETCH_GROUP", 1)
+    runtime.settings.lease_renew_s = 0.05
+    job_id, calls = submit(runtime)
+    fetch = runtime.fetcher.fetch
+    fetched: list[str] = []
+
+    def fetch_then_cancel(source: str | None, limit: int) -> Any:
+        fetched.append(source or "")
+        if len(fetched) == 1:
+            with runtime.sessions() as session:
+                cancel_job(session, "acme", job_id)
+            time.sleep(0.5)  # the keeper notices within a renewal or two
+        return fetch(source, limit)
+
+    monkeypatch.setattr(runtime.fetcher, "fetch", fetch_then_cancel)
+    report = process_chunk(runtime, job_id, 0, calls[0].item_ids)
+
+    items = items_by_key(runtime, job_id)
+    assert len(fetched) == 1 and report.processed == 1
+    assert items["r.png"].status == ItemStatus.SUCCEEDED
+    assert [items[k].status for k in ("g.png", "b.png", "notes.txt", "b2.png")] == [
+        ItemStatus.CANCELLED
+    ] * 4
+    assert items["g.png"].error == "The job was cancelled."
+    assert job_row(runtime, job_id).status == JobStatus.CANCELLED
+    assert [r["key"] for r in shard_rows(runtime, job_id, 0)] == ["r.png", "g.png", "b.png"]
+
+
+def test_a_duplicate_message_drops_out_while_the_first_run_holds_the_chunk(
+    runtime: WorkerRuntime,
+) -> None:
+    job_id, calls = submit(runtime)
+    _take(runtime, job_id, calls[0].item_ids, "live-run", lease_s=60)
+    report = process_chunk(runtime, job_id, 0, calls[0].item_ids)
+    assert report.processed == 0
+    assert {items_by_key(runtime, job_id)[k].status for k in ("r.png", "g.png", "b.png")} == {
+        ItemStatus.RUNNING
+    }
+    place = results.Place(runtime.store, results.results_prefix(job_id))
+    assert not runtime.store.exists(results.shard_key(place, 0))  # no partial shard written
+
+
+def test_the_reconciler_resends_a_dead_runs_chunk_and_the_job_completes(
+    runtime: WorkerRuntime,
+) -> None:
+    """A worker was killed with chunk 0 leased: its lease runs out, the reconciler sends the
+    chunk again (whatever the broker says), and every item ends with one result."""
+    job_id, calls = submit(runtime)
+    _take(runtime, job_id, calls[0].item_ids, "killed-run", lease_s=60)
+    process_chunk(runtime, job_id, 1, calls[1].item_ids)
+    dispatcher = RecordingDispatcher()
+    assert reconcile(runtime, dispatcher, lambda: set())["chunks_resent"] == 0  # lease live
+
+    _expire(runtime, job_id)
+    report = reconcile(runtime, dispatcher, lambda: None)  # broker unreadable: still re-sent
+    assert report == {"ingests_resumed": 0, "chunks_expired": 1, "chunks_resent": 1}
+    [resent] = dispatcher.calls
+    assert (resent.chunk, resent.item_ids, resent.queue) == (0, calls[0].item_ids, "interactive")
+
+    process_chunk(runtime, resent.job_id, resent.chunk, resent.item_ids)
+    items = items_by_key(runtime, job_id)
+    assert job_row(runtime, job_id).status == JobStatus.COMPLETED
+    assert [items[k].attempts for k in ("r.png", "g.png", "b.png")] == [2, 2, 2]
+    assert manifest(runtime, job_id)["counts"]["total"] == len(FILES)
+    assert [len(shard_rows(runtime, job_id, c)) for c in (0, 1)] == [3, 2]
+
+
+def test_the_reconciler_resends_pending_chunks_the_broker_lost(runtime: WorkerRuntime) -> None:
+    job_id, _calls = submit(runtime)
+    with runtime.sessions() as session:  # sent long ago, never run: Redis was flushed
+        session.execute(update(Item).values(queued_at=utcnow() - timedelta(hours=1)))
+        session.commit()
+    dispatcher = RecordingDispatcher()
+
+    assert reconcile(runtime, dispatcher, lambda: None)["chunks_resent"] == 0  # unknown: wait
+    assert reconcile(runtime, dispatcher, lambda: {(job_id, 0)})["chunks_resent"] == 1
+    assert [c.chunk for c in dispatcher.calls] == [1]  # chunk 0 is still queued
+    assert reconcile(runtime, dispatcher, lambda: set())["chunks_resent"] == 1  # not chunk 1 again
+    assert [c.chunk for c in dispatcher.calls] == [1, 0]
+
+
+def test_an_input_that_keeps_killing_its_runs_fails_with_the_reason(
+    runtime: WorkerRuntime,
+) -> None:
+    job_id, calls = submit(runtime)
+    limit = runtime.settings.max_attempts
+    with runtime.sessions() as session:
+        session.execute(update(Item).where(Item.key == "g.png").values(attempts=limit))
+        session.commit()
+    process_chunk(runtime, job_id, 0, calls[0].item_ids)
+    items = items_by_key(runtime, job_id)
+    assert items["r.png"].status == ItemStatus.SUCCEEDED
+    assert items["g.png"].status == ItemStatus.FAILED
+    assert f"gave up on this input after {limit} attempts" in (items["g.png"].error or "")

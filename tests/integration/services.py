@@ -7,6 +7,7 @@ Plain functions, no pytest: the integration fixtures and the benchmark (`bench/`
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import socket
 import subprocess
@@ -112,28 +113,40 @@ def drop_database(url: str, admin_url: str = PG_ADMIN_URL) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+CLAIM_TTL_S = 3 * 3600  # a crashed run's claim expires rather than blocking the index forever
+
+
 def claim_redis_db() -> str:
-    """A Redis database index of our own, emptied first, so stray workers of other runs
-    (which use other indexes) can't steal our messages."""
-    index = 1 + secrets.randbelow(15)
-    client = redis.Redis(REDIS_HOST, REDIS_PORT, db=index, socket_connect_timeout=3)
+    """A Redis database index of our own, emptied first, so workers of other runs on this
+    machine (other sessions, CI) can't steal our messages: indexes 1-15 are claimed with a
+    SET NX key in index 0, so two concurrent runs never share one."""
+    client = redis.Redis(REDIS_HOST, REDIS_PORT, db=0, socket_connect_timeout=3)
     try:
-        client.flushdb()
+        for index in random.sample(range(1, 16), 15):
+            if client.set(f"kiln-test:claim:{index}", os.getpid(), nx=True, ex=CLAIM_TTL_S):
+                break
+        else:
+            raise ServiceUnavailableError("Every Redis database index 1-15 is claimed by a run.")
     except redis.ConnectionError as error:
         raise ServiceUnavailableError(
             f"Redis is not reachable at {REDIS_HOST}:{REDIS_PORT}: {error}"
         ) from None
     finally:
         client.close()
+    with redis.Redis(REDIS_HOST, REDIS_PORT, db=index, socket_connect_timeout=3) as claimed:
+        claimed.flushdb()
     return f"redis://{REDIS_HOST}:{REDIS_PORT}/{index}"
 
 
 def release_redis_db(url: str) -> None:
+    index = int(url.rsplit("/", 1)[1])
     client = redis.Redis.from_url(url)
     try:
         client.flushdb()
     finally:
         client.close()
+    with redis.Redis(REDIS_HOST, REDIS_PORT, db=0) as admin:
+        admin.delete(f"kiln-test:claim:{index}")
 
 
 def start_moto(log_dir: Path) -> tuple[Process, str]:

@@ -19,6 +19,7 @@ from app.catalog import ModelInfo, get_model
 from app.core.errors import ConflictError, InputError, NotFoundError
 from app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
 from app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
+from app.observability.tracing import traced
 from app.storage.s3 import parse_s3_uri
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
@@ -78,6 +79,7 @@ class BulkRequest:
     idempotency_key: str | None = None
 
 
+@traced("kiln.bulk.submit")
 def submit_bulk(session: Session, dispatcher: IngestDispatcher, request: BulkRequest) -> Submitted:
     """Record the job and its ingest state, then send the first ingest message."""
     if request.idempotency_key:

@@ -20,6 +20,7 @@ from app.core.config import Settings
 from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from app.db import queries
 from app.db.models import Item, Job, JobStatus, aware, utcnow
+from app.observability.tracing import annotate, traced
 from app.storage import ObjectStore
 from app.storage.s3 import parse_s3_uri
 
@@ -67,6 +68,7 @@ class Submitted:
     counts: queries.Counts | None = None  # known without a query for a job just created
 
 
+@traced("kiln.job.submit")
 def submit_job(
     session: Session,
     store: ObjectStore,
@@ -107,6 +109,7 @@ def submit_job(
             if existing is not None:
                 return Submitted(existing, created=False)
         raise
+    annotate(job_id=job_id, model=job.model, items=len(items), chunks=job.chunk_count)
     dispatch_job(session, dispatcher, job, items)
     return Submitted(job, True, queries.Counts(total=len(items), pending=len(items)))
 

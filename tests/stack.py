@@ -28,6 +28,7 @@ from tests.integration.services import (
     claim_redis_db,
     create_database,
     drop_database,
+    free_port,
     kiln_command,
     release_redis_db,
     start_api,
@@ -186,13 +187,23 @@ def api_url(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> I
 
 
 @pytest.fixture(scope="session")
-def worker(migrated: Settings, service_env: dict[str, str], log_dir: Path) -> Iterator[Process]:
+def worker_metrics_url() -> str:
+    """Where the session `worker` serves its Prometheus metrics."""
+    return f"http://127.0.0.1:{free_port()}/metrics"
+
+
+@pytest.fixture(scope="session")
+def worker(
+    migrated: Settings, service_env: dict[str, str], log_dir: Path, worker_metrics_url: str
+) -> Iterator[Process]:
     from workers.celery_app import make_celery
 
+    port = worker_metrics_url.rsplit(":", 1)[1].split("/")[0]
+    env = {**_env(service_env), "KILN_WORKER_METRICS_PORT": port}  # this worker only
     celery = make_celery(migrated)
     try:
         proc, _node = start_worker(
-            _env(service_env), log_dir, lambda node: bool(celery.control.ping([node], timeout=1.0))
+            env, log_dir, lambda node: bool(celery.control.ping([node], timeout=1.0))
         )
     finally:
         celery.close()

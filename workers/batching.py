@@ -17,6 +17,8 @@ Two refinements for a worker that serves both bulk and interactive jobs:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import threading
 import time
@@ -26,6 +28,10 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
+
+from opentelemetry.trace import SpanContext
+
+from app.observability.tracing import batch_span, current_span_context
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,7 @@ class _Pending(Generic[In, Out]):
     row: In
     future: Future[Out]
     enqueued: float = field(default_factory=time.monotonic)
+    origin: SpanContext = field(default_factory=current_span_context)  # the submitter's span
 
 
 @dataclass
@@ -57,6 +64,9 @@ class BatchStats:
     engine_seconds: float = 0.0
     queue_wait_seconds: float = 0.0
     size_counts: Counter[int] = field(default_factory=Counter)
+    # Histogram counts keyed by bucket upper bound (one of SECONDS_BOUNDS, or inf)
+    engine_counts: Counter[float] = field(default_factory=Counter)  # engine time, per batch
+    wait_counts: Counter[float] = field(default_factory=Counter)  # queue wait, per row
 
     @property
     def mean_batch(self) -> float:
@@ -108,6 +118,7 @@ class Batcher(Generic[In, Out]):
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
         self._closed = False
+        self._batch_ids = itertools.count(1)  # for spans and log lines
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-runner-{i}", daemon=True)
             for i in range(runners)
@@ -165,7 +176,12 @@ class Batcher(Generic[In, Out]):
     def snapshot(self) -> BatchStats:
         """A consistent copy of the running totals (runners keep updating the live one)."""
         with self._stats_lock:
-            return replace(self.stats, size_counts=Counter(self.stats.size_counts))
+            return replace(
+                self.stats,
+                size_counts=Counter(self.stats.size_counts),
+                engine_counts=Counter(self.stats.engine_counts),
+                wait_counts=Counter(self.stats.wait_counts),
+            )
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Finish the rows already queued, then stop the runners."""
@@ -212,10 +228,18 @@ class Batcher(Generic[In, Out]):
 
     def _execute(self, batch: list[_Pending[In, Out]]) -> None:
         started = time.monotonic()
+        batch_id = next(self._batch_ids)
         live = [p for p in batch if p.future.set_running_or_notify_cancel()]
-        if live:
-            self._run_or_split(live)
-        self._record(batch, started, time.monotonic() - started)
+        origins = [p.origin for p in batch]
+        with batch_span(origins, batcher=self.name, batch_id=batch_id, batch_size=len(batch)):
+            if live:
+                self._run_or_split(live)
+        seconds = time.monotonic() - started
+        self._record(batch, started, seconds)
+        log.debug(
+            "%s: batch %d of %d rows in %.1f ms", self.name, batch_id, len(batch), seconds * 1000,
+            extra={"batcher": self.name, "batch_id": batch_id, "batch_size": len(batch)},
+        )  # fmt: skip
 
     def _record(self, batch: list[_Pending[In, Out]], started: float, seconds: float) -> None:
         with self._stats_lock:  # runners share the totals
@@ -224,6 +248,8 @@ class Batcher(Generic[In, Out]):
             self.stats.size_counts[len(batch)] += 1
             self.stats.engine_seconds += seconds
             self.stats.queue_wait_seconds += sum(started - p.enqueued for p in batch)
+            self.stats.engine_counts[seconds_bound(seconds)] += 1
+            self.stats.wait_counts.update(seconds_bound(started - p.enqueued) for p in batch)
 
     def _run_or_split(self, batch: list[_Pending[In, Out]]) -> None:
         if len(batch) > self.max_batch:  # the cap shrank after an out-of-memory: don't retry
@@ -244,7 +270,10 @@ class Batcher(Generic[In, Out]):
             if len(batch) == 1:
                 batch[0].future.set_exception(error)
                 return
-            log.info("%s: batch of %d failed (%s); splitting", self.name, len(batch), error)
+            log.info(
+                "%s: batch of %d failed (%s); splitting", self.name, len(batch), error,
+                extra={"batcher": self.name, "batch_size": len(batch)},
+            )  # fmt: skip
             self._split(batch)
             return
         for pending, output in zip(batch, outputs, strict=True):
@@ -266,7 +295,17 @@ class Batcher(Generic[In, Out]):
         log.warning(
             "%s: a batch of %d ran out of memory (%s); max batch is now %d",
             self.name, failed_size, error, self.max_batch,
+            extra={"batcher": self.name, "batch_size": failed_size},
         )  # fmt: skip
+
+
+SECONDS_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def seconds_bound(seconds: float) -> float:
+    """The smallest of SECONDS_BOUNDS that holds `seconds` (inf beyond the last)."""
+    index = bisect.bisect_left(SECONDS_BOUNDS, seconds)
+    return SECONDS_BOUNDS[index] if index < len(SECONDS_BOUNDS) else float("inf")
 
 
 _OOM_WORDS = ("out of memory", "failed to allocate memory", "cudaerrormemoryallocation")

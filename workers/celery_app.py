@@ -9,9 +9,11 @@ from celery import Celery
 from kombu.entity import Queue
 
 from app.core.config import Settings
+from app.observability.tracing import producer_span
 
 if TYPE_CHECKING:
     from workers.batching import BatchStats
+    from workers.chunk_stats import ChunkTotals
     from workers.runtime import WorkerRuntime
 
 # In priority order: a worker takes interactive chunks before anything else, then ingest
@@ -45,6 +47,12 @@ class KilnCelery(Celery):  # type: ignore[misc]
         with self._runtime_lock:
             runtime = self._runtime
         return runtime.batch_stats() if runtime else {}
+
+    def chunk_totals(self) -> dict[str, ChunkTotals]:
+        """Items and stage seconds per model; empty until the runtime exists."""
+        with self._runtime_lock:
+            runtime = self._runtime
+        return runtime.chunk_totals() if runtime else {}
 
     def backends(self) -> dict[str, str]:
         """The backend each loaded model runs on; empty until the runtime exists."""
@@ -133,15 +141,24 @@ class CeleryDispatcher:
         self.app = app
 
     def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None:
-        self.app.send_task(
-            CHUNK_TASK, args=[job_id, chunk, item_ids], queue=queue, routing_key=queue
-        )
+        with producer_span(
+            "kiln.chunk.send", job_id=job_id, chunk=chunk, items=len(item_ids), queue=queue
+        ) as trace_headers:
+            self.app.send_task(
+                CHUNK_TASK,
+                args=[job_id, chunk, item_ids],
+                queue=queue,
+                routing_key=queue,
+                headers=trace_headers or None,  # the trace context, for the task's span
+            )
 
     def enqueue_ingest(self, job_id: str, owner: str | None = None, countdown: float = 0) -> None:
-        self.app.send_task(
-            INGEST_TASK,
-            args=[job_id, owner],
-            queue="ingest",
-            routing_key="ingest",
-            countdown=countdown or None,
-        )
+        with producer_span("kiln.ingest.send", job_id=job_id) as trace_headers:
+            self.app.send_task(
+                INGEST_TASK,
+                args=[job_id, owner],
+                queue="ingest",
+                routing_key="ingest",
+                countdown=countdown or None,
+                headers=trace_headers or None,
+            )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +18,11 @@ from app.catalog import ModelInfo
 from app.core.errors import KilnError, TransientError
 from app.db import leases, queries
 from app.db.models import Item, ItemStatus, JobStatus
+from app.observability.tracing import annotate
 from app.results import ResultRow
 from workers import content_cache
 from workers.batching import Announcement
+from workers.chunk_stats import STAGES
 from workers.finish import Lease, finish_chunk
 from workers.lease import LeaseKeeper
 from workers.models.base import Prepared
@@ -38,7 +41,8 @@ class ChunkReport:
     succeeded: int = 0
     failed: int = 0
     cached: int = 0  # answered from the content cache
-    seconds: dict[str, float] = field(default_factory=dict)
+    # fetch (inputs + cache lookups), decode (prepare), infer (engine + finish), write
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     job_status: str | None = None
 
 
@@ -75,11 +79,15 @@ def process_chunk(
     report = ChunkReport(job_id, chunk)
     owner = owner or str(uuid.uuid4())
     lease = _lease(runtime, job_id, chunk, item_ids, owner)
+    where = {"job_id": job_id, "chunk": chunk, "items": len(item_ids)}  # for log lines
     if lease is None:
-        log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk)
+        log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk, extra=where)
         return report
+    annotate(model=lease.model.ref, leased=len(lease.items))
     if lease.held_elsewhere:
-        log.info("chunk %s/%d: another run holds it; dropping this copy", job_id, chunk)
+        log.info(
+            "chunk %s/%d: another run holds it; dropping this copy", job_id, chunk, extra=where
+        )
         return report
     settings = runtime.settings
     keeper = LeaseKeeper(runtime.sessions, job_id, owner, settings.lease_s, settings.lease_renew_s)
@@ -87,9 +95,15 @@ def process_chunk(
         with keeper:
             work = _run(runtime, lease, report, urgent, keeper) if lease.items else []
             if keeper.lost.is_set():
-                log.warning("chunk %s/%d: lease lost; another run owns the results", job_id, chunk)
+                log.warning(
+                    "chunk %s/%d: lease lost; another run owns the results", job_id, chunk,
+                    extra=where,
+                )  # fmt: skip
                 return report
+            timer = time.monotonic()
             report.job_status = finish_chunk(runtime, lease, _result_rows(work), _fresh(work))
+            report.seconds["write"] = time.monotonic() - timer
+            _tally(runtime, lease, work, report)
     except BaseException:
         _release(runtime, job_id, owner)  # so the task's retry can take the items at once
         raise
@@ -111,7 +125,10 @@ def _release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
             leases.release(session, job_id, owner)
             session.commit()
     except Exception as error:  # the database is away: the lease simply runs out
-        log.warning("could not release lease %s of job %s: %s", owner, job_id, error)
+        log.warning(
+            "could not release lease %s of job %s: %s", owner, job_id, error,
+            extra={"job_id": job_id},
+        )  # fmt: skip
 
 
 def _lease(
@@ -164,23 +181,22 @@ def _run(
     except TransientError:
         raise
     except Exception as error:
-        log.exception("model %s failed to load", model.ref)
+        where = {"job_id": lease.job_id, "chunk": lease.chunk, "model": model.ref}
+        log.exception("model %s failed to load", model.ref, extra=where)
         for w in work:
             w.error = w.error or f"Model {model.ref!r} could not be loaded: {error}."
         return work
-    timer = time.monotonic()
     with runner.batcher.expect(len(work), urgent) as announced:  # so the Batcher waits for these
         for start in range(0, len(work), FETCH_GROUP):
             group = work[start : start + FETCH_GROUP]
             if keeper.cancelled.is_set() or keeper.lost.is_set():
                 _cancel(group, announced)
             else:
-                report.cached += _feed(runtime, runner, model, group, announced)
-    report.seconds["fetch_decode"] = time.monotonic() - timer
+                report.cached += _feed(runtime, runner, model, group, announced, report)
     timer = time.monotonic()
     for w in work:
         _collect(runner, w)
-    report.seconds["infer_finish"] = time.monotonic() - timer
+    report.seconds["infer"] = time.monotonic() - timer
     report.processed = sum(1 for w in work if not w.cancelled)
     report.failed = sum(1 for w in work if w.error and not w.cancelled)
     report.succeeded = report.processed - report.failed
@@ -193,15 +209,18 @@ def _feed(
     model: ModelInfo,
     group: list[_Work],
     announced: Announcement[Prepared, Any],
+    report: ChunkReport,
 ) -> int:
     """Fetch a group, answer what the cache knows, hand the rest to the Batcher; returns the
     cache hits."""
+    timer = time.monotonic()
     for w in group:
         if w.waiting:
             _fetch(runtime, w)
     hits = _use_cache(runtime, model, group)
+    report.seconds["fetch"] += time.monotonic() - timer
     for w in group:
-        _submit(runner, announced, w)
+        _submit(runner, announced, w, report)
     return hits
 
 
@@ -255,19 +274,24 @@ def _use_cache(runtime: WorkerRuntime, model: ModelInfo, group: list[_Work]) -> 
     return hits
 
 
-def _submit(runner: ModelRunner, announced: Announcement[Prepared, Any], w: _Work) -> None:
+def _submit(
+    runner: ModelRunner, announced: Announcement[Prepared, Any], w: _Work, report: ChunkReport
+) -> None:
     if not w.waiting or w.data is None:
         announced.skip()
         return
+    timer = time.monotonic()
     try:
         w.prepared = runner.pipeline.prepare(w.data)
     except KilnError as error:
         w.error = str(error)
     except Exception as error:  # a decoder bug must fail one item, not the worker
-        log.exception("preparing %s failed", w.item.key)
+        where = {"job_id": w.item.job_id, "chunk": w.item.chunk, "item": w.item.key}
+        log.exception("preparing %s failed", w.item.key, extra=where)
         w.error = f"The input could not be prepared: {error}."
     finally:
         w.data = None  # the decoded rows are all the engine needs
+        report.seconds["decode"] += time.monotonic() - timer
     if w.prepared is None:
         announced.skip()
         return
@@ -280,8 +304,15 @@ def _collect(runner: ModelRunner, w: _Work) -> None:
     try:
         w.outputs = runner.pipeline.finish(w.prepared, w.future.result())
     except Exception as error:
-        log.warning("inference failed for %s: %s", w.item.key, error)
+        where = {"job_id": w.item.job_id, "chunk": w.item.chunk, "item": w.item.key}
+        log.warning("inference failed for %s: %s", w.item.key, error, extra=where)
         w.error = f"The model failed on this input: {error}."
+
+
+def _tally(runtime: WorkerRuntime, lease: Lease, work: list[_Work], report: ChunkReport) -> None:
+    """This run's items by final status and its stage times, for the worker's metrics."""
+    statuses = Counter(str(_status(w)) for w in work)
+    runtime.chunk_stats.record(lease.model.ref, statuses, report.seconds, report.cached)
 
 
 def _result_rows(work: list[_Work]) -> list[ResultRow]:

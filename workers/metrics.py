@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from workers.batching import BatchStats
+from workers.batching import SECONDS_BOUNDS, BatchStats
+from workers.chunk_stats import ChunkTotals
 from workers.device import GpuTelemetry
 
 
@@ -23,6 +24,8 @@ class WorkerView(Protocol):
     def batch_stats(self) -> Mapping[str, BatchStats]: ...
 
     def backends(self) -> Mapping[str, str]: ...
+
+    def chunk_totals(self) -> Mapping[str, ChunkTotals]: ...
 
 
 def size_buckets(largest: int) -> list[int]:
@@ -49,6 +52,16 @@ def batch_size_histogram(stats: BatchStats) -> list[tuple[str, float]]:
     return buckets
 
 
+def seconds_histogram(counts: Mapping[float, int]) -> list[tuple[str, float]]:
+    """Cumulative buckets over SECONDS_BOUNDS from counts keyed by bucket upper bound."""
+    buckets, seen = [], 0
+    for bound in SECONDS_BOUNDS:
+        seen += counts.get(bound, 0)
+        buckets.append((str(bound), float(seen)))
+    buckets.append(("+Inf", float(sum(counts.values()))))
+    return buckets
+
+
 class BatcherCollector(Collector):
     def __init__(self, view: WorkerView) -> None:
         self.view = view
@@ -58,12 +71,25 @@ class BatcherCollector(Collector):
         sizes = HistogramMetricFamily(
             "kiln_batch_size", "Rows per engine call (achieved batch size).", labels=["model"]
         )
+        engine = HistogramMetricFamily(
+            "kiln_batch_engine_duration_seconds", "Engine time per batch.", labels=["model"]
+        )
+        wait = HistogramMetricFamily(
+            "kiln_batch_queue_wait_duration_seconds",
+            "Time each row waited in the Batcher's queue before its batch started.",
+            labels=["model"],
+        )
         counters = {
             "rows": CounterMetricFamily(
                 "kiln_batch_rows", "Rows run by the engine.", labels=["model"]
             ),
             "failed": CounterMetricFamily(
                 "kiln_batch_failures", "Engine calls that raised (then split).", labels=["model"]
+            ),
+            "oom": CounterMetricFamily(
+                "kiln_batch_out_of_memory",
+                "Engine calls that ran out of memory (the batch cap shrank).",
+                labels=["model"],
             ),
             "engine": CounterMetricFamily(
                 "kiln_engine_seconds", "Time spent in engine calls.", labels=["model"]
@@ -76,12 +102,49 @@ class BatcherCollector(Collector):
         }
         for model, totals in stats.items():
             sizes.add_metric([model], batch_size_histogram(totals), sum_value=float(totals.rows))
+            engine.add_metric(
+                [model], seconds_histogram(totals.engine_counts), totals.engine_seconds
+            )
+            wait.add_metric(
+                [model], seconds_histogram(totals.wait_counts), totals.queue_wait_seconds
+            )
             counters["rows"].add_metric([model], totals.rows)
             counters["failed"].add_metric([model], totals.failed_batches)
+            counters["oom"].add_metric([model], totals.out_of_memory)
             counters["engine"].add_metric([model], totals.engine_seconds)
             counters["wait"].add_metric([model], totals.queue_wait_seconds)
-        yield sizes
+        yield from (sizes, engine, wait)
         yield from counters.values()
+
+
+class ChunkCollector(Collector):
+    """Items by final status, and seconds per stage of the chunks this worker ran."""
+
+    def __init__(self, view: WorkerView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        chunks = CounterMetricFamily("kiln_chunks", "Chunks run to the end.", labels=["model"])
+        items = CounterMetricFamily(
+            "kiln_items", "Items finished, by final status.", labels=["model", "status"]
+        )
+        cached = CounterMetricFamily(
+            "kiln_items_cached", "Items answered from the content cache.", labels=["model"]
+        )
+        stages = CounterMetricFamily(
+            "kiln_stage_seconds",
+            "Time chunks spent per stage: fetch (inputs, cache lookups), decode, "
+            "infer (waiting for the engine, post-processing), write (results, counters).",
+            labels=["model", "stage"],
+        )
+        for model, totals in self.view.chunk_totals().items():
+            chunks.add_metric([model], totals.chunks)
+            cached.add_metric([model], totals.cached)
+            for status, count in sorted(totals.items.items()):
+                items.add_metric([model, status], count)
+            for stage, seconds in totals.seconds.items():
+                stages.add_metric([model, stage], seconds)
+        yield from (chunks, items, cached, stages)
 
 
 class EngineCollector(Collector):
@@ -100,9 +163,10 @@ class EngineCollector(Collector):
 
 
 def worker_registry(view: WorkerView) -> CollectorRegistry:
-    """Batching, engines and (where NVML answers) the GPUs of one worker process."""
+    """Batching, chunks, engines and (where NVML answers) the GPUs of one worker process."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(BatcherCollector(view))
+    registry.register(ChunkCollector(view))
     registry.register(EngineCollector(view))
     registry.register(GpuTelemetry())
     return registry

@@ -18,9 +18,11 @@ from app.catalog import ModelInfo, get_model
 from app.core.config import Settings
 from app.db import queries
 from app.db.session import engine_for, make_session_factory
+from app.observability.tracing import traced_infer
 from app.results import Place, place_for
 from app.storage import ObjectStore, open_store
 from workers.batching import Batcher, BatchStats
+from workers.chunk_stats import ChunkStats, ChunkTotals
 from workers.engines.select import EngineFactory
 from workers.fetch import Fetcher
 from workers.models.base import Pipeline, Prepared
@@ -46,6 +48,7 @@ class WorkerRuntime:
         self.sessions: sessionmaker[Session] = make_session_factory(self.db)
         self.store: ObjectStore = open_store(settings)
         self.fetcher = Fetcher(settings, self.store)
+        self.chunk_stats = ChunkStats()  # items and stage seconds per model, for metrics
         self._runners: dict[str, ModelRunner] = {}
         self._models: dict[tuple[str, str], ModelInfo] = {}
         self._lock = threading.Lock()
@@ -71,7 +74,7 @@ class WorkerRuntime:
         runners = min(self.engines().runners, pipeline.max_runners)
         max_batch = min(self.settings.max_batch, pipeline.max_batch)
         batcher: Batcher[Prepared, Any] = Batcher(
-            pipeline.infer,
+            traced_infer(pipeline.infer, model=info.ref, backend=pipeline.backend),
             max_batch=max_batch,
             max_delay_s=self.settings.max_delay_s,
             runners=runners,
@@ -79,12 +82,17 @@ class WorkerRuntime:
             greedy=True,  # chunks announce their rows (see workers.chunk)
             max_queued=QUEUED_BATCHES * max_batch * runners,  # the model's batch: OCR rows are big
         )
-        log.info("model %s ready on %s, %d runner(s)", info.ref, pipeline.backend, runners)
-        self._report(info, pipeline)
+        device = self._report(info, pipeline)
+        log.info(
+            "model %s ready on %s, %d runner(s)", info.ref, pipeline.backend, runners,
+            extra={"model": info.ref, "backend": pipeline.backend, "device": device,
+                   "max_batch": max_batch},
+        )  # fmt: skip
         return ModelRunner(info, pipeline, batcher)
 
-    def _report(self, info: ModelInfo, pipeline: Pipeline) -> None:
-        """Record which backend runs the model here, and why (`GET /v1/models` shows it)."""
+    def _report(self, info: ModelInfo, pipeline: Pipeline) -> str:
+        """Record which backend runs the model here, and why (`GET /v1/models` shows it);
+        returns the device it runs on."""
         engines = self.engines()
         device = ", ".join(g.name for g in engines.host.gpus) if engines.choice.on_gpu else "cpu"
         try:
@@ -95,6 +103,7 @@ class WorkerRuntime:
                 session.commit()
         except SQLAlchemyError as error:  # a report is informative; never fail a job for it
             log.warning("could not record the engine of %s: %s", info.ref, error)
+        return device
 
     def engines(self) -> EngineFactory:
         """Probed once, in this process (never before a fork): the backend every model uses."""
@@ -121,6 +130,10 @@ class WorkerRuntime:
     def batch_stats(self) -> dict[str, BatchStats]:
         """Batching totals per model (`name` or `name:version`)."""
         return {r.info.ref: r.batcher.snapshot() for r in self.runners().values()}
+
+    def chunk_totals(self) -> dict[str, ChunkTotals]:
+        """Items by final status and seconds per stage, per model."""
+        return self.chunk_stats.snapshot()
 
     def backends(self) -> dict[str, str]:
         """The backend each loaded model runs on."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import OperationalError
 
 from app.core.errors import TransientError
+from app.observability.tracing import consumer_span
 
 if TYPE_CHECKING:
     from workers.celery_app import KilnCelery
@@ -32,15 +33,17 @@ def register(app: KilnCelery) -> None:
         from workers.chunk import process_chunk as run
 
         queue = (task.request.delivery_info or {}).get("routing_key")
-        report = run(app.runtime(), job_id, chunk, item_ids, urgent=queue == "interactive")
-        log.info(
-            "chunk %s/%d: %d ok, %d failed, %s",
-            job_id,
-            chunk,
-            report.succeeded,
-            report.failed,
-            {k: round(v, 3) for k, v in report.seconds.items()},
-        )
+        with consumer_span(
+            "kiln.process_chunk", task.request, job_id=job_id, chunk=chunk, items=len(item_ids)
+        ):
+            report = run(app.runtime(), job_id, chunk, item_ids, urgent=queue == "interactive")
+            seconds = {k: round(v, 3) for k, v in report.seconds.items()}
+            log.info(
+                "chunk %s/%d: %d ok, %d failed, %s",
+                job_id, chunk, report.succeeded, report.failed, seconds,
+                extra={"job_id": job_id, "chunk": chunk, "items": len(item_ids), "queue": queue,
+                       "succeeded": report.succeeded, "failed": report.failed, "seconds": seconds},
+            )  # fmt: skip
         return {"processed": report.processed, "job_status": report.job_status}
 
     @app.task(name="kiln.ingest", **RETRY)  # type: ignore[untyped-decorator]
@@ -48,11 +51,13 @@ def register(app: KilnCelery) -> None:
         from workers.celery_app import CeleryDispatcher
         from workers.ingest import ingest_step
 
-        report = ingest_step(app.runtime(), CeleryDispatcher(app), job_id, owner)
-        log.info(
-            "ingest %s: %s, %d pages, %d objects, %d chunks",
-            job_id, report.outcome, report.pages, report.listed, report.queued,
-        )  # fmt: skip
+        with consumer_span("kiln.ingest", task.request, job_id=job_id):
+            report = ingest_step(app.runtime(), CeleryDispatcher(app), job_id, owner)
+            log.info(
+                "ingest %s: %s, %d pages, %d objects, %d chunks",
+                job_id, report.outcome, report.pages, report.listed, report.queued,
+                extra={"job_id": job_id, "items": report.listed, "chunks": report.queued},
+            )  # fmt: skip
         return {"outcome": report.outcome, "listed": report.listed}
 
     @app.task(name="kiln.reconcile", **RETRY)  # type: ignore[untyped-decorator]

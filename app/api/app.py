@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from app.api.context import ApiContext
 from app.api.errors import install_error_handlers
+from app.api.metrics import install_metrics
 from app.api.routes import health, jobs, models, schedules
 from app.core.config import Settings, get_settings, redact_url
 
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_metrics(app)  # GET /metrics, and the per-request counters
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(models.router)

@@ -26,10 +26,11 @@ def run(
     """Run a job locally on the embedded defaults (no servers) and write its results."""
     import pyarrow.parquet as pq
 
+    from app.observability import observe
     from workers.embedded import run_embedded
 
-    logging.basicConfig(level=logging.WARNING)
     current = settings()
+    observe(current, "run", logging.WARNING)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,8 +21,12 @@ def api(
     import uvicorn
 
     from app.api.app import create_app
+    from app.observability import observe
 
-    uvicorn.run(create_app(settings()), host=host, port=port, log_level="info")
+    current = settings()
+    observe(current, "api")
+    # log_config=None: uvicorn's loggers propagate to the root handler `observe` installed.
+    uvicorn.run(create_app(current), host=host, port=port, log_level="info", log_config=None)
 
 
 def worker(
@@ -40,6 +45,12 @@ def worker(
     devices: Annotated[
         str | None, typer.Option(help="'all': one worker process per visible GPU.")
     ] = None,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Written once ready (after --warm), removed on shutdown.")
+    ] = None,
+    warm: Annotated[
+        str | None, typer.Option(help="Built-in models to build before ready, e.g. 'ocr,detector'.")
+    ] = None,
 ) -> None:
     """Run a worker: task threads feed one Batcher per model; one process per GPU."""
     if devices is not None:
@@ -49,18 +60,44 @@ def worker(
 
         pin(device)  # before anything imports CUDA: the engine is built later, in this process
     node = hostname or (f"gpu{device}@{socket.gethostname()}" if device is not None else None)
-    _work(concurrency, queues, node or f"cpu@{socket.gethostname()}", loglevel, metrics_port)
+    ready = _readiness(ready_file, warm)
+    host = socket.gethostname()
+    _work(concurrency, queues, node or f"cpu@{host}", loglevel, metrics_port, ready, warm)
+
+
+def _readiness(ready_file: Path | None, warm: str | None) -> Path | None:
+    from app.catalog import BUILTINS
+    from workers.readiness import parse_models
+
+    unknown = [name for name in parse_models(warm) if name not in BUILTINS]
+    if unknown:
+        known = ", ".join(BUILTINS)
+        raise fail(KilnError(f"--warm takes built-in models ({known}), not {', '.join(unknown)}."))
+    if warm and ready_file is None:
+        raise fail(KilnError("--warm needs --ready-file: readiness is what the warm-up delays."))
+    return ready_file
 
 
 def _work(
-    concurrency: int | None, queues: str, node: str, loglevel: str, metrics_port: int | None
+    concurrency: int | None,
+    queues: str,
+    node: str,
+    loglevel: str,
+    metrics_port: int | None,
+    ready: Path | None = None,
+    warm: str | None = None,
 ) -> None:
+    from app.observability import observe
     from workers.celery_app import make_celery
     from workers.metrics import serve_metrics, worker_registry
+    from workers.readiness import install, parse_models, warm_models
 
     current = settings()
+    observe(current, "worker", loglevel.upper())  # before Celery: it keeps a configured root
     celery = make_celery(current)
     celery.node_name = node
+    if ready is not None:
+        install(ready, warm_models(celery.runtime, parse_models(warm)))
     port = metrics_port or current.worker_metrics_port
     if port:
         serve_metrics(port, worker_registry(celery))
@@ -99,21 +136,41 @@ def _fleet(
     return Fleet([child_args(g, host, extra, port) for g in gpus]).run()
 
 
+# Flower's OAuth login (it reads FLOWER_* itself): all four set, or basic auth.
+FLOWER_OAUTH_ENV = (
+    "FLOWER_AUTH_PROVIDER",
+    "FLOWER_AUTH",
+    "FLOWER_OAUTH2_KEY",
+    "FLOWER_OAUTH2_SECRET",
+)
+
+
 def flower(port: Annotated[int, typer.Option(help="Port for the Flower UI.")] = 5555) -> None:
     """Flower against the configured broker; refuses to start without authentication."""
     from workers.celery_app import make_celery
 
     auth = os.environ.get("KILN_FLOWER_BASIC_AUTH")
-    if not auth or ":" not in auth:
-        raise fail(KilnError("Set KILN_FLOWER_BASIC_AUTH=user:password; Flower never runs open."))
-    make_celery(settings()).start(["flower", f"--port={port}", f"--basic-auth={auth}"])
+    args = ["flower", f"--port={port}"]
+    if auth and ":" in auth:
+        args.append(f"--basic-auth={auth}")
+    elif not all(os.environ.get(name) for name in FLOWER_OAUTH_ENV):
+        raise fail(
+            KilnError(
+                "Set KILN_FLOWER_BASIC_AUTH=user:password, or Flower's own OAuth variables ("
+                + ", ".join(FLOWER_OAUTH_ENV)
+                + "); Flower never runs open."
+            )
+        )
+    make_celery(settings()).start(args)  # Flower reads its FLOWER_* variables itself
 
 
 def beat(loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO") -> None:
     """Run the scheduler for Kiln's periodic tasks (one per deployment)."""
+    from app.observability.logs import configure_logging
     from workers.celery_app import make_celery
 
     current = settings()
+    configure_logging(current.log_format, loglevel.upper())
     current.data_dir.mkdir(parents=True, exist_ok=True)
     schedule = current.data_dir / "beat-schedule"
     make_celery(current).Beat(loglevel=loglevel, schedule=str(schedule)).run()

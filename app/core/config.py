@@ -94,6 +94,15 @@ class Settings(BaseSettings):
         1000, ge=1, description="Jobs queued, running or cancelling at once per tenant."
     )
 
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto", description="Log lines: JSON objects, text, or auto (text on a terminal)."
+    )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP collector for traces (e.g. http://collector:4318); unset = the "
+        "standard OTEL_EXPORTER_OTLP_ENDPOINT, and with neither tracing is off.",
+    )
+
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
 

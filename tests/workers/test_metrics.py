@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.batching import Batcher, BatchStats
+from workers.batching import SECONDS_BOUNDS, Batcher, BatchStats, seconds_bound
+from workers.chunk_stats import ChunkTotals
 from workers.metrics import batch_size_histogram, size_buckets, worker_registry
 
 
@@ -16,12 +17,16 @@ from workers.metrics import batch_size_histogram, size_buckets, worker_registry
 class View:
     stats: dict[str, BatchStats]
     engines: dict[str, str]
+    chunks: dict[str, ChunkTotals] = field(default_factory=dict)
 
     def batch_stats(self) -> dict[str, BatchStats]:
         return self.stats
 
     def backends(self) -> dict[str, str]:
         return self.engines
+
+    def chunk_totals(self) -> dict[str, ChunkTotals]:
+        return self.chunks
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -74,3 +79,30 @@ def test_a_batchers_totals_are_exported() -> None:
     backend = (("backend", "onnxruntime:CPUExecutionProvider"), ("model", "resnet"))
     assert got[("kiln_engine_info", backend)] == 1
     assert not any(name.startswith("kiln_gpu_") for name, _labels in got)  # no GPU: absent
+
+
+def test_seconds_bound_picks_the_smallest_holding_bucket() -> None:
+    assert seconds_bound(0.0) == SECONDS_BOUNDS[0]
+    assert seconds_bound(0.01) == 0.01
+    assert seconds_bound(0.011) == 0.025
+    assert seconds_bound(60.0) == float("inf")
+
+
+def test_engine_and_queue_wait_histograms_count_batches_and_rows() -> None:
+    batcher: Batcher[int, int] = Batcher(lambda rows: list(rows), max_batch=4, max_delay_s=0.05)
+    try:
+        for future in batcher.submit_many(range(10)):
+            future.result(timeout=5)
+    finally:
+        batcher.close()
+    stats = batcher.snapshot()
+    got = samples(generate_latest(worker_registry(View({"m": stats}, {}))).decode())
+    model = (("model", "m"),)
+    engine, wait = "kiln_batch_engine_duration_seconds", "kiln_batch_queue_wait_duration_seconds"
+    assert got[(f"{engine}_count", model)] == stats.batches == got[("kiln_batch_size_count", model)]
+    assert got[(f"{engine}_sum", model)] == stats.engine_seconds
+    assert got[(f"{wait}_count", model)] == 10
+    assert got[(f"{wait}_sum", model)] == stats.queue_wait_seconds
+    buckets = [v for (name, labels), v in got.items() if name == f"{wait}_bucket"]
+    assert len(buckets) == len(SECONDS_BOUNDS) + 1
+    assert got[(f"{wait}_bucket", (("le", "+Inf"), ("model", "m")))] == 10

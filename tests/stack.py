@@ -146,10 +146,25 @@ def service_env(
 
 @pytest.fixture(scope="session")
 def settings(service_env: dict[str, str]) -> Settings:
-    fields = {
-        k.removeprefix("KILN_").lower(): v for k, v in service_env.items() if k.startswith("KILN_")
-    }
-    return get_settings(**fields)
+    return settings_for(service_env)
+
+
+def settings_for(env: dict[str, str]) -> Settings:
+    """The Settings a process started with `env` would read."""
+    return get_settings(
+        **{k.removeprefix("KILN_").lower(): v for k, v in env.items() if k.startswith("KILN_")}
+    )
+
+
+@pytest.fixture
+def own_broker_env(service_env: dict[str, str], migrated: Settings) -> Iterator[dict[str, str]]:
+    """The session's environment with a Redis database of this test's own, so the session's
+    worker can neither help nor steal from the processes the test starts."""
+    broker = claim_redis_db()
+    try:
+        yield {**service_env, "KILN_BROKER_URL": broker}
+    finally:
+        release_redis_db(broker)
 
 
 @pytest.fixture(scope="session")

@@ -57,28 +57,28 @@ def take(
     return sorted(leased, key=lambda item: item.id)
 
 
+def _running(session: Session, item_ids: Sequence[int], owned: ColumnElement[bool]) -> int:
+    """How many of these items are running under a lease that matches `owned`."""
+    query = select(func.count()).where(
+        Item.id.in_(item_ids), Item.status == ItemStatus.RUNNING, owned
+    )
+    return int(session.scalar(query) or 0)
+
+
 def held_elsewhere(session: Session, item_ids: Sequence[int], owner: str) -> bool:
     """Some of these items run under another live lease (a duplicate message arrived)."""
-    return bool(
-        session.scalar(
-            select(func.count()).where(
-                Item.id.in_(item_ids),
-                Item.status == ItemStatus.RUNNING,
-                Item.lease_owner != owner,
-            )
-        )
-    )
+    return _running(session, item_ids, Item.lease_owner != owner) > 0
+
+
+def _held_by(job_id: str, owner: str) -> ColumnElement[bool]:
+    return and_(Item.job_id == job_id, Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
 
 
 def renew(session: Session, job_id: str, owner: str, lease_s: float) -> tuple[int, str | None]:
     """Push the lease's expiry out; returns (items still held, the job's status)."""
     result = session.execute(
         update(Item)
-        .where(
-            Item.job_id == job_id,
-            Item.lease_owner == owner,
-            Item.status == ItemStatus.RUNNING,
-        )
+        .where(_held_by(job_id, owner))
         .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
     )
     status = session.scalar(select(Job.status).where(Job.id == job_id))
@@ -87,23 +87,14 @@ def renew(session: Session, job_id: str, owner: str, lease_s: float) -> tuple[in
 
 def holds(session: Session, item_ids: Sequence[int], owner: str) -> int:
     """How many of these items `owner` still holds (0: its lease was taken over)."""
-    return int(
-        session.scalar(
-            select(func.count()).where(
-                Item.id.in_(item_ids),
-                Item.status == ItemStatus.RUNNING,
-                Item.lease_owner == owner,
-            )
-        )
-        or 0
-    )
+    return _running(session, item_ids, Item.lease_owner == owner)
 
 
 def release(session: Session, job_id: str, owner: str) -> int:
     """Hand the items back (a run that stops without results): pending, no owner."""
     result = session.execute(
         update(Item)
-        .where(Item.job_id == job_id, Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
+        .where(_held_by(job_id, owner))
         .values(
             status=ItemStatus.PENDING,
             lease_owner=None,

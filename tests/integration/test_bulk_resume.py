@@ -7,7 +7,6 @@ Its own Redis database and worker processes, so the session's shared worker cann
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,45 +14,31 @@ import pytest
 from sqlalchemy import func, select
 
 from app.bulk import BulkRequest, Source, submit_bulk
-from app.core.config import Settings, get_settings
 from app.db.models import Ingest, Item, Job
 from tests.integration.services import (
     Process,
-    claim_redis_db,
     kiln_command,
-    release_redis_db,
     start_worker,
     wait_for,
 )
 from tests.integration.services import service_env as full_env
 from tests.integration.test_bulk import put_objects
-from tests.stack import SOURCE_BUCKET
+from tests.stack import SOURCE_BUCKET, settings_for
 from workers.celery_app import CeleryDispatcher, make_celery
 
 OBJECTS = 1500
 
 
 @pytest.fixture
-def resume_env(service_env: dict[str, str], migrated: Settings) -> Iterator[dict[str, str]]:
-    broker = claim_redis_db()
-    try:
-        yield {
-            **service_env,
-            "KILN_BROKER_URL": broker,
-            "KILN_INGEST_PAGE_SIZE": "50",
-            "KILN_INGEST_PAGES_PER_STEP": "1",
-            "KILN_INGEST_STALE_S": "3",
-            "KILN_RECONCILE_INTERVAL_S": "1",
-            "KILN_VISIBILITY_TIMEOUT_S": "6",  # chunks held by the killed worker come back
-        }
-    finally:
-        release_redis_db(broker)
-
-
-def _settings(env: dict[str, str]) -> Settings:
-    return get_settings(
-        **{k.removeprefix("KILN_").lower(): v for k, v in env.items() if k.startswith("KILN_")}
-    )
+def resume_env(own_broker_env: dict[str, str]) -> dict[str, str]:
+    return {
+        **own_broker_env,
+        "KILN_INGEST_PAGE_SIZE": "50",
+        "KILN_INGEST_PAGES_PER_STEP": "1",
+        "KILN_INGEST_STALE_S": "3",
+        "KILN_RECONCILE_INTERVAL_S": "1",
+        "KILN_VISIBILITY_TIMEOUT_S": "6",  # chunks held by the killed worker come back
+    }
 
 
 def test_ingest_resumes_after_its_worker_is_killed(
@@ -61,7 +46,7 @@ def test_ingest_resumes_after_its_worker_is_killed(
 ) -> None:
     prefix = "bulk-resume/"
     put_objects(s3, [f"{prefix}img-{i:05d}.jpg" for i in range(OBJECTS)], seed=5)
-    settings = _settings(resume_env)
+    settings = settings_for(resume_env)
     celery = make_celery(settings)
     env = full_env(resume_env)
     started: list[Process] = []

@@ -6,7 +6,6 @@ Its own Redis database and worker, so the session's shared worker cannot take th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,31 +13,23 @@ import pytest
 from sqlalchemy import func, select
 
 from app.bulk import BulkRequest, Source, submit_bulk
-from app.core.config import Settings
 from app.db.models import Item
 from tests.integration.services import (
     Process,
-    claim_redis_db,
     kiln_command,
-    release_redis_db,
     wait_for,
 )
 from tests.integration.services import service_env as full_env
 from tests.integration.test_bulk import put_objects
-from tests.integration.test_bulk_resume import _settings
-from tests.stack import SOURCE_BUCKET
+from tests.stack import SOURCE_BUCKET, settings_for
 from workers.celery_app import CeleryDispatcher, make_celery
 
 OBJECTS = 1500
 
 
 @pytest.fixture
-def own_broker(service_env: dict[str, str], migrated: Settings) -> Iterator[dict[str, str]]:
-    broker = claim_redis_db()
-    try:
-        yield {**service_env, "KILN_BROKER_URL": broker, "KILN_CONTENT_CACHE": "false"}
-    finally:
-        release_redis_db(broker)
+def own_broker(own_broker_env: dict[str, str]) -> dict[str, str]:
+    return {**own_broker_env, "KILN_CONTENT_CACHE": "false"}
 
 
 def _count(sessions: Any, job_id: str, status: str) -> int:
@@ -56,7 +47,7 @@ def test_ready_after_warm_up_and_sigterm_finishes_the_chunks_in_hand(
     args = ["worker", "--hostname", "lifecycle@localhost", "--concurrency", "4"]
     args += ["--ready-file", str(ready), "--warm", "phash"]
     worker = Process("worker-lifecycle", kiln_command(*args), full_env(own_broker), log_dir)
-    celery = make_celery(_settings(own_broker))
+    celery = make_celery(settings_for(own_broker))
     try:
         wait_for(ready.exists, 90, "the worker's ready file")
         assert ready.read_text().split() == ["ready", "phash"]

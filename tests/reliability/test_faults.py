@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.auth import create_key
-from app.core.config import Settings, get_settings
+from app.core.config import Settings
 from app.db.migrate import upgrade
 from app.db.models import Item
 from app.db.session import make_engine, make_session_factory
@@ -40,7 +40,7 @@ from tests.integration.services import (
 from tests.models import oom_embedder
 from tests.reliability.faults import PrivatePostgres, PrivateRedis, TcpProxy
 from tests.reliability.jobs import items_by_key, upload, wait_closed
-from tests.stack import BUCKET, RUNNING, unavailable
+from tests.stack import BUCKET, RUNNING, settings_for, unavailable
 from workers.celery_app import make_celery
 
 IMAGES = 320  # detector: ~10-20 s of work for two workers on two cores
@@ -102,7 +102,7 @@ def stack(
         "KILN_RECONCILE_INTERVAL_S": "1",
         "KILN_DB_POOL_TIMEOUT_S": "5",
     }
-    settings = get_settings(**{k.removeprefix("KILN_").lower(): v for k, v in kiln.items()})
+    settings = settings_for(kiln)
     upgrade(settings)
     env = service_env(kiln)
     faults = FaultStack(env, log_dir, settings)
@@ -202,51 +202,43 @@ def test_three_workers_killed_mid_job(stack: Stack) -> None:
     assert rerun > 0, "no kill landed on a running chunk; the test proved nothing"
 
 
-@pytest.mark.parametrize("fault", ["flushall", "restart"])
-def test_redis_flushed_or_restarted_mid_job(stack: Stack, fault: str) -> None:
-    faults, client, rds = stack[0], stack[1], stack[2]
+def _survives(stack: Stack, name: str, fault: Callable[[], None]) -> None:
+    """Run a job on two workers, apply `fault` at ~20 %, and require the job to complete with
+    every item once and the same worker processes alive (they recovered by themselves)."""
+    faults, client = stack[0], stack[1]
     faults.ensure_workers(2)
     workers = faults.live_workers()
-    files = _images(IMAGES, f"redis-{fault}")
+    files = _images(IMAGES, name)
     job_id = _submit(client, files)
     _wait_done(client, job_id, IMAGES // 5)
-    if fault == "flushall":
-        rds.flushall()  # every queued and unacked message is gone
-    else:
-        rds.restart()
-    print(f"redis {fault} at {_done(client, job_id)}/{IMAGES}")
+    at = _done(client, job_id)
+    fault()
+    print(f"{name} at {at}/{IMAGES}")
     _assert_exactly_once(stack, job_id, set(files))
-    _assert_workers_lived(workers)  # they reconnected; nobody restarted them
+    _assert_workers_lived(workers)
+
+
+@pytest.mark.parametrize("fault", ["flushall", "restart"])
+def test_redis_flushed_or_restarted_mid_job(stack: Stack, fault: str) -> None:
+    rds = stack[2]
+    # flushall: every queued and unacked message is gone; restart: connections drop too
+    _survives(stack, f"redis-{fault}", rds.flushall if fault == "flushall" else rds.restart)
 
 
 def test_postgres_restarted_mid_job(stack: Stack) -> None:
-    faults, client, pg = stack[0], stack[1], stack[3]
-    faults.ensure_workers(2)
-    workers = faults.live_workers()
-    files = _images(IMAGES, "pg")
-    job_id = _submit(client, files)
-    _wait_done(client, job_id, IMAGES // 5)
-    pg.restart()
-    print(f"postgres restarted at {_done(client, job_id)}/{IMAGES}")
-    _assert_exactly_once(stack, job_id, set(files))
-    _assert_workers_lived(workers)
-    assert client.get("/readyz").status_code == 200
+    _survives(stack, "postgres-restart", stack[3].restart)
+    assert stack[1].get("/readyz").status_code == 200
 
 
 def test_s3_down_for_ten_seconds(stack: Stack) -> None:
-    faults, client, proxy = stack[0], stack[1], stack[4]
-    faults.ensure_workers(2)
-    workers = faults.live_workers()
-    files = _images(IMAGES, "s3")
-    job_id = _submit(client, files)
-    _wait_done(client, job_id, IMAGES // 5)
-    proxy.down()
-    at = _done(client, job_id)
-    time.sleep(10)
-    proxy.up()
-    print(f"S3 down for 10 s at {at}/{IMAGES}")
-    _assert_exactly_once(stack, job_id, set(files))
-    _assert_workers_lived(workers)
+    proxy = stack[4]
+
+    def away_for_ten_seconds() -> None:
+        proxy.down()
+        time.sleep(10)
+        proxy.up()
+
+    _survives(stack, "s3-down", away_for_ten_seconds)
 
 
 def test_cancel_mid_job(stack: Stack) -> None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.core.errors import InputError, NotFoundError
-from app.db.models import ApiKey, utcnow
+from kiln.app.core.errors import InputError, NotFoundError
+from kiln.app.db.models import ApiKey, utcnow
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" allows a "\n"
 

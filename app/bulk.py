@@ -14,13 +14,13 @@ from typing import Any, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app import tenants
-from app.catalog import ModelInfo, get_model
-from app.core.errors import ConflictError, InputError, NotFoundError
-from app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
-from app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
-from app.observability.tracing import traced
-from app.storage.s3 import parse_s3_uri
+from kiln.app import tenants
+from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.core.errors import ConflictError, InputError, NotFoundError
+from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
+from kiln.app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
+from kiln.app.observability.tracing import traced
+from kiln.app.storage.s3 import parse_s3_uri
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 MAX_PATTERNS = 50

@@ -20,10 +20,10 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.core.errors import ConflictError, InputError, NotFoundError
-from app.db.models import SHARED_TENANT, Model, aware
-from app.model_spec import ImageModelSpec, check_onnx
-from app.storage import ObjectStore
+from kiln.app.core.errors import ConflictError, InputError, NotFoundError
+from kiln.app.db.models import SHARED_TENANT, Model, aware
+from kiln.app.model_spec import ImageModelSpec, check_onnx
+from kiln.app.storage import ObjectStore
 
 KINDS = ("detect", "ocr", "classify", "embed", "text-embed", "phash")
 REGISTRABLE_KINDS = ("classify", "embed")

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from app.core.errors import KilnError
+from kiln.app.core.errors import KilnError
 
 
 class ApiError(KilnError):

@@ -14,15 +14,15 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import tenants
-from app.catalog import ModelInfo, get_model
-from app.core.config import Settings
-from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
-from app.db import queries
-from app.db.models import Item, Job, JobStatus, aware, utcnow
-from app.observability.tracing import annotate, traced
-from app.storage import ObjectStore
-from app.storage.s3 import parse_s3_uri
+from kiln.app import tenants
+from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
+from kiln.app.db import queries
+from kiln.app.db.models import Item, Job, JobStatus, aware, utcnow
+from kiln.app.observability.tracing import annotate, traced
+from kiln.app.storage import ObjectStore
+from kiln.app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
 

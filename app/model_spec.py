@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.core.errors import InputError
+from kiln.app.core.errors import InputError
 
 Layout = Literal["NCHW", "NHWC"]
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

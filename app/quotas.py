@@ -18,10 +18,10 @@ from limits.strategies import SlidingWindowCounterRateLimiter
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.core.config import Settings, redact_url
-from app.core.errors import LimitExceededError
-from app.db.models import OPEN_JOB_STATUSES, Job
-from app.jobs import by_idempotency_key
+from kiln.app.core.config import Settings, redact_url
+from kiln.app.core.errors import LimitExceededError
+from kiln.app.db.models import OPEN_JOB_STATUSES, Job
+from kiln.app.jobs import by_idempotency_key
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from app.storage import ObjectStore
-from app.storage.s3 import S3Store, parse_s3_uri
+from kiln.app.storage import ObjectStore
+from kiln.app.storage.s3 import S3Store, parse_s3_uri
 
 S3Factory = Callable[[], Any]  # returns a boto3 S3 client, made only when needed
 

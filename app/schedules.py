@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.bulk import (
+from kiln.app.bulk import (
     NAME_PATTERN,
     BulkRequest,
     IngestDispatcher,
@@ -20,10 +20,10 @@ from app.bulk import (
     check_places,
     submit_bulk,
 )
-from app.catalog import get_model
-from app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
-from app.db.models import Schedule, utcnow
-from app.storage.s3 import parse_s3_uri
+from kiln.app.catalog import get_model
+from kiln.app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
+from kiln.app.db.models import Schedule, utcnow
+from kiln.app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
 

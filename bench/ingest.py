@@ -27,11 +27,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.bulk import BulkRequest, Source, submit_bulk
-from app.core.config import get_settings
-from app.db.migrate import upgrade
-from app.db.models import Ingest
-from app.tenants import allow_bucket
+from kiln.app.bulk import BulkRequest, Source, submit_bulk
+from kiln.app.core.config import get_settings
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.models import Ingest
+from kiln.app.tenants import allow_bucket
+from kiln.workers.celery_app import CeleryDispatcher, make_celery
+from kiln.workers.ingest import ingest_step
+from kiln.workers.runtime import WorkerRuntime
 from tests.integration.services import (
     AWS_ENV,
     claim_redis_db,
@@ -40,9 +43,6 @@ from tests.integration.services import (
     release_redis_db,
     start_moto,
 )
-from workers.celery_app import CeleryDispatcher, make_celery
-from workers.ingest import ingest_step
-from workers.runtime import WorkerRuntime
 
 BUCKET = "kiln-bench-ingest"
 

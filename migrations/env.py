@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from app.db.models import Base
-from app.db.session import make_engine
+from kiln.app.db.models import Base
+from kiln.app.db.session import make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -15,11 +15,11 @@ import boto3
 import httpx
 import pytest
 
-from app.auth import create_key
-from app.core.config import Settings, get_settings
-from app.db.migrate import upgrade
-from app.db.session import make_engine, make_session_factory
-from app.tenants import allow_bucket
+from kiln.app.auth import create_key
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.tenants import allow_bucket
 from tests.integration.services import (
     AWS_ENV,
     IN_CI,
@@ -211,7 +211,7 @@ def worker_metrics_url() -> str:
 def worker(
     migrated: Settings, service_env: dict[str, str], log_dir: Path, worker_metrics_url: str
 ) -> Iterator[Process]:
-    from workers.celery_app import make_celery
+    from kiln.workers.celery_app import make_celery
 
     port = worker_metrics_url.rsplit(":", 1)[1].split("/")[0]
     env = {**_env(service_env), "KILN_WORKER_METRICS_PORT": port}  # this worker only

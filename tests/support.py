@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import Settings, get_settings
-from app.db.migrate import upgrade
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.db.migrate import upgrade
 
 
 def migrated_settings(

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from app.core.config import Settings
-from app.observability.tracing import setup_tracing
+from kiln.app.core.config import Settings
+from kiln.app.observability.tracing import setup_tracing
 
 
 def reset_tracing() -> None:

@@ -31,7 +31,7 @@ from typing import Generic, TypeVar
 
 from opentelemetry.trace import SpanContext
 
-from app.observability.tracing import batch_span, current_span_context
+from kiln.app.observability.tracing import batch_span, current_span_context
 
 log = logging.getLogger(__name__)
 

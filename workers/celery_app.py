@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from kombu.entity import Queue
 
-from app.core.config import Settings
-from app.observability.tracing import producer_span
+from kiln.app.core.config import Settings
+from kiln.app.observability.tracing import producer_span
 
 if TYPE_CHECKING:
-    from workers.batching import BatchStats
-    from workers.chunk_stats import ChunkTotals
-    from workers.runtime import WorkerRuntime
+    from kiln.workers.batching import BatchStats
+    from kiln.workers.chunk_stats import ChunkTotals
+    from kiln.workers.runtime import WorkerRuntime
 
 # In priority order: a worker takes interactive chunks before anything else, then ingest
 # steps (short, and they keep bulk fed), then bulk chunks, then periodic control tasks.
@@ -37,7 +37,7 @@ class KilnCelery(Celery):  # type: ignore[misc]
     def runtime(self) -> WorkerRuntime:
         with self._runtime_lock:
             if self._runtime is None:
-                from workers.runtime import WorkerRuntime
+                from kiln.workers.runtime import WorkerRuntime
 
                 self._runtime = WorkerRuntime(self.settings, self.node_name)
             return self._runtime
@@ -88,8 +88,8 @@ def make_celery(settings: Settings) -> KilnCelery:
         beat_schedule=_beat_schedule(settings),
     )
     if settings.embedded_broker:  # kombu's own loses a message a reader catches half-written
-        app.conf.broker_transport = "workers.fs_transport:Transport"
-    from workers import tasks
+        app.conf.broker_transport = "kiln.workers.fs_transport:Transport"
+    from kiln.workers import tasks
 
     tasks.register(app)
     return app

@@ -14,19 +14,19 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.catalog import ModelInfo
-from app.core.errors import KilnError, TransientError
-from app.db import leases, queries
-from app.db.models import Item, ItemStatus, JobStatus
-from app.observability.tracing import annotate
-from app.results import ResultRow
-from workers import content_cache
-from workers.batching import Announcement
-from workers.chunk_stats import STAGES
-from workers.finish import Lease, finish_chunk
-from workers.lease import LeaseKeeper
-from workers.models.base import Prepared
-from workers.runtime import ModelRunner, WorkerRuntime
+from kiln.app.catalog import ModelInfo
+from kiln.app.core.errors import KilnError, TransientError
+from kiln.app.db import leases, queries
+from kiln.app.db.models import Item, ItemStatus, JobStatus
+from kiln.app.observability.tracing import annotate
+from kiln.app.results import ResultRow
+from kiln.workers import content_cache
+from kiln.workers.batching import Announcement
+from kiln.workers.chunk_stats import STAGES
+from kiln.workers.finish import Lease, finish_chunk
+from kiln.workers.lease import LeaseKeeper
+from kiln.workers.models.base import Prepared
+from kiln.workers.runtime import ModelRunner, WorkerRuntime
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.models.base import VECTOR_OUTPUTS
+from kiln.workers.models.base import VECTOR_OUTPUTS
 
 Entry = tuple[dict[str, Any], bytes | None, str | None]  # outputs, vector bytes, vector dtype
 

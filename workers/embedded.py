@@ -18,16 +18,16 @@ from pathlib import Path
 import pyarrow as pa
 from celery.worker import WorkController
 
-from app import jobs, results
-from app.catalog import get_model
-from app.core.config import Settings
-from app.core.errors import InputError, NotFoundError
-from app.db.migrate import upgrade
-from app.db.models import Job
-from app.db.queries import is_open
-from app.db.session import make_engine, make_session_factory
-from app.storage import open_store
-from workers.celery_app import WORK_QUEUES, CeleryDispatcher, KilnCelery, make_celery
+from kiln.app import jobs, results
+from kiln.app.catalog import get_model
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import InputError, NotFoundError
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.models import Job
+from kiln.app.db.queries import is_open
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.storage import open_store
+from kiln.workers.celery_app import WORK_QUEUES, CeleryDispatcher, KilnCelery, make_celery
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from app.core.config import Settings
-from app.core.errors import InputError
-from app.storage import ObjectStore
-from app.storage.s3 import make_s3_client, read_object
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import InputError
+from kiln.app.storage import ObjectStore
+from kiln.app.storage.s3 import make_s3_client, read_object
 
 
 def _read_local(uri: str, max_bytes: int) -> bytes:

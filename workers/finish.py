@@ -17,15 +17,15 @@ from typing import Any
 import pyarrow as pa
 from sqlalchemy.orm import Session
 
-from app import results
-from app.catalog import ModelInfo
-from app.db import ingest, leases, queries
-from app.db.models import Item, ItemStatus, Job, aware, utcnow
-from app.results import Result, ResultRow
-from workers import content_cache
-from workers.models.base import VECTOR_OUTPUTS
-from workers.models.loader import output_fields
-from workers.runtime import WorkerRuntime
+from kiln.app import results
+from kiln.app.catalog import ModelInfo
+from kiln.app.db import ingest, leases, queries
+from kiln.app.db.models import Item, ItemStatus, Job, aware, utcnow
+from kiln.app.results import Result, ResultRow
+from kiln.workers import content_cache
+from kiln.workers.models.base import VECTOR_OUTPUTS
+from kiln.workers.models.loader import output_fields
+from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def ensure_manifest(
 
 def _near_duplicates(place: results.Place, session: Session, job: Job) -> dict[str, Any]:
     """A phash job's near-duplicate groups, over all its items: written beside the shards."""
-    from workers.models.phash import DEFAULT_MAX_DISTANCE, near_duplicate_groups
+    from kiln.workers.models.phash import DEFAULT_MAX_DISTANCE, near_duplicate_groups
 
     distance = int(job.options.get("max_distance", DEFAULT_MAX_DISTANCE))
     hashed = [(k, o["phash"]) for k, o in queries.item_outputs(session, job.id) if o.get("phash")]

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from types import FrameType
 
-from workers.device import Gpu
+from kiln.workers.device import Gpu
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ RESTART_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 def child_args(gpu: Gpu, host: str, extra: list[str], metrics_port: int | None) -> list[str]:
     """The command line of the worker for `gpu`: pinned, named `gpu<N>@<host>`."""
-    args = [sys.executable, "-m", "app.cli", "worker", "--device", str(gpu.index)]
+    args = [sys.executable, "-m", "kiln.app.cli", "worker", "--device", str(gpu.index)]
     args += ["--hostname", f"gpu{gpu.index}@{host}"]
     if metrics_port:
         args += ["--metrics-port", str(metrics_port + gpu.index)]  # one port per device

@@ -23,15 +23,15 @@ from typing import Any, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session
 
-from app import results
-from app.bulk import Source
-from app.core.errors import InputError, KilnError
-from app.db import ingest as db
-from app.db import queries
-from app.db.models import Ingest, Job, JobStatus, utcnow
-from app.storage.s3 import translate
-from workers.finish import ensure_manifest
-from workers.runtime import WorkerRuntime
+from kiln.app import results
+from kiln.app.bulk import Source
+from kiln.app.core.errors import InputError, KilnError
+from kiln.app.db import ingest as db
+from kiln.app.db import queries
+from kiln.app.db.models import Ingest, Job, JobStatus, utcnow
+from kiln.app.storage.s3 import translate
+from kiln.workers.finish import ensure_manifest
+from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

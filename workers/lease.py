@@ -13,8 +13,8 @@ from types import TracebackType
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import leases
-from app.db.models import JobStatus
+from kiln.app.db import leases
+from kiln.app.db.models import JobStatus
 
 log = logging.getLogger(__name__)
 

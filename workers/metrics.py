@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from workers.batching import SECONDS_BOUNDS, BatchStats
-from workers.chunk_stats import ChunkTotals
-from workers.device import GpuTelemetry
+from kiln.workers.batching import SECONDS_BOUNDS, BatchStats
+from kiln.workers.chunk_stats import ChunkTotals
+from kiln.workers.device import GpuTelemetry
 
 
 class WorkerView(Protocol):

@@ -6,12 +6,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from app import schedules
-from app.db import ingest as db
-from app.db import leases
-from workers.inflight import Chunk
-from workers.ingest import StepDispatcher
-from workers.runtime import WorkerRuntime
+from kiln.app import schedules
+from kiln.app.db import ingest as db
+from kiln.app.db import leases
+from kiln.workers.inflight import Chunk
+from kiln.workers.ingest import StepDispatcher
+from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 

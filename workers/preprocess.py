@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
-from app.core.errors import InputError
+from kiln.app.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,19 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.catalog import ModelInfo, get_model
-from app.core.config import Settings
-from app.db import queries
-from app.db.session import engine_for, make_session_factory
-from app.observability.tracing import traced_infer
-from app.results import Place, place_for
-from app.storage import ObjectStore, open_store
-from workers.batching import Batcher, BatchStats
-from workers.chunk_stats import ChunkStats, ChunkTotals
-from workers.engines.select import EngineFactory
-from workers.fetch import Fetcher
-from workers.models.base import Pipeline, Prepared
-from workers.models.loader import load_pipeline
+from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.core.config import Settings
+from kiln.app.db import queries
+from kiln.app.db.session import engine_for, make_session_factory
+from kiln.app.observability.tracing import traced_infer
+from kiln.app.results import Place, place_for
+from kiln.app.storage import ObjectStore, open_store
+from kiln.workers.batching import Batcher, BatchStats
+from kiln.workers.chunk_stats import ChunkStats, ChunkTotals
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.fetch import Fetcher
+from kiln.workers.models.base import Pipeline, Prepared
+from kiln.workers.models.loader import load_pipeline
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import OperationalError
 
-from app.core.errors import TransientError
-from app.observability.tracing import consumer_span
+from kiln.app.core.errors import TransientError
+from kiln.app.observability.tracing import consumer_span
 
 if TYPE_CHECKING:
-    from workers.celery_app import KilnCelery
+    from kiln.workers.celery_app import KilnCelery
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ RETRY: dict[str, Any] = {
 def register(app: KilnCelery) -> None:
     @app.task(name="kiln.process_chunk", **RETRY)  # type: ignore[untyped-decorator]
     def process_chunk(task: Any, job_id: str, chunk: int, item_ids: list[int]) -> dict[str, Any]:
-        from workers.chunk import process_chunk as run
+        from kiln.workers.chunk import process_chunk as run
 
         queue = (task.request.delivery_info or {}).get("routing_key")
         with consumer_span(
@@ -48,8 +48,8 @@ def register(app: KilnCelery) -> None:
 
     @app.task(name="kiln.ingest", **RETRY)  # type: ignore[untyped-decorator]
     def ingest(task: Any, job_id: str, owner: str | None = None) -> dict[str, Any]:
-        from workers.celery_app import CeleryDispatcher
-        from workers.ingest import ingest_step
+        from kiln.workers.celery_app import CeleryDispatcher
+        from kiln.workers.ingest import ingest_step
 
         with consumer_span("kiln.ingest", task.request, job_id=job_id):
             report = ingest_step(app.runtime(), CeleryDispatcher(app), job_id, owner)
@@ -62,9 +62,9 @@ def register(app: KilnCelery) -> None:
 
     @app.task(name="kiln.reconcile", **RETRY)  # type: ignore[untyped-decorator]
     def reconcile(task: Any) -> dict[str, Any]:
-        from workers.celery_app import CHUNK_TASK, QUEUES, CeleryDispatcher
-        from workers.inflight import chunks_in_flight
-        from workers.periodic import reconcile as run
+        from kiln.workers.celery_app import CHUNK_TASK, QUEUES, CeleryDispatcher
+        from kiln.workers.inflight import chunks_in_flight
+        from kiln.workers.periodic import reconcile as run
 
         grace = app.settings.redispatch_after_s
         return run(
@@ -75,7 +75,7 @@ def register(app: KilnCelery) -> None:
 
     @app.task(name="kiln.run_schedules", **RETRY)  # type: ignore[untyped-decorator]
     def run_schedules(task: Any) -> dict[str, Any]:
-        from workers.celery_app import CeleryDispatcher
-        from workers.periodic import run_due_schedules
+        from kiln.workers.celery_app import CeleryDispatcher
+        from kiln.workers.periodic import run_due_schedules
 
         return run_due_schedules(app.runtime(), CeleryDispatcher(app))

@@ -8,11 +8,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api.context import ApiContext
-from app.api.errors import install_error_handlers
-from app.api.metrics import install_metrics
-from app.api.routes import health, jobs, models, schedules
-from app.core.config import Settings, get_settings, redact_url
+from kiln.app.api.context import ApiContext
+from kiln.app.api.errors import install_error_handlers
+from kiln.app.api.metrics import install_metrics
+from kiln.app.api.routes import health, jobs, models, schedules
+from kiln.app.core.config import Settings, get_settings, redact_url
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.config import Settings
-from app.db.notify import JobWaiters
-from app.db.session import engine_for, make_session_factory
-from app.quotas import TenantLimiter
-from app.storage import ObjectStore, open_store
-from workers.celery_app import CeleryDispatcher, KilnCelery, make_celery
+from kiln.app.core.config import Settings
+from kiln.app.db.notify import JobWaiters
+from kiln.app.db.session import engine_for, make_session_factory
+from kiln.app.quotas import TenantLimiter
+from kiln.app.storage import ObjectStore, open_store
+from kiln.workers.celery_app import CeleryDispatcher, KilnCelery, make_celery
 
 
 @dataclass

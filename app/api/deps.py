@@ -9,10 +9,10 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from app.api.context import ApiContext
-from app.auth import tenant_for_key
-from app.core.config import Settings
-from app.storage import ObjectStore
+from kiln.app.api.context import ApiContext
+from kiln.app.auth import tenant_for_key
+from kiln.app.core.config import Settings
+from kiln.app.storage import ObjectStore
 
 
 def get_context(request: Request) -> ApiContext:

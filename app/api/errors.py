@@ -14,7 +14,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
-from app.core.errors import (
+from kiln.app.core.errors import (
     ConflictError,
     ForbiddenError,
     InputError,

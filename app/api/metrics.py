@@ -19,10 +19,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.db.models import OPEN_JOB_STATUSES, Item, Job, JobStatus
+from kiln.app.db.models import OPEN_JOB_STATUSES, Item, Job, JobStatus
 
 if TYPE_CHECKING:
-    from app.api.context import ApiContext
+    from kiln.app.api.context import ApiContext
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +174,8 @@ class HttpMetricsMiddleware:
 
 def install_metrics(app: FastAPI) -> ApiMetrics:
     """A registry for this app, the request middleware, and `GET /metrics`."""
-    from app.api.routes import metrics as route
-    from workers.celery_app import QUEUES
+    from kiln.app.api.routes import metrics as route
+    from kiln.workers.celery_app import QUEUES
 
     metrics = ApiMetrics(lambda: getattr(app.state, "kiln", None), QUEUES)
     app.state.metrics = metrics

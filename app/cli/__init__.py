@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from app.cli import admin, bulk, local, remote, serve
+from kiln.app.cli import admin, bulk, local, remote, serve
 
 app = typer.Typer(help="Kiln: batch inference on GPUs.", no_args_is_help=True)
 app.add_typer(admin.db_app, name="db")

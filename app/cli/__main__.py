@@ -1,3 +1,3 @@
-from app.cli import main
+from kiln.app.cli import main
 
 main()

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli.common import console, errors, fail, redact, session, settings
-from app.core.errors import KilnError
+from kiln.app.cli.common import console, errors, fail, redact, session, settings
+from kiln.app.core.errors import KilnError
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
@@ -21,7 +21,7 @@ engines_app = typer.Typer(help="Inference engines (TensorRT plans).", no_args_is
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Apply database migrations (run once per release, before the API starts)."""
-    from app.db.migrate import upgrade
+    from kiln.app.db.migrate import upgrade
 
     current = settings()
     upgrade(current)
@@ -37,8 +37,8 @@ def keys_create(
     ] = None,
 ) -> None:
     """Create an API key; it is printed once and stored only as a hash."""
-    from app.auth import create_key
-    from app.tenants import allow_bucket
+    from kiln.app.auth import create_key
+    from kiln.app.tenants import allow_bucket
 
     with session() as db:
         try:
@@ -55,7 +55,7 @@ def keys_create(
 @tenants_app.command("allow-bucket")
 def tenants_allow(tenant: str, bucket: str) -> None:
     """Let TENANT name s3://BUCKET/… in jobs, bulk sources and outputs, schedules and models."""
-    from app.tenants import allow_bucket
+    from kiln.app.tenants import allow_bucket
 
     with session() as db:
         try:
@@ -69,7 +69,7 @@ def tenants_allow(tenant: str, bucket: str) -> None:
 @tenants_app.command("deny-bucket")
 def tenants_deny(tenant: str, bucket: str) -> None:
     """Take BUCKET off TENANT's list; jobs already submitted go on, new ones are refused."""
-    from app.tenants import deny_bucket
+    from kiln.app.tenants import deny_bucket
 
     with session() as db:
         try:
@@ -83,7 +83,7 @@ def tenants_deny(tenant: str, bucket: str) -> None:
 @tenants_app.command("list")
 def tenants_list() -> None:
     """Tenants with active keys or allowed buckets."""
-    from app.tenants import list_tenants
+    from kiln.app.tenants import list_tenants
 
     table = Table("tenant", "active keys", "buckets")
     with session() as db:
@@ -95,7 +95,7 @@ def tenants_list() -> None:
 @keys_app.command("revoke")
 def keys_revoke(prefix: str) -> None:
     """Revoke a key by the 8-character prefix shown at creation (kiln_<prefix>_…)."""
-    from app.auth import revoke_key
+    from kiln.app.auth import revoke_key
 
     with session() as db:
         try:
@@ -124,9 +124,9 @@ def models_add(
     ] = "",
 ) -> None:
     """Register an ONNX model as the next version of NAME (stored, sha256-checked)."""
-    from app.catalog import register_model
-    from app.model_spec import ImageModelSpec
-    from app.storage import open_store
+    from kiln.app.catalog import register_model
+    from kiln.app.model_spec import ImageModelSpec
+    from kiln.app.storage import open_store
 
     label_list = labels.read_text().splitlines() if labels else []
     try:
@@ -158,7 +158,7 @@ def models_list(
     tenant: Annotated[str, typer.Option(help="Show what this tenant sees.")] = "",
 ) -> None:
     """List built-in models and the latest version of each registered one."""
-    from app.catalog import list_models
+    from kiln.app.catalog import list_models
 
     table = Table("model", "kind", "input", "description")
     with session() as db:
@@ -172,8 +172,8 @@ def models_export(
     model: Annotated[str, typer.Argument(help="The built-in model to export: text-embed.")],
 ) -> None:
     """Export a built-in model to ONNX once (needs the torch extra); workers then need no torch."""
-    from app.storage import open_store
-    from workers.models.text_embed import export_text_embed
+    from kiln.app.storage import open_store
+    from kiln.workers.models.text_embed import export_text_embed
 
     if model != "text-embed":
         raise fail(KilnError("Only text-embed is exported; the other built-ins ship ONNX files."))
@@ -193,10 +193,10 @@ def engines_build(
 ) -> None:
     """Build the model's TensorRT engines on this GPU and upload them to the engine cache, so
     new workers download them instead of building."""
-    from app.catalog import get_model
-    from app.storage import open_store
-    from workers.engines.select import EngineFactory
-    from workers.models.loader import load_pipeline
+    from kiln.app.catalog import get_model
+    from kiln.app.storage import open_store
+    from kiln.workers.engines.select import EngineFactory
+    from kiln.workers.models.loader import load_pipeline
 
     current = settings()
     if precision is not None:
@@ -224,7 +224,7 @@ def engines_build(
 
 def _read_onnx(source: str, max_bytes: int) -> bytes:
     if source.startswith("s3://"):
-        from app.storage.s3 import make_s3_client, read_object
+        from kiln.app.storage.s3 import make_s3_client, read_object
 
         return read_object(make_s3_client(settings()), source, max_bytes)
     path = Path(source)

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from app.cli.common import console
-from app.cli.remote import ApiClient, watch
+from kiln.app.cli.common import console
+from kiln.app.cli.remote import ApiClient, watch
 
 schedule_app = typer.Typer(help="Cron-timed incremental runs over a bucket (run by kiln beat).")
 

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from app.core.config import Settings, get_settings
+from kiln.app.core.config import Settings, get_settings
 
 console = Console()
 errors = Console(stderr=True)
@@ -24,11 +24,11 @@ def fail(error: Exception) -> typer.Exit:
 
 
 def session() -> Any:
-    from app.db.session import make_engine, make_session_factory
+    from kiln.app.db.session import make_engine, make_session_factory
 
     current = settings()
     if current.database_url.startswith("sqlite"):
-        from app.db.migrate import upgrade
+        from kiln.app.db.migrate import upgrade
 
         upgrade(current)  # the embedded default prepares its own database, as `kiln run` does
     return make_session_factory(make_engine(current.database_url))()

@@ -10,8 +10,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from app.cli.common import console, errors, fail, settings
-from app.core.errors import KilnError
+from kiln.app.cli.common import console, errors, fail, settings
+from kiln.app.core.errors import KilnError
 
 
 def run(
@@ -26,8 +26,8 @@ def run(
     """Run a job locally on the embedded defaults (no servers) and write its results."""
     import pyarrow.parquet as pq
 
-    from app.observability import observe
-    from workers.embedded import run_embedded
+    from kiln.app.observability import observe
+    from kiln.workers.embedded import run_embedded
 
     current = settings()
     observe(current, "run", logging.WARNING)

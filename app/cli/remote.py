@@ -9,8 +9,8 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from app.cli.common import console, errors, fail, settings
-from app.core.errors import KilnError
+from kiln.app.cli.common import console, errors, fail, settings
+from kiln.app.core.errors import KilnError
 
 
 def submit(
@@ -72,7 +72,7 @@ def cancel(job_id: str) -> None:
 
 class ApiClient:
     def __enter__(self) -> Any:
-        from app.client import KilnClient
+        from kiln.app.client import KilnClient
 
         current = settings()
         try:

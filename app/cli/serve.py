@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from app.cli.common import fail, settings
-from app.core.errors import KilnError
+from kiln.app.cli.common import fail, settings
+from kiln.app.core.errors import KilnError
 
 
 def api(
@@ -20,8 +20,8 @@ def api(
     """Serve the HTTP API."""
     import uvicorn
 
-    from app.api.app import create_app
-    from app.observability import observe
+    from kiln.app.api.app import create_app
+    from kiln.app.observability import observe
 
     current = settings()
     observe(current, "api")
@@ -56,7 +56,7 @@ def worker(
     if devices is not None:
         raise typer.Exit(_fleet(devices, concurrency, queues, loglevel, metrics_port))
     if device is not None:
-        from workers.device import pin
+        from kiln.workers.device import pin
 
         pin(device)  # before anything imports CUDA: the engine is built later, in this process
     node = hostname or (f"gpu{device}@{socket.gethostname()}" if device is not None else None)
@@ -66,8 +66,8 @@ def worker(
 
 
 def _readiness(ready_file: Path | None, warm: str | None) -> Path | None:
-    from app.catalog import BUILTINS
-    from workers.readiness import parse_models
+    from kiln.app.catalog import BUILTINS
+    from kiln.workers.readiness import parse_models
 
     unknown = [name for name in parse_models(warm) if name not in BUILTINS]
     if unknown:
@@ -87,10 +87,10 @@ def _work(
     ready: Path | None = None,
     warm: str | None = None,
 ) -> None:
-    from app.observability import observe
-    from workers.celery_app import make_celery
-    from workers.metrics import serve_metrics, worker_registry
-    from workers.readiness import install, parse_models, warm_models
+    from kiln.app.observability import observe
+    from kiln.workers.celery_app import make_celery
+    from kiln.workers.metrics import serve_metrics, worker_registry
+    from kiln.workers.readiness import install, parse_models, warm_models
 
     current = settings()
     observe(current, "worker", loglevel.upper())  # before Celery: it keeps a configured root
@@ -117,8 +117,8 @@ def _work(
 def _fleet(
     devices: str, concurrency: int | None, queues: str, loglevel: str, metrics_port: int | None
 ) -> int:
-    from workers.device import list_gpus
-    from workers.fleet import Fleet, child_args
+    from kiln.workers.device import list_gpus
+    from kiln.workers.fleet import Fleet, child_args
 
     if devices != "all":
         raise fail(KilnError("--devices takes 'all'; use --device N for one GPU."))
@@ -147,7 +147,7 @@ FLOWER_OAUTH_ENV = (
 
 def flower(port: Annotated[int, typer.Option(help="Port for the Flower UI.")] = 5555) -> None:
     """Flower against the configured broker; refuses to start without authentication."""
-    from workers.celery_app import make_celery
+    from kiln.workers.celery_app import make_celery
 
     auth = os.environ.get("KILN_FLOWER_BASIC_AUTH")
     args = ["flower", f"--port={port}"]
@@ -166,8 +166,8 @@ def flower(port: Annotated[int, typer.Option(help="Port for the Flower UI.")] = 
 
 def beat(loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO") -> None:
     """Run the scheduler for Kiln's periodic tasks (one per deployment)."""
-    from app.observability.logs import configure_logging
-    from workers.celery_app import make_celery
+    from kiln.app.observability.logs import configure_logging
+    from kiln.workers.celery_app import make_celery
 
     current = settings()
     configure_logging(current.log_format, loglevel.upper())

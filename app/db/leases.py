@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job, utcnow
+from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job, utcnow
 
 
 def _takeable(owner: str, now: datetime) -> ColumnElement[bool]:

@@ -7,8 +7,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
-from app.core.config import Settings
+from kiln import migrations
+from kiln.app.core.config import Settings
 
 
 def alembic_config(settings: Settings) -> Config:

@@ -10,7 +10,7 @@ from sqlalchemy import and_, case, exists, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.db.models import (
+from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
     ContentCache,
@@ -22,7 +22,7 @@ from app.db.models import (
     JobStatus,
     utcnow,
 )
-from app.db.notify import notify_job_closed
+from kiln.app.db.notify import notify_job_closed
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.config import Settings
+from kiln.app.core.config import Settings
 
 
 def engine_for(settings: Settings) -> Engine:

@@ -28,7 +28,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind
 
-from app.core.config import Settings
+from kiln.app.core.config import Settings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter

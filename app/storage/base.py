@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlparse
 
 if TYPE_CHECKING:
-    from app.core.config import Settings
+    from kiln.app.core.config import Settings
 
 
 class ObjectStore(Protocol):
@@ -47,11 +47,11 @@ def open_store(settings: Settings) -> ObjectStore:
     url = settings.storage_url
     scheme = urlparse(url).scheme
     if scheme == "file":
-        from app.storage.local import LocalStore
+        from kiln.app.storage.local import LocalStore
 
         return LocalStore.from_url(url)
     if scheme == "s3":
-        from app.storage.s3 import S3Store, make_s3_client
+        from kiln.app.storage.s3 import S3Store, make_s3_client
 
         return S3Store.from_url(url, make_s3_client(settings))
     raise ValueError(f"KILN_STORAGE_URL must start with s3:// or file://, not {url!r}.")

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from app.core.errors import ConflictError, NotFoundError
-from app.storage.base import check_key
+from kiln.app.core.errors import ConflictError, NotFoundError
+from kiln.app.storage.base import check_key
 
 
 class LocalStore:

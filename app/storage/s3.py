@@ -10,11 +10,11 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from app.core.errors import InputError, NotFoundError, TransientError
-from app.storage.base import check_key
+from kiln.app.core.errors import InputError, NotFoundError, TransientError
+from kiln.app.storage.base import check_key
 
 if TYPE_CHECKING:
-    from app.core.config import Settings
+    from kiln.app.core.config import Settings
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "AllAccessDisabled"}

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.config import Settings
-from app.db.session import make_engine, make_session_factory
-from app.storage.local import LocalStore
+from kiln.app.core.config import Settings
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.storage.local import LocalStore
 from tests.support import RecordingDispatcher, migrated_settings
 
 CHUNK_SIZE = 3

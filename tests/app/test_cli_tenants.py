@@ -7,10 +7,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from app.cli import app
-from app.core.config import Settings
-from app.db.models import ApiKey
-from app.tenants import allowed_buckets
+from kiln.app.cli import app
+from kiln.app.core.config import Settings
+from kiln.app.db.models import ApiKey
+from kiln.app.tenants import allowed_buckets
 
 
 @pytest.fixture

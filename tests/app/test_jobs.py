@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.config import Settings
-from app.core.errors import ConflictError, InputError, NotFoundError, TransientError
-from app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
-from app.jobs import (
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
+from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
+from kiln.app.jobs import (
     INTERACTIVE_MAX_ITEMS,
     InputRef,
     JobRequest,
@@ -23,8 +23,8 @@ from app.jobs import (
     progress,
     submit_job,
 )
-from app.storage.local import LocalStore
-from app.tenants import allow_bucket
+from kiln.app.storage.local import LocalStore
+from kiln.app.tenants import allow_bucket
 from tests.app.conftest import CHUNK_SIZE
 from tests.images import solid
 from tests.support import BrokenDispatcher, Enqueued, RecordingDispatcher
@@ -447,8 +447,8 @@ def test_progress_of_a_running_job_measures_against_now(
 
 
 def test_the_phash_distance_limit_matches_the_grouping() -> None:
-    from app.jobs import PHASH_MAX_DISTANCE
-    from workers.models.phash import MAX_DISTANCE_LIMIT
+    from kiln.app.jobs import PHASH_MAX_DISTANCE
+    from kiln.workers.models.phash import MAX_DISTANCE_LIMIT
 
     assert PHASH_MAX_DISTANCE == MAX_DISTANCE_LIMIT
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.db.models import ItemStatus
-from app.results import (
+from kiln.app.db.models import ItemStatus
+from kiln.app.results import (
     BASE_FIELDS,
     Place,
     combined_table,
@@ -26,7 +26,7 @@ from app.results import (
     write_manifest,
     write_shard,
 )
-from app.storage.local import LocalStore
+from kiln.app.storage.local import LocalStore
 
 
 @dataclass

@@ -9,15 +9,15 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.auth import create_key, revoke_key
-from app.bulk import BulkRequest, Source, submit_bulk
-from app.core.config import Settings
-from app.core.errors import ForbiddenError, InputError, NotFoundError
-from app.db.models import Job, Schedule, utcnow
-from app.jobs import InputRef, JobRequest, submit_job
-from app.schedules import ScheduleRequest, add_schedule, run_due
-from app.storage.local import LocalStore
-from app.tenants import (
+from kiln.app.auth import create_key, revoke_key
+from kiln.app.bulk import BulkRequest, Source, submit_bulk
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import ForbiddenError, InputError, NotFoundError
+from kiln.app.db.models import Job, Schedule, utcnow
+from kiln.app.jobs import InputRef, JobRequest, submit_job
+from kiln.app.schedules import ScheduleRequest, add_schedule, run_due
+from kiln.app.storage.local import LocalStore
+from kiln.app.tenants import (
     allow_bucket,
     allowed_buckets,
     bucket_of,
@@ -188,7 +188,7 @@ def test_a_schedule_whose_bucket_was_denied_skips_its_runs(
     deny_bucket(session, "acme", "photos")
     session.commit()
     due = utcnow() + timedelta(days=2)
-    with caplog.at_level(logging.WARNING, logger="app.schedules"):
+    with caplog.at_level(logging.WARNING, logger="kiln.app.schedules"):
         assert run_due(session, Ingests(), now=due) == []
     assert "may not read bucket 'photos'" in caplog.text
     assert session.scalar(select(func.count()).select_from(Job)) == 0

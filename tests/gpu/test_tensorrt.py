@@ -21,16 +21,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from app.core.config import Settings, get_settings
-from app.storage.local import LocalStore
-from workers.device import Gpu, list_gpus
-from workers.engines.base import EngineRequest, prepared
-from workers.engines.engine_cache import timing_cache_key
-from workers.engines.onnxruntime import OnnxRuntimeEngine
-from workers.engines.select import Choice
-from workers.engines.tensorrt import TensorRTEngine, build_tensorrt_engine, prebuild
-from workers.engines.tensorrt_logic import EngineBuildError
-from workers.preprocess import normalize
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.storage.local import LocalStore
+from kiln.workers.device import Gpu, list_gpus
+from kiln.workers.engines.base import EngineRequest, prepared
+from kiln.workers.engines.engine_cache import timing_cache_key
+from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
+from kiln.workers.engines.select import Choice
+from kiln.workers.engines.tensorrt import TensorRTEngine, build_tensorrt_engine, prebuild
+from kiln.workers.engines.tensorrt_logic import EngineBuildError
+from kiln.workers.preprocess import normalize
 
 MAX_BATCH = 8
 # (rtol, atol): FP16 rounds activations and weights to ~3 significant digits.

@@ -89,7 +89,7 @@ class Process:
 
 
 def kiln_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", *args]
+    return [sys.executable, "-m", "kiln.app.cli", *args]
 
 
 def create_database(admin_url: str = PG_ADMIN_URL, prefix: str = "kiln_test") -> str:

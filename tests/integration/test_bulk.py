@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
 
-from app.db.models import Item
-from app.tenants import allow_bucket
+from kiln.app.db.models import Item
+from kiln.app.tenants import allow_bucket
 from tests.images import photo
 from tests.stack import SOURCE_BUCKET
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.bulk import BulkRequest, Source, submit_bulk
-from app.db.models import Ingest, Item, Job
+from kiln.app.bulk import BulkRequest, Source, submit_bulk
+from kiln.app.db.models import Ingest, Item, Job
+from kiln.workers.celery_app import CeleryDispatcher, make_celery
 from tests.integration.services import (
     Process,
     kiln_command,
@@ -24,7 +25,6 @@ from tests.integration.services import (
 from tests.integration.services import service_env as full_env
 from tests.integration.test_bulk import put_objects
 from tests.stack import SOURCE_BUCKET, settings_for
-from workers.celery_app import CeleryDispatcher, make_celery
 
 OBJECTS = 1500
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from app.core.config import Settings
-from app.db import queries
-from app.jobs import JobRequest, Upload, submit_job
+from kiln.app.core.config import Settings
+from kiln.app.db import queries
+from kiln.app.jobs import JobRequest, Upload, submit_job
+from kiln.workers.chunk import process_chunk
+from kiln.workers.runtime import WorkerRuntime
 from tests.images import photo
 from tests.support import RecordingDispatcher
-from workers.chunk import process_chunk
-from workers.runtime import WorkerRuntime
 
 
 def test_two_chunks_finishing_together_close_the_job(

@@ -10,7 +10,7 @@ import httpx
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
-from app.db.models import Item
+from kiln.app.db.models import Item
 from tests.images import photo, truncated_jpeg
 from tests.stack import BUCKET, SOURCE_BUCKET
 

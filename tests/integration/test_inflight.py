@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.core.config import get_settings
+from kiln.app.core.config import get_settings
+from kiln.workers.celery_app import CHUNK_TASK, QUEUES, CeleryDispatcher, KilnCelery, make_celery
+from kiln.workers.inflight import chunks_in_flight
 from tests.integration.services import claim_redis_db, release_redis_db
-from workers.celery_app import CHUNK_TASK, QUEUES, CeleryDispatcher, KilnCelery, make_celery
-from workers.inflight import chunks_in_flight
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import httpx
 import psycopg
 from sqlalchemy import text
 
-from app.db.notify import CHANNEL, JobWaiters, libpq_url, notify_job_closed
+from kiln.app.db.notify import CHANNEL, JobWaiters, libpq_url, notify_job_closed
 from tests.images import photo
 from tests.integration.test_http_jobs import upload
 

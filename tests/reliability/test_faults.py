@@ -22,11 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
 
-from app.auth import create_key
-from app.core.config import Settings
-from app.db.migrate import upgrade
-from app.db.models import Item
-from app.db.session import make_engine, make_session_factory
+from kiln.app.auth import create_key
+from kiln.app.core.config import Settings
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.models import Item
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.workers.celery_app import make_celery
 from tests.images import photo
 from tests.integration.services import (
     Process,
@@ -41,7 +42,6 @@ from tests.models import oom_embedder
 from tests.reliability.faults import PrivatePostgres, PrivateRedis, TcpProxy
 from tests.reliability.jobs import items_by_key, upload, wait_closed
 from tests.stack import BUCKET, RUNNING, settings_for, unavailable
-from workers.celery_app import make_celery
 
 IMAGES = 320  # detector: ~10-20 s of work for two workers on two cores
 

@@ -18,8 +18,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
-from app.api.app import create_app
-from app.core.config import get_settings
+from kiln.app.api.app import create_app
+from kiln.app.core.config import get_settings
 from tests.integration.services import Process
 from tests.stack import _key
 

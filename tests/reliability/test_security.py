@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.auth import revoke_key
+from kiln.app.auth import revoke_key
 from tests.images import photo
 from tests.integration.services import AWS_ENV
 from tests.sigv4 import s3_would_accept

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.catalog import register_model
-from app.model_spec import ImageModelSpec
+from kiln.app.catalog import register_model
+from kiln.app.model_spec import ImageModelSpec
+from kiln.workers.runtime import WorkerRuntime
 from tests.models import colour_classifier
-from workers.runtime import WorkerRuntime
 
 MODEL = "colours"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import Settings
+from kiln.app.core.config import Settings
+from kiln.workers.runtime import WorkerRuntime
 from tests.support import migrated_settings
 from tests.workers.colours import register_colours
-from workers.runtime import WorkerRuntime
 
 
 @pytest.fixture

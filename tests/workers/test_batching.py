@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workers.batching import Batcher, BatcherClosedError
+from kiln.workers.batching import Batcher, BatcherClosedError
 
 RESULT_TIMEOUT = 2.0
 

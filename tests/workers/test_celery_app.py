@@ -7,9 +7,9 @@ from queue import Empty
 
 import pytest
 
-from app.core.config import get_settings
+from kiln.app.core.config import get_settings
+from kiln.workers.celery_app import CHUNK_TASK, CeleryDispatcher, _transport_options, make_celery
 from tests.support import migrated_settings
-from workers.celery_app import CHUNK_TASK, CeleryDispatcher, _transport_options, make_celery
 
 
 def test_each_app_runs_its_own_chunk_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +51,7 @@ def test_the_embedded_broker_never_shows_a_half_written_message(tmp_path: Path) 
     app = make_celery(get_settings(data_dir=tmp_path))
     with app.connection_for_write() as connection:
         channel = connection.default_channel
-        assert type(connection.transport).__module__ == "workers.fs_transport"
+        assert type(connection.transport).__module__ == "kiln.workers.fs_transport"
         half = Path(channel.data_folder_in) / "1_x.interactive.msg.part"
         half.write_bytes(b'{"headers": ')  # a send in progress
         CeleryDispatcher(app).enqueue_chunk("job", 0, [1], "interactive")

@@ -12,17 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select, update
 
-from app import results
-from app.core.config import Settings
-from app.core.errors import TransientError
-from app.db import leases
-from app.db.models import Item, ItemStatus, Job, JobStatus, Model
-from app.jobs import JobRequest, Upload, cancel_job, submit_job
+from kiln.app import results
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import TransientError
+from kiln.app.db import leases
+from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Model
+from kiln.app.jobs import JobRequest, Upload, cancel_job, submit_job
+from kiln.workers.chunk import ChunkReport, process_chunk
+from kiln.workers.runtime import WorkerRuntime
 from tests.images import solid, truncated_jpeg
 from tests.support import Enqueued, RecordingDispatcher
 from tests.workers.colours import MODEL, register_colours
-from workers.chunk import ChunkReport, process_chunk
-from workers.runtime import WorkerRuntime
 
 RED, GREEN, BLUE = (250, 5, 5), (5, 250, 5), (5, 5, 250)
 # chunk 0: r, g, b; chunk 1: notes.txt (not an image), b2

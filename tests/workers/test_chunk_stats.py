@@ -6,12 +6,12 @@ from collections import Counter
 
 from prometheus_client import generate_latest
 
+from kiln.workers.batching import BatchStats
+from kiln.workers.chunk_stats import STAGES, ChunkStats, ChunkTotals
+from kiln.workers.metrics import worker_registry
+from kiln.workers.runtime import WorkerRuntime
 from tests.workers.test_chunk import run_all, submit
 from tests.workers.test_metrics import View, samples
-from workers.batching import BatchStats
-from workers.chunk_stats import STAGES, ChunkStats, ChunkTotals
-from workers.metrics import worker_registry
-from workers.runtime import WorkerRuntime
 
 
 def test_totals_add_up_per_model() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln.workers.embedded import run_embedded
 from tests.images import solid
 from tests.support import migrated_settings
-from workers.embedded import run_embedded
 
 
 def test_a_folder_larger_than_the_api_job_cap_runs(
@@ -55,10 +55,10 @@ def test_kiln_run_detector_and_phash(
 def test_kiln_run_registered_classify_and_embed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.catalog import register_model
-    from app.db.session import make_engine, make_session_factory
-    from app.model_spec import ImageModelSpec
-    from app.storage import open_store
+    from kiln.app.catalog import register_model
+    from kiln.app.db.session import make_engine, make_session_factory
+    from kiln.app.model_spec import ImageModelSpec
+    from kiln.app.storage import open_store
     from tests.models import colour_classifier
 
     settings = migrated_settings(tmp_path, monkeypatch)
@@ -100,7 +100,7 @@ def test_kiln_run_text_embed_reads_a_file_of_lines(
 def test_a_text_model_on_a_folder_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: Path
 ) -> None:
-    from app.core.errors import InputError
+    from kiln.app.core.errors import InputError
 
     settings = migrated_settings(tmp_path, monkeypatch)
     with pytest.raises(InputError, match="one input per line"):

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import Settings
-from app.core.errors import InputError
-from app.storage.local import LocalStore
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import InputError
+from kiln.app.storage.local import LocalStore
+from kiln.workers.fetch import Fetcher
 from tests.support import migrated_settings
-from workers.fetch import Fetcher
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from workers import fleet
-from workers.device import Gpu
-from workers.fleet import Fleet, child_args
+from kiln.workers import fleet
+from kiln.workers.device import Gpu
+from kiln.workers.fleet import Fleet, child_args
 
 GPU1 = Gpu(1, "NVIDIA L4", "GPU-b", (8, 9), 0)
 
@@ -19,7 +19,7 @@ GPU1 = Gpu(1, "NVIDIA L4", "GPU-b", (8, 9), 0)
 def test_each_child_is_pinned_named_and_gets_its_own_metrics_port() -> None:
     args = child_args(GPU1, "box", ["--queues", "interactive"], 9800)
     assert args[1:] == [
-        "-m", "app.cli", "worker", "--device", "1", "--hostname", "gpu1@box",
+        "-m", "kiln.app.cli", "worker", "--device", "1", "--hostname", "gpu1@box",
         "--metrics-port", "9801", "--queues", "interactive",
     ]  # fmt: skip
     assert "--metrics-port" not in child_args(GPU1, "box", [], None)

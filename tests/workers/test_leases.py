@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from app import results
-from app.db import leases
-from app.db.models import Item, ItemStatus, JobStatus, utcnow
-from app.jobs import cancel_job
+from kiln.app import results
+from kiln.app.db import leases
+from kiln.app.db.models import Item, ItemStatus, JobStatus, utcnow
+from kiln.app.jobs import cancel_job
+from kiln.workers import chunk as chunk_module
+from kiln.workers.chunk import process_chunk
+from kiln.workers.lease import LeaseKeeper
+from kiln.workers.periodic import reconcile
+from kiln.workers.runtime import WorkerRuntime
 from tests.support import RecordingDispatcher
 from tests.workers.test_chunk import FILES, items_by_key, job_row, manifest, shard_rows, submit
-from workers import chunk as chunk_module
-from workers.chunk import process_chunk
-from workers.lease import LeaseKeeper
-from workers.periodic import reconcile
-from workers.runtime import WorkerRuntime
 
 
 def _take(runtime: WorkerRuntime, job_id: str, ids: list[int], owner: str, lease_s: float) -> None:

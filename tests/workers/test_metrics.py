@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.batching import SECONDS_BOUNDS, Batcher, BatchStats, seconds_bound
-from workers.chunk_stats import ChunkTotals
-from workers.metrics import batch_size_histogram, size_buckets, worker_registry
+from kiln.workers.batching import SECONDS_BOUNDS, Batcher, BatchStats, seconds_bound
+from kiln.workers.chunk_stats import ChunkTotals
+from kiln.workers.metrics import batch_size_histogram, size_buckets, worker_registry
 
 
 @dataclass

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from app.core.errors import InputError
-from workers.preprocess import (
+from kiln.app.core.errors import InputError
+from kiln.workers.preprocess import (
     Decoded,
     Letterbox,
     center_crop,

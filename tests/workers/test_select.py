@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.device import Gpu
-from workers.engines.select import (
+from kiln.workers.device import Gpu
+from kiln.workers.engines.select import (
     BackendUnavailableError,
     Choice,
     Host,

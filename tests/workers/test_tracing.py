@@ -11,16 +11,16 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from starlette.exceptions import StarletteDeprecationWarning
 
-from app.api.app import create_app
-from app.auth import create_key
-from app.core.config import Settings
-from app.observability.tracing import tracer
+from kiln.app.api.app import create_app
+from kiln.app.auth import create_key
+from kiln.app.core.config import Settings
+from kiln.app.observability.tracing import tracer
+from kiln.workers.batching import Batcher
+from kiln.workers.celery_app import CeleryDispatcher, make_celery
+from kiln.workers.runtime import WorkerRuntime
 from tests.images import solid
 from tests.tracing import in_memory_tracing
 from tests.workers.colours import MODEL
-from workers.batching import Batcher
-from workers.celery_app import CeleryDispatcher, make_celery
-from workers.runtime import WorkerRuntime
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)

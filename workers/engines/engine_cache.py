@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from workers.engines.base import EngineRequest
-from workers.engines.tensorrt_logic import (
+from kiln.workers.engines.base import EngineRequest
+from kiln.workers.engines.tensorrt_logic import (
     EngineBuildError,
     Precision,
     PrecisionSetting,
@@ -31,8 +31,8 @@ from workers.engines.tensorrt_logic import (
 )
 
 if TYPE_CHECKING:
-    from app.storage import ObjectStore
-    from workers.device import Gpu
+    from kiln.app.storage import ObjectStore
+    from kiln.workers.device import Gpu
 
 log = logging.getLogger(__name__)
 

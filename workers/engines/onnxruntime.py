@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from workers.engines.base import Prepare, TensorSpec, prepared
+from kiln.workers.engines.base import Prepare, TensorSpec, prepared
 
 log = logging.getLogger(__name__)
 

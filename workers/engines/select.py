@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import onnxruntime as ort
 
-from workers.device import Gpu, list_gpus
-from workers.engines.base import Engine, EngineRequest
-from workers.engines.onnxruntime import OnnxRuntimeEngine
+from kiln.workers.device import Gpu, list_gpus
+from kiln.workers.engines.base import Engine, EngineRequest
+from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 
 if TYPE_CHECKING:
-    from app.core.config import Settings
-    from app.storage import ObjectStore
+    from kiln.app.core.config import Settings
+    from kiln.app.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class EngineFactory:
     ) -> Engine:
         request = EngineRequest(name, onnx_path, max_batch, axes)
         if self.choice.backend == "tensorrt":
-            from workers.engines.tensorrt import build_tensorrt_engine
+            from kiln.workers.engines.tensorrt import build_tensorrt_engine
 
             engine: Engine = build_tensorrt_engine(
                 request, self.settings, self.store, self.host.gpus[0], self.runners, self.choice

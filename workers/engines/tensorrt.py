@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workers.engines.base import EngineRequest, Prepare, TensorSpec
-from workers.engines.engine_cache import (
+from kiln.workers.engines.base import EngineRequest, Prepare, TensorSpec
+from kiln.workers.engines.engine_cache import (
     PlanSpec,
     load_or_build,
     plan_spec,
@@ -27,7 +27,7 @@ from workers.engines.engine_cache import (
     timing_cache_key,
     write_timing_cache,
 )
-from workers.engines.tensorrt_logic import (
+from kiln.workers.engines.tensorrt_logic import (
     EngineBuildError,
     Precision,
     PrecisionSetting,
@@ -49,17 +49,17 @@ from workers.engines.tensorrt_logic import (
 if TYPE_CHECKING:
     import tensorrt as trt
 
-    from app.core.config import Settings
-    from app.storage import ObjectStore
-    from workers.device import Gpu
-    from workers.engines.select import Choice
+    from kiln.app.core.config import Settings
+    from kiln.app.storage import ObjectStore
+    from kiln.workers.device import Gpu
+    from kiln.workers.engines.select import Choice
 
 log = logging.getLogger(__name__)
 
 
 def require_tensorrt() -> None:
     """Fail with a sentence where only the type stubs (a namespace without `Builder`) exist."""
-    from workers.engines.select import BackendUnavailableError
+    from kiln.workers.engines.select import BackendUnavailableError
 
     try:
         import tensorrt as trt

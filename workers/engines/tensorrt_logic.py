@@ -17,7 +17,7 @@ from typing import Generic, Literal, TypeVar
 
 import numpy as np
 
-from app.core.errors import KilnError
+from kiln.app.core.errors import KilnError
 
 PrecisionSetting = Literal["auto", "fp16", "fp32"]
 Precision = Literal["fp16", "fp32"]

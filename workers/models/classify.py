@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from app.core.errors import InputError
-from workers.engines.base import Engine
-from workers.models.base import Prepared
-from workers.preprocess import center_crop, decode_image, normalize, resize_side, stack
+from kiln.app.core.errors import InputError
+from kiln.workers.engines.base import Engine
+from kiln.workers.models.base import Prepared
+from kiln.workers.preprocess import center_crop, decode_image, normalize, resize_side, stack
 
 # Parquet columns this family adds, named like `finish`'s keys; known without loading a model.
 FIELDS = [

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from app.core.errors import InputError
-from workers.engines.base import Engine
-from workers.models.base import Prepared
-from workers.preprocess import Letterbox, decode_image, letterbox, normalize, stack
+from kiln.app.core.errors import InputError
+from kiln.workers.engines.base import Engine
+from kiln.workers.models.base import Prepared
+from kiln.workers.preprocess import Letterbox, decode_image, letterbox, normalize, stack
 
 LABELS = (
     "FEMALE_GENITALIA_COVERED", "FACE_FEMALE", "BUTTOCKS_EXPOSED", "FEMALE_BREAST_EXPOSED",

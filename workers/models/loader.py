@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from app.catalog import ModelInfo
-from app.core.config import Settings
-from app.storage import ObjectStore
-from workers.engines.select import EngineFactory
-from workers.models import classify, detect, embed, ocr, phash, text_embed
-from workers.models.base import Pipeline
+from kiln.app.catalog import ModelInfo
+from kiln.app.core.config import Settings
+from kiln.app.storage import ObjectStore
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed
+from kiln.workers.models.base import Pipeline
 
 
 def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:

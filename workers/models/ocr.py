@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from app.core.errors import InputError
-from workers.batching import Batcher
-from workers.engines.select import EngineFactory
-from workers.models.base import Prepared
-from workers.models.ocr_config import load_config
-from workers.models.ocr_det import DET_AXES, Detection, Page, to_original
-from workers.models.ocr_lines import (
+from kiln.app.core.errors import InputError
+from kiln.workers.batching import Batcher
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.base import Prepared
+from kiln.workers.models.ocr_config import load_config
+from kiln.workers.models.ocr_det import DET_AXES, Detection, Page, to_original
+from kiln.workers.models.ocr_lines import (
     REC_MAX_WIDTH,
     LineReader,
     Reading,
@@ -33,7 +33,7 @@ from workers.models.ocr_lines import (
     group_indices,
     strip_axes,
 )
-from workers.preprocess import decode_image, stack
+from kiln.workers.preprocess import decode_image, stack
 
 # Images per detector call on a GPU (only equal input shapes share a tensor). On a CPU one:
 # a batch of large images is no faster per image there and holds all their activations

@@ -14,9 +14,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.core.errors import InputError
-from workers.models.ocr_config import OcrConfig
-from workers.preprocess import Decoded, normalize
+from kiln.app.core.errors import InputError
+from kiln.workers.models.ocr_config import OcrConfig
+from kiln.workers.preprocess import Decoded, normalize
 
 # The detector's longest input side. rapidocr's letterbox bounds wide images at 8 × 736 px;
 # a tall thin one (30 × 2000 px) would otherwise grow to 736 × 49,000 px (gigabytes of

@@ -21,9 +21,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from workers.engines.base import Engine
-from workers.models.ocr_config import OcrConfig
-from workers.preprocess import normalize
+from kiln.workers.engines.base import Engine
+from kiln.workers.models.ocr_config import OcrConfig
+from kiln.workers.preprocess import normalize
 
 REC_BUCKET = 160  # padded widths are multiples of this (20 CTC steps): few shapes, little waste
 # The widest recognition strip (a 2,000 px line 20 px tall): longer lines are squeezed into it,

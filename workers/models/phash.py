@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from app.core.errors import InputError
-from workers.models.base import Prepared
-from workers.models.hamming import close_pairs
-from workers.preprocess import decode_image
+from kiln.app.core.errors import InputError
+from kiln.workers.models.base import Prepared
+from kiln.workers.models.hamming import close_pairs
+from kiln.workers.preprocess import decode_image
 
 FIELDS = [pa.field("phash", pa.string())]
 

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from app.core.errors import InputError, KilnError
-from workers.engines.base import Engine
-from workers.models.base import Prepared
+from kiln.app.core.errors import InputError, KilnError
+from kiln.workers.engines.base import Engine
+from kiln.workers.models.base import Prepared
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from app.core.config import Settings
-    from app.storage import ObjectStore
-    from workers.engines.select import EngineFactory
+    from kiln.app.core.config import Settings
+    from kiln.app.storage import ObjectStore
+    from kiln.workers.engines.select import EngineFactory
 
 NAME = "text-embed"
 DIM = 384

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from app.api.deps import ContextDep
+from kiln.app.api.deps import ContextDep
 
 router = APIRouter(tags=["health"])
 

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from app import jobs, quotas, results
-from app.api.deps import ContextDep, SessionDep, TenantDep
-from app.api.errors import RequestTooLargeError, validation_sentence
-from app.api.schemas import (
+from kiln.app import jobs, quotas, results
+from kiln.app.api.deps import ContextDep, SessionDep, TenantDep
+from kiln.app.api.errors import RequestTooLargeError, validation_sentence
+from kiln.app.api.schemas import (
     MALFORMED_BODY,
     CountsOut,
     ErrorOut,
@@ -28,11 +28,11 @@ from app.api.schemas import (
     ResultUrlsOut,
     SignedUrlOut,
 )
-from app.bulk import BulkRequest, Source, submit_bulk
-from app.core.errors import ConflictError, InputError
-from app.db import queries
-from app.db.models import OPEN_JOB_STATUSES, ItemStatus, utcnow
-from app.storage.s3 import make_s3_client
+from kiln.app.bulk import BulkRequest, Source, submit_bulk
+from kiln.app.core.errors import ConflictError, InputError
+from kiln.app.db import queries
+from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, utcnow
+from kiln.app.storage.s3 import make_s3_client
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -10,9 +10,9 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.api.deps import ContextDep, SessionDep, TenantDep
-from app.api.errors import RequestTooLargeError, validation_sentence
-from app.api.schemas import (
+from kiln.app.api.deps import ContextDep, SessionDep, TenantDep
+from kiln.app.api.errors import RequestTooLargeError, validation_sentence
+from kiln.app.api.schemas import (
     MALFORMED_BODY,
     EngineOut,
     ErrorOut,
@@ -20,12 +20,12 @@ from app.api.schemas import (
     ModelOut,
     ModelSpecIn,
 )
-from app.catalog import ModelInfo, get_model, list_models, model_versions, register_model
-from app.core.errors import InputError
-from app.db import queries
-from app.model_spec import ImageModelSpec
-from app.storage.s3 import make_s3_client, read_object
-from app.tenants import check_bucket
+from kiln.app.catalog import ModelInfo, get_model, list_models, model_versions, register_model
+from kiln.app.core.errors import InputError
+from kiln.app.db import queries
+from kiln.app.model_spec import ImageModelSpec
+from kiln.app.storage.s3 import make_s3_client, read_object
+from kiln.app.tenants import check_bucket
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Response, status
 
-from app import schedules
-from app.api.deps import SessionDep, TenantDep
-from app.api.schemas import MALFORMED_BODY, ErrorOut, ScheduleCreate, ScheduleOut
-from app.bulk import Source
-from app.db.models import Schedule
+from kiln.app import schedules
+from kiln.app.api.deps import SessionDep, TenantDep
+from kiln.app.api.schemas import MALFORMED_BODY, ErrorOut, ScheduleCreate, ScheduleOut
+from kiln.app.bulk import Source
+from kiln.app.db.models import Schedule
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import StarletteDeprecationWarning
 
-from app.api.app import create_app
-from app.auth import create_key
-from app.core.config import Settings
+from kiln.app.api.app import create_app
+from kiln.app.auth import create_key
+from kiln.app.core.config import Settings
 
 with warnings.catch_warnings():
     # Starlette 1.x warns when its TestClient falls back to `httpx` because `httpx2` (its

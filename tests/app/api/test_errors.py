@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import DataError
 
-from app.api.app import create_app
-from app.core.config import Settings
+from kiln.app.api.app import create_app
+from kiln.app.core.config import Settings
 from tests.app.api.conftest import TestClient
 
 

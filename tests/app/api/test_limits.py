@@ -11,11 +11,11 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api.app import create_app
-from app.core.config import Settings, get_settings
-from app.core.errors import LimitExceededError
-from app.quotas import TenantLimiter, limiter_storage_url
-from app.tenants import allow_bucket
+from kiln.app.api.app import create_app
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.core.errors import LimitExceededError
+from kiln.app.quotas import TenantLimiter, limiter_storage_url
+from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 from tests.images import solid
 
@@ -119,7 +119,7 @@ def test_a_bucket_not_on_the_list_is_403(client: TestClient, path: str, body: An
 
 def test_the_limiter_fails_open_when_redis_is_down(caplog: pytest.LogCaptureFixture) -> None:
     limiter = TenantLimiter("1/minute", "redis://127.0.0.1:1/0")  # nothing listens on port 1
-    with caplog.at_level(logging.WARNING, logger="app.quotas"):
+    with caplog.at_level(logging.WARNING, logger="kiln.app.quotas"):
         for _ in range(3):
             limiter.hit("acme")  # no 429, no exception
     assert "rate limiter unavailable" in caplog.text

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import queries
+from kiln.app.db import queries
 from tests.app.api.conftest import TestClient
 from tests.models import colour_classifier
 

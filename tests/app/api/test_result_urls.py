@@ -13,9 +13,9 @@ import pytest
 import requests
 from moto import mock_aws
 
-from app.api.app import create_app
-from app.core.config import Settings
-from app.tenants import allow_bucket
+from kiln.app.api.app import create_app
+from kiln.app.core.config import Settings
+from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 from tests.images import solid
 

@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api.app import create_app
-from app.auth import revoke_key
-from app.core.config import Settings
-from app.tenants import allow_bucket
+from kiln.app.api.app import create_app
+from kiln.app.auth import revoke_key
+from kiln.app.core.config import Settings
+from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 from tests.images import solid
 

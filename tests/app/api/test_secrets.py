@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from app.api.app import create_app
-from app.core.config import Settings, get_settings, redact_url
+from kiln.app.api.app import create_app
+from kiln.app.core.config import Settings, get_settings, redact_url
 from tests.app.api.conftest import TestClient, bearer
 
 PASSWORD = "hunter2-not-for-logs"

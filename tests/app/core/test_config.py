@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.core.config import Settings, get_settings
+from kiln.app.core.config import Settings, get_settings
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ from datetime import timedelta
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app.db import leases, queries
-from app.db.models import Item, ItemStatus, JobStatus, utcnow
+from kiln.app.db import leases, queries
+from kiln.app.db.models import Item, ItemStatus, JobStatus, utcnow
 from tests.app.db.test_queries import items_of, make_job, result_row
 
 

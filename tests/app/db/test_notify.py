@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.db.notify import JobWaiters, libpq_url
+from kiln.app.db.notify import JobWaiters, libpq_url
 
 
 def test_libpq_url_only_for_postgres() -> None:

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db import leases, queries
-from app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
+from kiln.app.db import leases, queries
+from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
 
 
 def make_job(

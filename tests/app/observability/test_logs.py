@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import get_settings
-from app.observability.logs import HANDLER, configure_logging
-from app.observability.tracing import tracer
+from kiln.app.core.config import get_settings
+from kiln.app.observability.logs import HANDLER, configure_logging
+from kiln.app.observability.tracing import tracer
 from tests.tracing import in_memory_tracing
 
 
@@ -37,11 +37,11 @@ def lines(stream: io.StringIO) -> list[dict[str, object]]:
 def test_a_json_line_carries_the_fields_and_the_extras(root: logging.Logger) -> None:
     stream = io.StringIO()
     configure_logging("json", "INFO", stream)
-    logging.getLogger("workers.chunk").info(
+    logging.getLogger("kiln.workers.chunk").info(
         "chunk %s/%d: done", "j1", 2, extra={"job_id": "j1", "chunk": 2, "items": 3}
     )
     (line,) = lines(stream)
-    assert line["level"] == "INFO" and line["logger"] == "workers.chunk"
+    assert line["level"] == "INFO" and line["logger"] == "kiln.workers.chunk"
     assert line["message"] == "chunk j1/2: done"
     assert (line["job_id"], line["chunk"], line["items"]) == ("j1", 2, 3)
     assert str(line["time"]).endswith("+00:00")  # ISO 8601, UTC
@@ -55,7 +55,7 @@ def test_a_json_line_inside_a_span_names_it(root: logging.Logger, tmp_path: Path
         in_memory_tracing(get_settings(data_dir=tmp_path)),
         tracer().start_as_current_span("kiln.batch") as span,
     ):
-        logging.getLogger("workers.batching").warning(
+        logging.getLogger("kiln.workers.batching").warning(
             "out of memory", extra={"batch_id": 7, "batch_size": 16, "device": "cpu"}
         )
         context = span.get_span_context()

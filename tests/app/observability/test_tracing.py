@@ -11,8 +11,8 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from app.core.config import Settings, get_settings
-from app.observability import tracing
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.observability import tracing
 from tests.tracing import in_memory_tracing, reset_tracing
 
 

@@ -10,9 +10,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from app.storage.base import ObjectStore
-from app.storage.local import LocalStore
-from app.storage.s3 import S3Store
+from kiln.app.storage.base import ObjectStore
+from kiln.app.storage.local import LocalStore
+from kiln.app.storage.s3 import S3Store
 
 BUCKET = "kiln-test"
 PREFIX = "jobs/"

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import get_settings
-from app.storage import open_store
-from app.storage.base import check_key
-from app.storage.local import LocalStore
-from app.storage.s3 import S3Store
+from kiln.app.core.config import get_settings
+from kiln.app.storage import open_store
+from kiln.app.storage.base import check_key
+from kiln.app.storage.local import LocalStore
+from kiln.app.storage.s3 import S3Store
 
 INVALID_KEYS = ["", "/abs/key", "../escape", "a/../b", "a/./b", "./a", "a//b", "a/", ".", ".."]
 

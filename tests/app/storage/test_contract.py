@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.errors import KilnError, NotFoundError
-from app.storage.base import ObjectStore
+from kiln.app.core.errors import KilnError, NotFoundError
+from kiln.app.storage.base import ObjectStore
 from tests.app.storage.test_base import INVALID_KEYS
 
 

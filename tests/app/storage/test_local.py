@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.errors import NotFoundError
-from app.storage.local import LocalStore
+from kiln.app.core.errors import NotFoundError
+from kiln.app.storage.local import LocalStore
 from tests.app.storage.test_base import INVALID_KEYS
 
 

@@ -11,10 +11,10 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from app.core.config import get_settings
-from app.core.errors import ConflictError
-from app.storage.local import LocalStore
-from app.storage.s3 import S3Store, make_s3_client
+from kiln.app.core.config import get_settings
+from kiln.app.core.errors import ConflictError
+from kiln.app.storage.local import LocalStore
+from kiln.app.storage.s3 import S3Store, make_s3_client
 from tests.app.storage.conftest import BUCKET, PREFIX
 from tests.sigv4 import s3_would_accept
 

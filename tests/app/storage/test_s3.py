@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from app.core.config import get_settings
-from app.core.errors import InputError, KilnError, NotFoundError
-from app.storage import open_store
-from app.storage.s3 import S3Store, parse_s3_uri
+from kiln.app.core.config import get_settings
+from kiln.app.core.errors import InputError, KilnError, NotFoundError
+from kiln.app.storage import open_store
+from kiln.app.storage.s3 import S3Store, parse_s3_uri
 from tests.app.storage.conftest import BUCKET, PREFIX
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.storage.base import check_key
-from app.storage.local import LocalStore
-from workers.engines.engine_cache import (
+from kiln.app.storage.base import check_key
+from kiln.app.storage.local import LocalStore
+from kiln.workers.engines.engine_cache import (
     FORCED,
     MISSING,
     EngineKey,
@@ -26,7 +26,7 @@ from workers.engines.engine_cache import (
     write_plan,
     write_timing_cache,
 )
-from workers.engines.tensorrt_logic import EngineBuildError, TensorRange
+from kiln.workers.engines.tensorrt_logic import EngineBuildError, TensorRange
 
 PROFILE = (TensorRange("images", (1, 3, 224, 224), (16, 3, 224, 224), (16, 3, 224, 224)),)
 KEY = EngineKey("ab" * 32, "10.13.0.35", "nvidia-a10g-sm86", "fp16", PROFILE)
@@ -149,7 +149,7 @@ def test_another_key_does_not_see_the_plan(store: LocalStore) -> None:
 def test_corrupted_plan_bytes_are_rebuilt(store: LocalStore, caplog) -> None:
     load_or_build(store, KEY, build=FakeBuilder(), load=deserialize)
     store.put(KEY.plan_key, b"PLAN:truncat")
-    caplog.set_level(logging.INFO, "workers.engines.engine_cache")
+    caplog.set_level(logging.INFO, "kiln.workers.engines.engine_cache")
     got = load_or_build(store, KEY, build=FakeBuilder(b"PLAN:v2"), load=deserialize)
     assert (got.value, got.source) == ("PLAN:v2", "built")
     assert "checksum" in got.why
@@ -176,7 +176,7 @@ def test_a_plan_that_does_not_deserialize_is_rebuilt(store: LocalStore, caplog) 
     # Checksum and manifest fine, but TensorRT refuses the bytes (e.g. built by another
     # TensorRT patch, or a driver change): deserialize returns None.
     write_plan(store, KEY, b"JUNK", "resnet")
-    caplog.set_level(logging.INFO, "workers.engines.engine_cache")
+    caplog.set_level(logging.INFO, "kiln.workers.engines.engine_cache")
     got = load_or_build(store, KEY, build=FakeBuilder(), load=deserialize, model="resnet")
     assert (got.value, got.source, got.why) == (
         "PLAN:v1",

@@ -16,11 +16,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from workers.device import Gpu
-from workers.engines.base import EngineRequest
-from workers.engines.engine_cache import plan_spec
-from workers.engines.tensorrt import IoTensor, spec_of
-from workers.engines.tensorrt_logic import (
+from kiln.workers.device import Gpu
+from kiln.workers.engines.base import EngineRequest
+from kiln.workers.engines.engine_cache import plan_spec
+from kiln.workers.engines.tensorrt import IoTensor, spec_of
+from kiln.workers.engines.tensorrt_logic import (
     EngineBuildError,
     InputShape,
     SlotPool,
@@ -347,7 +347,7 @@ def test_slot_pool_needs_a_slot() -> None:
 
 def test_module_imports_without_tensorrt_or_cupy() -> None:
     code = (
-        "import sys, workers.engines.tensorrt, workers.engines.engine_cache; "
+        "import sys, kiln.workers.engines.tensorrt, kiln.workers.engines.engine_cache; "
         "loaded = [m for m in ('tensorrt', 'cupy') if m in sys.modules]; "
         "assert not loaded, loaded"
     )
@@ -364,10 +364,10 @@ def _real_tensorrt() -> bool:
 
 @pytest.mark.skipif(_real_tensorrt(), reason="TensorRT is installed: this checks its absence")
 def test_building_without_tensorrt_says_so(tmp_path: Path) -> None:
-    from app.core.config import get_settings
-    from app.storage.local import LocalStore
-    from workers.engines.select import BackendUnavailableError, Choice
-    from workers.engines.tensorrt import build_tensorrt_engine, prebuild
+    from kiln.app.core.config import get_settings
+    from kiln.app.storage.local import LocalStore
+    from kiln.workers.engines.select import BackendUnavailableError, Choice
+    from kiln.workers.engines.tensorrt import build_tensorrt_engine, prebuild
 
     request = EngineRequest("m", save_model(tmp_path / "m.onnx", [image_input()]), 4)
     settings = get_settings(data_dir=tmp_path)

@@ -14,15 +14,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from app.core.config import Settings
-from app.model_spec import ImageModelSpec
-from app.storage.local import LocalStore
+from kiln.app.core.config import Settings
+from kiln.app.model_spec import ImageModelSpec
+from kiln.app.storage.local import LocalStore
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.base import Pipeline
+from kiln.workers.models.classify import ClassifyPipeline
+from kiln.workers.models.detect import DetectorPipeline, model_path
 from tests.images import photo
 from tests.support import migrated_settings
-from workers.engines.select import EngineFactory
-from workers.models.base import Pipeline
-from workers.models.classify import ClassifyPipeline
-from workers.models.detect import DetectorPipeline, model_path
 
 TOLERANCE = 1e-4
 

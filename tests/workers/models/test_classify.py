@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.models.classify import softmax, top_k
+from kiln.workers.models.classify import softmax, top_k
 
 
 def test_softmax_sums_to_one() -> None:
@@ -80,8 +80,8 @@ def test_a_large_jpeg_is_drafted_to_the_resize_side_not_further() -> None:
     cheaper than a full decode, and the crop matches the full decode's closely."""
     from PIL import Image
 
+    from kiln.workers.preprocess import center_crop, decode_image, resize_side
     from tests.images import photo
-    from workers.preprocess import center_crop, decode_image, resize_side
 
     data = photo(3, size=(2048, 1536))
     drafted = decode_image(data, max_pixels=50_000_000, draft_to=resize_side(224))

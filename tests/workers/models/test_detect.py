@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.models.detect import LABELS, decode_yolo, nms
-from workers.preprocess import Letterbox
+from kiln.workers.models.detect import LABELS, decode_yolo, nms
+from kiln.workers.preprocess import Letterbox
 
 
 def test_nms_overlapping_keeps_only_the_best() -> None:

@@ -16,18 +16,23 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from app.core.errors import InputError
-from app.storage.local import LocalStore
+from kiln.app.core.errors import InputError
+from kiln.app.storage.local import LocalStore
+from kiln.workers.batching import Batcher
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.base import Prepared
+from kiln.workers.models.ocr import OcrPipeline
+from kiln.workers.models.ocr_config import load_config
+from kiln.workers.models.ocr_det import MAX_DET_SIDE, Page, padding, to_original
+from kiln.workers.models.ocr_lines import (
+    REC_BUCKET,
+    REC_MAX_WIDTH,
+    group_indices,
+    padded_normalizer,
+)
+from kiln.workers.preprocess import Decoded
 from tests.images import solid
 from tests.support import migrated_settings
-from workers.batching import Batcher
-from workers.engines.select import EngineFactory
-from workers.models.base import Prepared
-from workers.models.ocr import OcrPipeline
-from workers.models.ocr_config import load_config
-from workers.models.ocr_det import MAX_DET_SIDE, Page, padding, to_original
-from workers.models.ocr_lines import REC_BUCKET, REC_MAX_WIDTH, group_indices, padded_normalizer
-from workers.preprocess import Decoded
 
 ROOT = Path(__file__).resolve().parents[3]
 FONT_DIR = Path(matplotlib.get_data_path()) / "fonts" / "ttf"

@@ -17,12 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.core.config import Settings
-from app.core.errors import InputError
-from app.storage.local import LocalStore
-from tests.support import migrated_settings
-from workers.engines.select import EngineFactory
-from workers.models.text_embed import (
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import InputError
+from kiln.app.storage.local import LocalStore
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.text_embed import (
     DIM,
     FIELDS,
     LATEST_KEY,
@@ -34,6 +33,7 @@ from workers.models.text_embed import (
     source_digest,
     source_folder,
 )
+from tests.support import migrated_settings
 
 PAIR = ("A man is eating food.", "A man is eating a piece of bread.")
 UNRELATED = "The new movie is awesome, the critics say."
@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parents[3]
 # device pinning refuses to run once torch is imported). The children see the legacy exporter's
 # expected warnings (its deprecation, tracer notes); they are not this process's warnings.
 EXPORT = """
-from app.core.config import get_settings
-from app.storage import open_store
-from workers.models.text_embed import export_text_embed
+from kiln.app.core.config import get_settings
+from kiln.app.storage import open_store
+from kiln.workers.models.text_embed import export_text_embed
 
 settings = get_settings()
 print(export_text_embed(settings, open_store(settings)))
@@ -55,7 +55,7 @@ REFERENCE = """
 import json, sys
 import numpy as np
 from sentence_transformers import SentenceTransformer
-from workers.models.text_embed import source_folder
+from kiln.workers.models.text_embed import source_folder
 
 model = SentenceTransformer(str(source_folder()), device="cpu")
 np.save(sys.argv[2], model.encode(json.loads(sys.argv[1]), convert_to_numpy=True))
@@ -63,10 +63,10 @@ np.save(sys.argv[2], model.encode(json.loads(sys.argv[1]), convert_to_numpy=True
 
 RUN_WITHOUT_TORCH = """
 import sys
-from app.core.config import get_settings
-from app.storage import open_store
-from workers.engines.select import EngineFactory
-from workers.models.text_embed import load_text_embed
+from kiln.app.core.config import get_settings
+from kiln.app.storage import open_store
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.text_embed import load_text_embed
 
 settings = get_settings()
 pipe = load_text_embed(EngineFactory(settings, open_store(settings)))

@@ -56,7 +56,7 @@ bench: $(VENV)/.bench services
 check: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy kiln bench
+	$(BIN)/mypy kiln bench devstack
 	# mypy --strict of the TensorRT engine against tensorrt-stubs (see the test for why apart)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/workers/engines/test_tensorrt_types.py
 

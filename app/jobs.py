@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -20,6 +20,7 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import queries
 from kiln.app.db.models import Item, Job, JobStatus, aware, utcnow
+from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.s3 import parse_s3_uri
@@ -28,12 +29,6 @@ log = logging.getLogger(__name__)
 
 PHASH_MAX_DISTANCE = 16  # as workers.models.phash.MAX_DISTANCE_LIMIT (a test checks they agree)
 INTERACTIVE_MAX_ITEMS = 256  # larger jobs go to the bulk queue so small ones are not starved
-
-
-class Dispatcher(Protocol):
-    """Sends chunk messages (ids only, never bytes) to the workers."""
-
-    def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -129,7 +124,7 @@ def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequ
 
 def queue_for(items: int) -> str:
     """Large jobs go to the bulk queue so small ones are not starved."""
-    return "interactive" if items <= INTERACTIVE_MAX_ITEMS else "bulk"
+    return INTERACTIVE if items <= INTERACTIVE_MAX_ITEMS else BULK
 
 
 @contextmanager

@@ -12,17 +12,17 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app.bulk import (
+from kiln.app.catalog import get_model
+from kiln.app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
+from kiln.app.db.models import Schedule, utcnow
+from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.ingest import (
     NAME_PATTERN,
     BulkRequest,
-    IngestDispatcher,
     Source,
     check_places,
     submit_bulk,
 )
-from kiln.app.catalog import get_model
-from kiln.app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
-from kiln.app.db.models import Schedule, utcnow
 from kiln.app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,7 @@ def remove_schedule(session: Session, tenant: str, name: str) -> None:
     session.commit()
 
 
-def run_due(
-    session: Session, dispatcher: IngestDispatcher, now: datetime | None = None
-) -> list[str]:
+def run_due(session: Session, dispatcher: Dispatcher, now: datetime | None = None) -> list[str]:
     """Start every due schedule's run (jobs started, by id). A schedule whose previous run is
     still going is skipped until its next time: never two runs at once.
 

@@ -27,15 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kiln.app.bulk import BulkRequest, Source, submit_bulk
-from kiln.app.core.config import get_settings
-from kiln.app.db.migrate import upgrade
-from kiln.app.db.models import Ingest
-from kiln.app.tenants import allow_bucket
-from kiln.workers.celery_app import CeleryDispatcher, make_celery
-from kiln.workers.ingest import ingest_step
-from kiln.workers.runtime import WorkerRuntime
-from tests.integration.services import (
+from devstack.services import (
     AWS_ENV,
     claim_redis_db,
     create_database,
@@ -43,6 +35,15 @@ from tests.integration.services import (
     release_redis_db,
     start_moto,
 )
+from kiln.app.core.config import get_settings
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.models import Ingest
+from kiln.app.dispatch.producer import CeleryDispatcher
+from kiln.app.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.tenants import allow_bucket
+from kiln.workers.celery.app import make_celery
+from kiln.workers.ingest import ingest_step
+from kiln.workers.runtime import WorkerRuntime
 
 BUCKET = "kiln-bench-ingest"
 

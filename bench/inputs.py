@@ -72,7 +72,7 @@ def sentences(count: int) -> list[str]:
 
 def make_word_images(folder: Path, count: int) -> list[Path]:
     """`count` PNGs of two rendered words each (OCR inputs), made once and reused."""
-    from tests.images import words
+    from devstack.images import words
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -18,16 +18,7 @@ import boto3
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiln.app.auth import create_key
-from kiln.app.catalog import register_model
-from kiln.app.core.config import Settings, get_settings
-from kiln.app.db.migrate import upgrade
-from kiln.app.db.session import make_engine, make_session_factory
-from kiln.app.model_spec import ImageModelSpec
-from kiln.app.storage import open_store
-from kiln.app.tenants import allow_bucket
-from kiln.workers.celery_app import make_celery
-from tests.integration.services import (
+from devstack.services import (
     AWS_ENV,
     Process,
     claim_redis_db,
@@ -40,6 +31,15 @@ from tests.integration.services import (
     start_moto,
     start_worker,
 )
+from kiln.app.auth import create_key
+from kiln.app.catalog import register_model
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.model_spec import ImageModelSpec
+from kiln.app.storage import open_store
+from kiln.app.tenants import allow_bucket
+from kiln.workers.celery.app import make_celery
 
 BUCKET = "kiln-bench"
 SOURCE_BUCKET = "kiln-bench-sources"

@@ -15,12 +15,7 @@ import boto3
 import httpx
 import pytest
 
-from kiln.app.auth import create_key
-from kiln.app.core.config import Settings, get_settings
-from kiln.app.db.migrate import upgrade
-from kiln.app.db.session import make_engine, make_session_factory
-from kiln.app.tenants import allow_bucket
-from tests.integration.services import (
+from devstack.services import (
     AWS_ENV,
     IN_CI,
     Process,
@@ -35,9 +30,14 @@ from tests.integration.services import (
     start_moto,
     start_worker,
 )
-from tests.integration.services import (
+from devstack.services import (
     service_env as _env,
 )
+from kiln.app.auth import create_key
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.tenants import allow_bucket
 
 BUCKET = "kiln-test"
 SOURCE_BUCKET = "kiln-sources"
@@ -211,7 +211,7 @@ def worker_metrics_url() -> str:
 def worker(
     migrated: Settings, service_env: dict[str, str], log_dir: Path, worker_metrics_url: str
 ) -> Iterator[Process]:
-    from kiln.workers.celery_app import make_celery
+    from kiln.workers.celery.app import make_celery
 
     port = worker_metrics_url.rsplit(":", 1)[1].split("/")[0]
     env = {**_env(service_env), "KILN_WORKER_METRICS_PORT": port}  # this worker only

@@ -1,9 +1,8 @@
-"""Helpers shared by the fast tests: migrated SQLite settings and fake dispatchers."""
+"""Helpers shared by the fast tests: migrated SQLite settings."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -25,28 +24,3 @@ def migrated_settings(
     settings = get_settings(data_dir=tmp_path / "data", **overrides)
     upgrade(settings)
     return settings
-
-
-@dataclass(frozen=True)
-class Enqueued:
-    job_id: str
-    chunk: int
-    item_ids: list[int]
-    queue: str
-
-
-@dataclass
-class RecordingDispatcher:
-    """A `Dispatcher` that only remembers what it was asked to send."""
-
-    calls: list[Enqueued] = field(default_factory=list)
-
-    def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None:
-        self.calls.append(Enqueued(job_id, chunk, list(item_ids), queue))
-
-
-class BrokenDispatcher:
-    """A `Dispatcher` whose broker is down."""
-
-    def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None:
-        raise ConnectionError("Connection refused")

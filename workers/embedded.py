@@ -26,8 +26,10 @@ from kiln.app.db.migrate import upgrade
 from kiln.app.db.models import Job
 from kiln.app.db.queries import is_open
 from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.dispatch.contract import QUEUES
+from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.storage import open_store
-from kiln.workers.celery_app import WORK_QUEUES, CeleryDispatcher, KilnCelery, make_celery
+from kiln.workers.celery.app import KilnCelery, make_celery
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +108,7 @@ def embedded_worker(app: KilnCelery, concurrency: int) -> Iterator[WorkControlle
     worker = app.WorkController(
         pool_cls="threads",
         concurrency=concurrency,
-        queues=list(WORK_QUEUES),
+        queues=list(QUEUES),
         hostname=f"embedded-{time.monotonic_ns()}@localhost",
         without_heartbeat=True,
         without_mingle=True,

@@ -18,32 +18,25 @@ import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session
 
 from kiln.app import results
-from kiln.app.bulk import Source
 from kiln.app.core.errors import InputError, KilnError
 from kiln.app.db import ingest as db
 from kiln.app.db import queries
 from kiln.app.db.models import Ingest, Job, JobStatus, utcnow
+from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.ingest import Source
 from kiln.app.storage.s3 import translate
-from kiln.workers.finish import ensure_manifest
+from kiln.workers.chunk.finish import ensure_manifest
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
 BACKPRESSURE_PAUSE_S = 2.0
-
-
-class StepDispatcher(Protocol):
-    def enqueue_chunk(self, job_id: str, chunk: int, item_ids: list[int], queue: str) -> None: ...
-
-    def enqueue_ingest(
-        self, job_id: str, owner: str | None = None, countdown: float = 0
-    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +56,7 @@ class Page:
 
 
 def ingest_step(
-    runtime: WorkerRuntime, dispatcher: StepDispatcher, job_id: str, owner: str | None = None
+    runtime: WorkerRuntime, dispatcher: Dispatcher, job_id: str, owner: str | None = None
 ) -> StepReport:
     owner = owner or str(uuid.uuid4())
     settings = runtime.settings
@@ -94,7 +87,7 @@ class _Step:
         self,
         runtime: WorkerRuntime,
         session: Session,
-        dispatcher: StepDispatcher,
+        dispatcher: Dispatcher,
         job: Job,
         owner: str,
     ) -> None:
@@ -185,7 +178,7 @@ class _Step:
         return chunks
 
 
-def _send_chunks(session: Session, dispatcher: StepDispatcher, job: Job, owner: str) -> None:
+def _send_chunks(session: Session, dispatcher: Dispatcher, job: Job, owner: str) -> None:
     """Send every chunk not sent yet (after a crash, those committed but never sent)."""
     ingest = db.still_owner(session, job.id, owner)
     if ingest is None:

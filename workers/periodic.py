@@ -9,8 +9,8 @@ from typing import Any
 from kiln.app import schedules
 from kiln.app.db import ingest as db
 from kiln.app.db import leases
-from kiln.workers.inflight import Chunk
-from kiln.workers.ingest import StepDispatcher
+from kiln.app.dispatch.contract import Dispatcher
+from kiln.workers.celery.inflight import Chunk
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ InFlight = Callable[[], set[Chunk] | None]  # the broker's chunk messages; None 
 
 
 def reconcile(
-    runtime: WorkerRuntime, dispatcher: StepDispatcher, in_flight: InFlight
+    runtime: WorkerRuntime, dispatcher: Dispatcher, in_flight: InFlight
 ) -> dict[str, Any]:
     """Postgres is the truth, Redis only carries work: find what the broker lost and send it.
 
@@ -37,7 +37,7 @@ def reconcile(
 
 
 def _resend_chunks(
-    runtime: WorkerRuntime, dispatcher: StepDispatcher, in_flight: InFlight
+    runtime: WorkerRuntime, dispatcher: Dispatcher, in_flight: InFlight
 ) -> dict[str, int]:
     with runtime.sessions() as session:
         expired = leases.reset_expired(session)
@@ -60,7 +60,7 @@ def _resend_chunks(
     return {"chunks_expired": len(expired), "chunks_resent": resent}
 
 
-def run_due_schedules(runtime: WorkerRuntime, dispatcher: StepDispatcher) -> dict[str, Any]:
+def run_due_schedules(runtime: WorkerRuntime, dispatcher: Dispatcher) -> dict[str, Any]:
     with runtime.sessions() as session:
         started = schedules.run_due(session, dispatcher)
     return {"started": started}

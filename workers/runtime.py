@@ -22,9 +22,9 @@ from kiln.app.observability.tracing import traced_infer
 from kiln.app.results import Place, place_for
 from kiln.app.storage import ObjectStore, open_store
 from kiln.workers.batching import Batcher, BatchStats
-from kiln.workers.chunk_stats import ChunkStats, ChunkTotals
+from kiln.workers.chunk.fetch import Fetcher
+from kiln.workers.chunk.stats import ChunkStats, ChunkTotals
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.fetch import Fetcher
 from kiln.workers.models.base import Pipeline, Prepared
 from kiln.workers.models.loader import load_pipeline
 

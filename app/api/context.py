@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.core.config import Settings
 from kiln.app.db.notify import JobWaiters
 from kiln.app.db.session import engine_for, make_session_factory
+from kiln.app.dispatch.producer import CeleryDispatcher, make_producer
 from kiln.app.quotas import TenantLimiter
 from kiln.app.storage import ObjectStore, open_store
-from kiln.workers.celery_app import CeleryDispatcher, KilnCelery, make_celery
 
 
 @dataclass
@@ -21,7 +22,7 @@ class ApiContext:
     engine: Engine
     sessions: sessionmaker[Session]
     store: ObjectStore
-    celery: KilnCelery
+    celery: Celery  # a producer: it sends by task name and holds no task code
     dispatcher: CeleryDispatcher
     waiters: JobWaiters
     limiter: TenantLimiter
@@ -30,7 +31,7 @@ class ApiContext:
     def build(cls, settings: Settings) -> ApiContext:
         # Creating these objects opens no connection; the first request does.
         engine = engine_for(settings)
-        celery = make_celery(settings)
+        celery = make_producer(settings)
         return cls(
             settings=settings,
             engine=engine,

@@ -175,7 +175,7 @@ class HttpMetricsMiddleware:
 def install_metrics(app: FastAPI) -> ApiMetrics:
     """A registry for this app, the request middleware, and `GET /metrics`."""
     from kiln.app.api.routes import metrics as route
-    from kiln.workers.celery_app import QUEUES
+    from kiln.app.dispatch.contract import QUEUES
 
     metrics = ApiMetrics(lambda: getattr(app.state, "kiln", None), QUEUES)
     app.state.metrics = metrics

@@ -11,6 +11,7 @@ import typer
 
 from kiln.app.cli.common import fail, settings
 from kiln.app.core.errors import KilnError
+from kiln.app.dispatch.contract import QUEUES
 
 
 def api(
@@ -31,9 +32,7 @@ def api(
 
 def worker(
     concurrency: Annotated[int | None, typer.Option(help="Task threads.")] = None,
-    queues: Annotated[
-        str, typer.Option(help="Queues, highest priority first.")
-    ] = "interactive,ingest,bulk,control",
+    queues: Annotated[str, typer.Option(help="Queues, highest priority first.")] = ",".join(QUEUES),
     hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
     loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
     metrics_port: Annotated[
@@ -88,7 +87,7 @@ def _work(
     warm: str | None = None,
 ) -> None:
     from kiln.app.observability import observe
-    from kiln.workers.celery_app import make_celery
+    from kiln.workers.celery.app import make_celery
     from kiln.workers.metrics import serve_metrics, worker_registry
     from kiln.workers.readiness import install, parse_models, warm_models
 
@@ -147,7 +146,7 @@ FLOWER_OAUTH_ENV = (
 
 def flower(port: Annotated[int, typer.Option(help="Port for the Flower UI.")] = 5555) -> None:
     """Flower against the configured broker; refuses to start without authentication."""
-    from kiln.workers.celery_app import make_celery
+    from kiln.workers.celery.app import make_celery
 
     auth = os.environ.get("KILN_FLOWER_BASIC_AUTH")
     args = ["flower", f"--port={port}"]
@@ -167,7 +166,7 @@ def flower(port: Annotated[int, typer.Option(help="Port for the Flower UI.")] = 
 def beat(loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO") -> None:
     """Run the scheduler for Kiln's periodic tasks (one per deployment)."""
     from kiln.app.observability.logs import configure_logging
-    from kiln.workers.celery_app import make_celery
+    from kiln.workers.celery.app import make_celery
 
     current = settings()
     configure_logging(current.log_format, loglevel.upper())

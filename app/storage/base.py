@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlparse
 
 if TYPE_CHECKING:
-    from kiln.app.core.config import Settings
+    pass
 
 
 class ObjectStore(Protocol):
@@ -40,18 +39,3 @@ def check_key(key: str) -> str:
     if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"{key!r} is not a valid object key.")
     return key
-
-
-def open_store(settings: Settings) -> ObjectStore:
-    """Open the store named by `KILN_STORAGE_URL`."""
-    url = settings.storage_url
-    scheme = urlparse(url).scheme
-    if scheme == "file":
-        from kiln.app.storage.local import LocalStore
-
-        return LocalStore.from_url(url)
-    if scheme == "s3":
-        from kiln.app.storage.s3 import S3Store, make_s3_client
-
-        return S3Store.from_url(url, make_s3_client(settings))
-    raise ValueError(f"KILN_STORAGE_URL must start with s3:// or file://, not {url!r}.")

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from bench.context import Context
 from bench.measure import Meter
 from bench.results import CaseResult
-from tests.integration.services import kiln_command, service_env
+from devstack.services import kiln_command, service_env
 
 
 def run(ctx: Context, model: str) -> CaseResult:

@@ -21,7 +21,7 @@ from bench.cases.loop import preprocess
 from bench.cases.services import meter
 from bench.context import Context
 from bench.results import CaseResult
-from tests.integration.services import Process, wait_for
+from devstack.services import Process, wait_for
 
 TASK, QUEUE = "naive.classify", "naive"
 

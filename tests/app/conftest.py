@@ -10,8 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.core.config import Settings
 from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.storage.local import LocalStore
-from tests.support import RecordingDispatcher, migrated_settings
+from tests.support import migrated_settings
 
 CHUNK_SIZE = 3
 

@@ -9,9 +9,11 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from devstack.images import solid
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
+from kiln.app.dispatch.stub import BrokenDispatcher, Enqueued, RecordingDispatcher
 from kiln.app.jobs import (
     INTERACTIVE_MAX_ITEMS,
     InputRef,
@@ -26,8 +28,6 @@ from kiln.app.jobs import (
 from kiln.app.storage.local import LocalStore
 from kiln.app.tenants import allow_bucket
 from tests.app.conftest import CHUNK_SIZE
-from tests.images import solid
-from tests.support import BrokenDispatcher, Enqueued, RecordingDispatcher
 
 
 @pytest.fixture(autouse=True)

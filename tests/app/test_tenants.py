@@ -10,10 +10,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kiln.app.auth import create_key, revoke_key
-from kiln.app.bulk import BulkRequest, Source, submit_bulk
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ForbiddenError, InputError, NotFoundError
 from kiln.app.db.models import Job, Schedule, utcnow
+from kiln.app.dispatch.stub import RecordingDispatcher
+from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.jobs import InputRef, JobRequest, submit_job
 from kiln.app.schedules import ScheduleRequest, add_schedule, run_due
 from kiln.app.storage.local import LocalStore
@@ -25,20 +26,11 @@ from kiln.app.tenants import (
     deny_bucket,
     list_tenants,
 )
-from tests.support import RecordingDispatcher
 
 SENTENCE = (
     "Tenant 'acme' may not read bucket 'photos'; an operator can allow it with "
     "`kiln tenants allow-bucket acme photos`."
 )
-
-
-class Ingests:
-    def __init__(self) -> None:
-        self.jobs: list[str] = []
-
-    def enqueue_ingest(self, job_id: str) -> None:
-        self.jobs.append(job_id)
 
 
 def test_an_empty_list_allows_no_bucket(session: Session) -> None:
@@ -157,11 +149,11 @@ def test_bulk_source_and_output_need_allowed_buckets(
     session: Session, source: str, output: str | None, denied: str
 ) -> None:
     allow_bucket(session, "acme", "allowed")
-    ingests = Ingests()
+    ingests = RecordingDispatcher()
     request = BulkRequest("acme", "phash", Source(source), output=output)
     with pytest.raises(ForbiddenError, match=f"bucket '{denied}'"):
         submit_bulk(session, ingests, request)
-    assert ingests.jobs == []
+    assert ingests.ingests == []
     allow_bucket(session, "acme", denied)
     assert submit_bulk(session, ingests, request).created
 
@@ -189,7 +181,7 @@ def test_a_schedule_whose_bucket_was_denied_skips_its_runs(
     session.commit()
     due = utcnow() + timedelta(days=2)
     with caplog.at_level(logging.WARNING, logger="kiln.app.schedules"):
-        assert run_due(session, Ingests(), now=due) == []
+        assert run_due(session, RecordingDispatcher(), now=due) == []
     assert "may not read bucket 'photos'" in caplog.text
     assert session.scalar(select(func.count()).select_from(Job)) == 0
     schedule = session.scalar(select(Schedule))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.services import IN_CI
+from devstack.services import IN_CI
 
 pytestmark = pytest.mark.integration
 

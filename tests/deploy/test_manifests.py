@@ -228,7 +228,7 @@ def test_scalers_and_budgets_point_at_real_deployments(target: str) -> None:
 
 
 def test_keda_scales_workers_on_the_celery_queues() -> None:
-    from kiln.workers.celery_app import QUEUES
+    from kiln.app.dispatch.contract import QUEUES
 
     scaled = find(build("overlays/production"), "ScaledObject", "kiln-worker-gpu")
     lists = {t["metadata"]["listName"] for t in scaled["spec"]["triggers"]}

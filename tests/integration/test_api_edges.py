@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.images import photo
+from devstack.images import photo
 
 
 def test_no_key_or_a_bad_key_is_401(api_url: str) -> None:

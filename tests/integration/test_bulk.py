@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
 
+from devstack.images import photo
 from kiln.app.db.models import Item
 from kiln.app.tenants import allow_bucket
-from tests.images import photo
 from tests.stack import SOURCE_BUCKET
 
 CLOSED = ("completed", "failed", "cancelled")

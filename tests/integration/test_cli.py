@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from tests.images import solid
-from tests.integration.services import kiln_command
+from devstack.images import solid
+from devstack.services import kiln_command
 from tests.models import colour_classifier
 from tests.stack import run_kiln
 
@@ -111,7 +111,7 @@ def test_cli_client_commands(
 def test_flower_requires_auth_and_sees_the_worker(service_env: dict, worker, log_dir: Path) -> None:
     import httpx
 
-    from tests.integration.services import Process, free_port, wait_for
+    from devstack.services import Process, free_port, wait_for
     from tests.stack import _env
 
     refused = run_kiln({**service_env, "KILN_FLOWER_BASIC_AUTH": ""}, "flower")

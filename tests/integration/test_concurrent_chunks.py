@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from devstack.images import photo
 from kiln.app.core.config import Settings
 from kiln.app.db import queries
+from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import JobRequest, Upload, submit_job
-from kiln.workers.chunk import process_chunk
+from kiln.workers.chunk.run import process_chunk
 from kiln.workers.runtime import WorkerRuntime
-from tests.images import photo
-from tests.support import RecordingDispatcher
 
 
 def test_two_chunks_finishing_together_close_the_job(

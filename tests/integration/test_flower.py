@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.services import Process, free_port, kiln_command, wait_for
-from tests.integration.services import service_env as _env
+from devstack.services import Process, free_port, kiln_command, wait_for
+from devstack.services import service_env as _env
 from tests.stack import run_kiln
 
 OAUTH = {

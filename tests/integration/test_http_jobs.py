@@ -10,8 +10,8 @@ import httpx
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
+from devstack.images import photo, truncated_jpeg
 from kiln.app.db.models import Item
-from tests.images import photo, truncated_jpeg
 from tests.stack import BUCKET, SOURCE_BUCKET
 
 DONE = {"completed", "failed", "cancelled"}

@@ -6,10 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from devstack.services import claim_redis_db, release_redis_db
 from kiln.app.core.config import get_settings
-from kiln.workers.celery_app import CHUNK_TASK, QUEUES, CeleryDispatcher, KilnCelery, make_celery
-from kiln.workers.inflight import chunks_in_flight
-from tests.integration.services import claim_redis_db, release_redis_db
+from kiln.app.dispatch.contract import CHUNK_TASK, QUEUES
+from kiln.app.dispatch.producer import CeleryDispatcher
+from kiln.workers.celery.app import KilnCelery, make_celery
+from kiln.workers.celery.inflight import chunks_in_flight
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiln.workers.celery_app import QUEUES
-from kiln.workers.chunk_stats import STAGES
-from tests.images import photo
-from tests.integration.services import wait_for
+from devstack.images import photo
+from devstack.services import wait_for
+from kiln.app.dispatch.contract import QUEUES
+from kiln.workers.chunk.stats import STAGES
 from tests.integration.test_http_jobs import upload, wait_done
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from sqlalchemy import func, select
 
+from devstack.images import near_copy, photo, solid, words
 from kiln.app.db.models import ContentCache
-from tests.images import near_copy, photo, solid, words
 from tests.integration.test_http_jobs import upload, wait_done
 from tests.models import colour_classifier
 

@@ -9,8 +9,8 @@ import httpx
 import psycopg
 from sqlalchemy import text
 
+from devstack.images import photo
 from kiln.app.db.notify import CHANNEL, JobWaiters, libpq_url, notify_job_closed
-from tests.images import photo
 from tests.integration.test_http_jobs import upload
 
 

@@ -12,15 +12,16 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from kiln.app.bulk import BulkRequest, Source, submit_bulk
-from kiln.app.db.models import Item
-from kiln.workers.celery_app import CeleryDispatcher, make_celery
-from tests.integration.services import (
+from devstack.services import (
     Process,
     kiln_command,
     wait_for,
 )
-from tests.integration.services import service_env as full_env
+from devstack.services import service_env as full_env
+from kiln.app.db.models import Item
+from kiln.app.dispatch.producer import CeleryDispatcher
+from kiln.app.ingest import BulkRequest, Source, submit_bulk
+from kiln.workers.celery.app import make_celery
 from tests.integration.test_bulk import put_objects
 from tests.stack import SOURCE_BUCKET, settings_for
 

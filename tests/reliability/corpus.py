@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tests.images import photo, truncated_jpeg
+from devstack.images import photo, truncated_jpeg
 
 ORIENTATION = 0x0112
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from tests.integration.services import ServiceUnavailableError, free_port, wait_for
+from devstack.services import ServiceUnavailableError, free_port, wait_for
 
 
 class PrivateRedis:

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.services import service_env as process_env
-from tests.integration.services import start_api
+from devstack.services import service_env as process_env
+from devstack.services import start_api
 from tests.reliability.jobs import sentence_problem
 from tests.stack import SOURCE_BUCKET
 

@@ -10,8 +10,8 @@ import httpx
 import imagehash
 import pytest
 
-from tests.images import photo
-from tests.integration.services import Process
+from devstack.images import photo
+from devstack.services import Process
 from tests.reliability.corpus import BAD, ODD
 from tests.reliability.jobs import items_by_key, sentence_problem, upload, wait_closed
 

@@ -22,14 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
 
-from kiln.app.auth import create_key
-from kiln.app.core.config import Settings
-from kiln.app.db.migrate import upgrade
-from kiln.app.db.models import Item
-from kiln.app.db.session import make_engine, make_session_factory
-from kiln.workers.celery_app import make_celery
-from tests.images import photo
-from tests.integration.services import (
+from devstack.images import photo
+from devstack.services import (
     Process,
     ServiceUnavailableError,
     kiln_command,
@@ -38,6 +32,12 @@ from tests.integration.services import (
     start_worker,
     wait_for,
 )
+from kiln.app.auth import create_key
+from kiln.app.core.config import Settings
+from kiln.app.db.migrate import upgrade
+from kiln.app.db.models import Item
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.workers.celery.app import make_celery
 from tests.models import oom_embedder
 from tests.reliability.faults import PrivatePostgres, PrivateRedis, TcpProxy
 from tests.reliability.jobs import items_by_key, upload, wait_closed

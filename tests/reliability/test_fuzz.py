@@ -18,9 +18,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
+from devstack.services import Process
 from kiln.app.api.app import create_app
 from kiln.app.core.config import get_settings
-from tests.integration.services import Process
 from tests.stack import _key
 
 EXAMPLES_PER_OPERATION = 25

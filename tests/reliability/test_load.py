@@ -21,7 +21,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.integration.services import Process
+from devstack.services import Process
 from tests.reliability.jobs import CLOSED
 from tests.stack import _key
 

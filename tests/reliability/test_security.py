@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.images import photo
+from devstack.services import AWS_ENV
 from kiln.app.auth import revoke_key
-from tests.images import photo
-from tests.integration.services import AWS_ENV
 from tests.sigv4 import s3_would_accept
 from tests.stack import _key, run_kiln
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from devstack.images import solid
 from kiln.workers.embedded import run_embedded
-from tests.images import solid
 from tests.support import migrated_settings
 
 
@@ -31,7 +31,7 @@ def test_a_folder_larger_than_the_api_job_cap_runs(
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    from tests.images import near_copy, photo
+    from devstack.images import near_copy, photo
 
     images = tmp_path / "photos"
     images.mkdir()

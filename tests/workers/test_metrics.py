@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kiln.workers.batching import SECONDS_BOUNDS, Batcher, BatchStats, seconds_bound
-from kiln.workers.chunk_stats import ChunkTotals
+from kiln.workers.chunk.stats import ChunkTotals
 from kiln.workers.metrics import batch_size_histogram, size_buckets, worker_registry
 
 

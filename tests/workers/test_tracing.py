@@ -11,14 +11,15 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from starlette.exceptions import StarletteDeprecationWarning
 
+from devstack.images import solid
 from kiln.app.api.app import create_app
 from kiln.app.auth import create_key
 from kiln.app.core.config import Settings
+from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.observability.tracing import tracer
 from kiln.workers.batching import Batcher
-from kiln.workers.celery_app import CeleryDispatcher, make_celery
+from kiln.workers.celery.app import make_celery
 from kiln.workers.runtime import WorkerRuntime
-from tests.images import solid
 from tests.tracing import in_memory_tracing
 from tests.workers.colours import MODEL
 

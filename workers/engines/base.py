@@ -9,9 +9,27 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kiln.app.core.errors import KilnError
+
 # Runs on the engine's device after the host batch is copied there: (xp, array) -> array.
 # `xp` is NumPy for CPU engines and CuPy for GPU ones, so preprocessing is written once.
 Prepare = Callable[[ModuleType, Any], Any]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The backend chosen for an engine, and why (logged, stored, shown by the API)."""
+
+    backend: str  # one of select.BACKENDS but "auto"
+    reason: str
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.backend != "onnxruntime-cpu"
+
+
+class BackendUnavailableError(KilnError):
+    """The configured backend cannot run here; the message says why."""
 
 
 @dataclass(frozen=True)

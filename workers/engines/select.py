@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import onnxruntime as ort
 
 from kiln.workers.device import Gpu, list_gpus
-from kiln.workers.engines.base import Engine, EngineRequest
+from kiln.workers.engines.base import BackendUnavailableError, Choice, Engine, EngineRequest
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 
 if TYPE_CHECKING:
@@ -61,20 +61,6 @@ def _tensorrt_importable() -> bool:
         log.warning("tensorrt is installed but does not import: %s", error)
         return False
     return hasattr(tensorrt, "Builder")
-
-
-@dataclass(frozen=True)
-class Choice:
-    backend: str  # one of BACKENDS but "auto"
-    reason: str
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.backend != "onnxruntime-cpu"
-
-
-class BackendUnavailableError(RuntimeError):
-    """The configured backend cannot run here; the message says why."""
 
 
 def choose(host: Host, preference: str = "auto") -> Choice:

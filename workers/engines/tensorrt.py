@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.workers.engines.base import EngineRequest, Prepare, TensorSpec
+from kiln.workers.engines.base import (
+    BackendUnavailableError,
+    Choice,
+    EngineRequest,
+    Prepare,
+    TensorSpec,
+)
 from kiln.workers.engines.engine_cache import (
     PlanSpec,
     load_or_build,
@@ -52,15 +58,12 @@ if TYPE_CHECKING:
     from kiln.app.core.config import Settings
     from kiln.app.storage import ObjectStore
     from kiln.workers.device import Gpu
-    from kiln.workers.engines.select import Choice
 
 log = logging.getLogger(__name__)
 
 
 def require_tensorrt() -> None:
     """Fail with a sentence where only the type stubs (a namespace without `Builder`) exist."""
-    from kiln.workers.engines.select import BackendUnavailableError
-
     try:
         import tensorrt as trt
     except ImportError:

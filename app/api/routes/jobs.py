@@ -28,10 +28,10 @@ from kiln.app.api.schemas import (
     ResultUrlsOut,
     SignedUrlOut,
 )
-from kiln.app.bulk import BulkRequest, Source, submit_bulk
 from kiln.app.core.errors import ConflictError, InputError
 from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, utcnow
+from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.storage.s3 import make_s3_client
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

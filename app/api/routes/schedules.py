@@ -9,8 +9,8 @@ from fastapi import APIRouter, Response, status
 from kiln.app import schedules
 from kiln.app.api.deps import SessionDep, TenantDep
 from kiln.app.api.schemas import MALFORMED_BODY, ErrorOut, ScheduleCreate, ScheduleOut
-from kiln.app.bulk import Source
 from kiln.app.db.models import Schedule
+from kiln.app.ingest import Source
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 

@@ -11,13 +11,13 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
+from devstack.images import solid
 from kiln.app.api.app import create_app
 from kiln.app.core.config import Settings, get_settings
 from kiln.app.core.errors import LimitExceededError
 from kiln.app.quotas import TenantLimiter, limiter_storage_url
 from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
-from tests.images import solid
 
 Factory = Callable[..., TestClient]
 

@@ -13,11 +13,11 @@ import pytest
 import requests
 from moto import mock_aws
 
+from devstack.images import solid
 from kiln.app.api.app import create_app
 from kiln.app.core.config import Settings
 from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
-from tests.images import solid
 
 BUCKET = "kiln-results"
 

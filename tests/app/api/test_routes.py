@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from devstack.images import solid
 from kiln.app.api.app import create_app
 from kiln.app.auth import revoke_key
 from kiln.app.core.config import Settings
 from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
-from tests.images import solid
 
 MISSING_JOB = "00000000-0000-0000-0000-000000000000"
 

@@ -37,11 +37,11 @@ def lines(stream: io.StringIO) -> list[dict[str, object]]:
 def test_a_json_line_carries_the_fields_and_the_extras(root: logging.Logger) -> None:
     stream = io.StringIO()
     configure_logging("json", "INFO", stream)
-    logging.getLogger("kiln.workers.chunk").info(
+    logging.getLogger("kiln.workers.chunk.run").info(
         "chunk %s/%d: done", "j1", 2, extra={"job_id": "j1", "chunk": 2, "items": 3}
     )
     (line,) = lines(stream)
-    assert line["level"] == "INFO" and line["logger"] == "kiln.workers.chunk"
+    assert line["level"] == "INFO" and line["logger"] == "kiln.workers.chunk.run"
     assert line["message"] == "chunk j1/2: done"
     assert (line["job_id"], line["chunk"], line["items"]) == ("j1", 2, 3)
     assert str(line["time"]).endswith("+00:00")  # ISO 8601, UTC

@@ -366,7 +366,7 @@ def _real_tensorrt() -> bool:
 def test_building_without_tensorrt_says_so(tmp_path: Path) -> None:
     from kiln.app.core.config import get_settings
     from kiln.app.storage.local import LocalStore
-    from kiln.workers.engines.select import BackendUnavailableError, Choice
+    from kiln.workers.engines.base import BackendUnavailableError, Choice
     from kiln.workers.engines.tensorrt import build_tensorrt_engine, prebuild
 
     request = EngineRequest("m", save_model(tmp_path / "m.onnx", [image_input()]), 4)

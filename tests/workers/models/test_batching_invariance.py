@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from devstack.images import photo
 from kiln.app.core.config import Settings
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
@@ -21,7 +22,6 @@ from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Pipeline
 from kiln.workers.models.classify import ClassifyPipeline
 from kiln.workers.models.detect import DetectorPipeline, model_path
-from tests.images import photo
 from tests.support import migrated_settings
 
 TOLERANCE = 1e-4

@@ -80,8 +80,8 @@ def test_a_large_jpeg_is_drafted_to_the_resize_side_not_further() -> None:
     cheaper than a full decode, and the crop matches the full decode's closely."""
     from PIL import Image
 
+    from devstack.images import photo
     from kiln.workers.preprocess import center_crop, decode_image, resize_side
-    from tests.images import photo
 
     data = photo(3, size=(2048, 1536))
     drafted = decode_image(data, max_pixels=50_000_000, draft_to=resize_side(224))

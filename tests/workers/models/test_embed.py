@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from devstack.images import photo, solid
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Prepared
 from kiln.workers.models.embed import EmbedPipeline, fields, l2_normalize
-from tests.images import photo, solid
 from tests.support import migrated_settings
 
 DIM = 8

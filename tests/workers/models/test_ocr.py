@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
 from kiln.workers.batching import Batcher
@@ -31,7 +32,6 @@ from kiln.workers.models.ocr_lines import (
     padded_normalizer,
 )
 from kiln.workers.preprocess import Decoded
-from tests.images import solid
 from tests.support import migrated_settings
 
 ROOT = Path(__file__).resolve().parents[3]

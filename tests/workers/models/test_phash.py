@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from devstack.images import photo, truncated_jpeg
 from kiln.app.core.errors import InputError
 from kiln.workers.models.hamming import close_pairs
 from kiln.workers.models.phash import DEFAULT_MAX_DISTANCE, PhashPipeline, near_duplicate_groups
-from tests.images import photo, truncated_jpeg
 
 ORIGINALS = 64
 SIZE = (480, 360)

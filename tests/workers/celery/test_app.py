@@ -8,7 +8,9 @@ from queue import Empty
 import pytest
 
 from kiln.app.core.config import get_settings
-from kiln.workers.celery_app import CHUNK_TASK, CeleryDispatcher, _transport_options, make_celery
+from kiln.app.dispatch.contract import CHUNK_TASK
+from kiln.app.dispatch.producer import CeleryDispatcher, transport_options
+from kiln.workers.celery.app import make_celery
 from tests.support import migrated_settings
 
 
@@ -38,7 +40,7 @@ def test_queues_and_delivery_guarantees(tmp_path: Path, monkeypatch: pytest.Monk
         redis = migrated_settings(tmp_path, monkeypatch).model_copy(
             update={"broker_url": "redis://127.0.0.1:6379/0"}
         )
-        assert _transport_options(redis)["queue_order_strategy"] == "priority"
+        assert transport_options(redis)["queue_order_strategy"] == "priority"
         assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
         assert app.conf.task_serializer == "json" and app.conf.accept_content == ["json"]
     finally:
@@ -51,7 +53,7 @@ def test_the_embedded_broker_never_shows_a_half_written_message(tmp_path: Path) 
     app = make_celery(get_settings(data_dir=tmp_path))
     with app.connection_for_write() as connection:
         channel = connection.default_channel
-        assert type(connection.transport).__module__ == "kiln.workers.fs_transport"
+        assert type(connection.transport).__module__ == "kiln.app.dispatch.fs_transport"
         half = Path(channel.data_folder_in) / "1_x.interactive.msg.part"
         half.write_bytes(b'{"headers": ')  # a send in progress
         CeleryDispatcher(app).enqueue_chunk("job", 0, [1], "interactive")

@@ -20,11 +20,11 @@ from kiln.app.db import leases, queries
 from kiln.app.db.models import Item, ItemStatus, JobStatus
 from kiln.app.observability.tracing import annotate
 from kiln.app.results import ResultRow
-from kiln.workers import content_cache
 from kiln.workers.batching import Announcement
-from kiln.workers.chunk_stats import STAGES
-from kiln.workers.finish import Lease, finish_chunk
-from kiln.workers.lease import LeaseKeeper
+from kiln.workers.chunk import content_cache
+from kiln.workers.chunk.finish import Lease, finish_chunk
+from kiln.workers.chunk.lease import LeaseKeeper
+from kiln.workers.chunk.stats import STAGES
 from kiln.workers.models.base import Prepared
 from kiln.workers.runtime import ModelRunner, WorkerRuntime
 

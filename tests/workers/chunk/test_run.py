@@ -12,16 +12,16 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select, update
 
+from devstack.images import solid, truncated_jpeg
 from kiln.app import results
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import TransientError
 from kiln.app.db import leases
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Model
+from kiln.app.dispatch.stub import Enqueued, RecordingDispatcher
 from kiln.app.jobs import JobRequest, Upload, cancel_job, submit_job
-from kiln.workers.chunk import ChunkReport, process_chunk
+from kiln.workers.chunk.run import ChunkReport, process_chunk
 from kiln.workers.runtime import WorkerRuntime
-from tests.images import solid, truncated_jpeg
-from tests.support import Enqueued, RecordingDispatcher
 from tests.workers.colours import MODEL, register_colours
 
 RED, GREEN, BLUE = (250, 5, 5), (5, 250, 5), (5, 5, 250)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -18,16 +18,13 @@ from kiln.app import tenants
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
+from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from kiln.app.observability.tracing import traced
 from kiln.app.storage.s3 import parse_s3_uri
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 MAX_PATTERNS = 50
-
-
-class IngestDispatcher(Protocol):
-    def enqueue_ingest(self, job_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ class BulkRequest:
 
 
 @traced("kiln.bulk.submit")
-def submit_bulk(session: Session, dispatcher: IngestDispatcher, request: BulkRequest) -> Submitted:
+def submit_bulk(session: Session, dispatcher: Dispatcher, request: BulkRequest) -> Submitted:
     """Record the job and its ingest state, then send the first ingest message."""
     if request.idempotency_key:
         existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
@@ -96,7 +93,7 @@ def submit_bulk(session: Session, dispatcher: IngestDispatcher, request: BulkReq
         options=request.options,
         idempotency_key=request.idempotency_key,
         chunk_count=0,
-        queue="bulk",
+        queue=BULK,
         source=request.source.to_json(),
         output=request.output,
         pipeline_id=pipeline.id if pipeline else None,

@@ -22,7 +22,7 @@ from kiln.app.catalog import ModelInfo
 from kiln.app.db import ingest, leases, queries
 from kiln.app.db.models import Item, ItemStatus, Job, aware, utcnow
 from kiln.app.results import Result, ResultRow
-from kiln.workers import content_cache
+from kiln.workers.chunk import content_cache
 from kiln.workers.models.base import VECTOR_OUTPUTS
 from kiln.workers.models.loader import output_fields
 from kiln.workers.runtime import WorkerRuntime

@@ -13,14 +13,14 @@ from sqlalchemy import update
 from kiln.app import results
 from kiln.app.db import leases
 from kiln.app.db.models import Item, ItemStatus, JobStatus, utcnow
+from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import cancel_job
-from kiln.workers import chunk as chunk_module
-from kiln.workers.chunk import process_chunk
-from kiln.workers.lease import LeaseKeeper
+from kiln.workers.chunk import run as chunk_module
+from kiln.workers.chunk.lease import LeaseKeeper
+from kiln.workers.chunk.run import process_chunk
 from kiln.workers.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
-from tests.support import RecordingDispatcher
-from tests.workers.test_chunk import FILES, items_by_key, job_row, manifest, shard_rows, submit
+from tests.workers.chunk.test_run import FILES, items_by_key, job_row, manifest, shard_rows, submit
 
 
 def _take(runtime: WorkerRuntime, job_id: str, ids: list[int], owner: str, lease_s: float) -> None:

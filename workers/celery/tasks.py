@@ -4,15 +4,26 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from celery import Celery
 from sqlalchemy.exc import OperationalError
 
 from kiln.app.core.errors import TransientError
+from kiln.app.dispatch.contract import (
+    CHUNK_TASK,
+    INGEST_TASK,
+    INTERACTIVE,
+    QUEUES,
+    RECONCILE_TASK,
+    SCHEDULES_TASK,
+)
+from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.observability.tracing import consumer_span
 
 if TYPE_CHECKING:
-    from kiln.workers.celery_app import KilnCelery
+    from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +38,18 @@ RETRY: dict[str, Any] = {
 }
 
 
-def register(app: KilnCelery) -> None:
-    @app.task(name="kiln.process_chunk", **RETRY)  # type: ignore[untyped-decorator]
+def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
+    """Add Kiln's tasks to `app`; `runtime` builds the worker's engines on first use."""
+
+    @app.task(name=CHUNK_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def process_chunk(task: Any, job_id: str, chunk: int, item_ids: list[int]) -> dict[str, Any]:
-        from kiln.workers.chunk import process_chunk as run
+        from kiln.workers.chunk.run import process_chunk as run
 
         queue = (task.request.delivery_info or {}).get("routing_key")
         with consumer_span(
             "kiln.process_chunk", task.request, job_id=job_id, chunk=chunk, items=len(item_ids)
         ):
-            report = run(app.runtime(), job_id, chunk, item_ids, urgent=queue == "interactive")
+            report = run(runtime(), job_id, chunk, item_ids, urgent=queue == INTERACTIVE)
             seconds = {k: round(v, 3) for k, v in report.seconds.items()}
             log.info(
                 "chunk %s/%d: %d ok, %d failed, %s",
@@ -46,13 +59,12 @@ def register(app: KilnCelery) -> None:
             )  # fmt: skip
         return {"processed": report.processed, "job_status": report.job_status}
 
-    @app.task(name="kiln.ingest", **RETRY)  # type: ignore[untyped-decorator]
+    @app.task(name=INGEST_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def ingest(task: Any, job_id: str, owner: str | None = None) -> dict[str, Any]:
-        from kiln.workers.celery_app import CeleryDispatcher
         from kiln.workers.ingest import ingest_step
 
         with consumer_span("kiln.ingest", task.request, job_id=job_id):
-            report = ingest_step(app.runtime(), CeleryDispatcher(app), job_id, owner)
+            report = ingest_step(runtime(), CeleryDispatcher(app), job_id, owner)
             log.info(
                 "ingest %s: %s, %d pages, %d objects, %d chunks",
                 job_id, report.outcome, report.pages, report.listed, report.queued,
@@ -60,22 +72,20 @@ def register(app: KilnCelery) -> None:
             )  # fmt: skip
         return {"outcome": report.outcome, "listed": report.listed}
 
-    @app.task(name="kiln.reconcile", **RETRY)  # type: ignore[untyped-decorator]
+    @app.task(name=RECONCILE_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def reconcile(task: Any) -> dict[str, Any]:
-        from kiln.workers.celery_app import CHUNK_TASK, QUEUES, CeleryDispatcher
-        from kiln.workers.inflight import chunks_in_flight
+        from kiln.workers.celery.inflight import chunks_in_flight
         from kiln.workers.periodic import reconcile as run
 
-        grace = app.settings.redispatch_after_s
+        grace = runtime().settings.redispatch_after_s
         return run(
-            app.runtime(),
+            runtime(),
             CeleryDispatcher(app),
             lambda: chunks_in_flight(app, QUEUES, CHUNK_TASK, grace),
         )
 
-    @app.task(name="kiln.run_schedules", **RETRY)  # type: ignore[untyped-decorator]
+    @app.task(name=SCHEDULES_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def run_schedules(task: Any) -> dict[str, Any]:
-        from kiln.workers.celery_app import CeleryDispatcher
         from kiln.workers.periodic import run_due_schedules
 
-        return run_due_schedules(app.runtime(), CeleryDispatcher(app))
+        return run_due_schedules(runtime(), CeleryDispatcher(app))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from kiln.workers.content_cache import decode, digest, encode
+from kiln.workers.chunk.content_cache import decode, digest, encode
 
 
 def test_digest_of_text_and_bytes_agree() -> None:

@@ -2,12 +2,12 @@
 
 A registered model is versioned — `name` means its latest version, `name:version` one version —
 and belongs to the tenant that registered it, or to every tenant when an operator registers it
-with the CLI. A job records the exact version it ran.
+with the CLI. A job records the exact version it ran. Registering is one unit of work (the
+commit rule: app/__init__.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -20,8 +20,10 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import SHARED_TENANT, Model, aware
+from kiln.app.db.session import unit_of_work
 from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.app.storage import ObjectStore
 
@@ -55,7 +57,7 @@ class ModelInfo:
         if self.builtin:
             return f"{self.name}@{self.version}"
         spec = json.dumps(self.spec, sort_keys=True, separators=(",", ":"))
-        digest = hashlib.sha256(f"{self.sha256}:{spec}".encode()).hexdigest()[:24]
+        digest = sha256_hex(f"{self.sha256}:{spec}")[:24]
         return f"{self.kind}:{digest}"
 
 
@@ -72,7 +74,8 @@ BUILTINS: dict[str, _Builtin] = {
         "detect",
         "image",
         "nudenet",
-        "YOLOv8n detector (320 px) shipped by nudenet: labelled boxes in image pixels.",
+        "NudeNet body-part/nudity detector (YOLOv8n, 320 px; not a general object detector): "
+        "boxes labelled FACE_FEMALE, BUTTOCKS_EXPOSED and 16 more, in image pixels.",
     ),
     "ocr": _Builtin(
         "ocr",
@@ -196,7 +199,7 @@ def register_model(
     source: str | None = None,
 ) -> ModelInfo:
     """Store the ONNX file (sha256-named, so any worker fetches the same bytes) and record it as
-    the next version of `name` for `tenant`. The caller commits."""
+    the next version of `name` for `tenant`."""
     if kind not in REGISTRABLE_KINDS:
         raise InputError(f"Kind {kind!r} cannot be registered; use one of {REGISTRABLE_KINDS}.")
     parse_ref(name)
@@ -205,7 +208,7 @@ def register_model(
     if name in BUILTINS:
         raise ConflictError(f"{name!r} is a built-in model; choose another name.")
     checked = check_onnx(data, kind, spec)
-    sha256 = hashlib.sha256(data).hexdigest()
+    sha256 = sha256_hex(data)
     version = 1 + (
         session.scalar(
             select(func.max(Model.version)).where(Model.tenant == tenant, Model.name == name)
@@ -225,11 +228,10 @@ def register_model(
         sha256=sha256,
         spec=checked,
     )
-    session.add(row)
     try:
-        session.flush()
-    except IntegrityError:
-        session.rollback()
+        with unit_of_work(session):
+            session.add(row)
+    except IntegrityError:  # rolled back
         raise ConflictError(
             f"Another version of {name!r} was registered at the same moment; try again."
         ) from None

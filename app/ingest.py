@@ -2,6 +2,8 @@
 
 Submitting records the job and its ingest state and sends one `ingest` message; the listing,
 the items and the chunks come from the worker side (`workers.ingest`), page by page.
+Submitting is one unit of work (the commit rule: app/__init__.py); `stage_bulk` lends its
+writes to another unit (a schedule's run).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from kiln.app import tenants
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
+from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from kiln.app.observability.tracing import traced
@@ -83,6 +86,15 @@ def submit_bulk(session: Session, dispatcher: Dispatcher, request: BulkRequest) 
         existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
         if existing is not None:
             return Submitted(existing, created=False)
+    with unit_of_work(session):
+        job = stage_bulk(session, request)
+    start_ingest(session, dispatcher, job)
+    return Submitted(job, True)
+
+
+def stage_bulk(session: Session, request: BulkRequest) -> Job:
+    """Add the job and its ingest state to the caller's unit of work, uncommitted. Every check
+    runs before a row is added, so a refusal leaves the unit as it was."""
     model = _check(session, request)
     pipeline = _pipeline(session, request) if request.pipeline else None
     job = Job(
@@ -101,10 +113,14 @@ def submit_bulk(session: Session, dispatcher: Dispatcher, request: BulkRequest) 
     session.add(job)
     session.flush()
     session.add(Ingest(job_id=job.id))
-    session.commit()
+    return job
+
+
+def start_ingest(session: Session, dispatcher: Dispatcher, job: Job) -> None:
+    """Send the job's first ingest message, once its rows are committed; a refused send fails
+    the job."""
     with failing_unqueued(session, job):
         dispatcher.enqueue_ingest(job.id)
-    return Submitted(job, True)
 
 
 def _check(session: Session, request: BulkRequest) -> ModelInfo:

@@ -1,4 +1,7 @@
-"""Submitting, cancelling and reporting on jobs: plain functions shared by the API and CLI."""
+"""Submitting, cancelling and reporting on jobs: plain functions shared by the API and CLI.
+
+Each writing function is one unit of work (the commit rule: app/__init__.py).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import queries
 from kiln.app.db.models import Item, Job, JobStatus, aware, utcnow
+from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.storage import ObjectStore
@@ -92,12 +96,11 @@ def submit_job(
     for index, item in enumerate(items):
         item.job_id, item.chunk = job_id, index // settings.chunk_size
     try:
-        session.add(job)
-        session.flush()
-        session.add_all(items)
-        session.commit()
-    except IntegrityError:
-        session.rollback()
+        with unit_of_work(session):
+            session.add(job)
+            session.flush()
+            session.add_all(items)
+    except IntegrityError:  # rolled back
         _delete_inputs(store, job_id, request)
         if request.idempotency_key:  # a concurrent request with the same key won the race
             existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
@@ -118,8 +121,8 @@ def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequ
         for chunk, ids in sorted(chunks.items()):
             dispatcher.enqueue_chunk(job.id, chunk, ids, job.queue)
     if not chunks:  # a job with no items is complete at once
-        queries.finish_job_if_done(session, job.id)
-        session.commit()
+        with unit_of_work(session):
+            queries.finish_job_if_done(session, job.id)
 
 
 def queue_for(items: int) -> str:
@@ -135,12 +138,12 @@ def failing_unqueued(session: Session, job: Job) -> Iterator[None]:
         yield
     except Exception as error:
         log.exception("could not enqueue job %s", job.id)
-        job.status, job.error, job.finished_at = (
-            JobStatus.FAILED,
-            "Kiln could not reach its queue.",
-            utcnow(),
-        )
-        session.commit()
+        with unit_of_work(session):
+            job.status, job.error, job.finished_at = (
+                JobStatus.FAILED,
+                "Kiln could not reach its queue.",
+                utcnow(),
+            )
         raise TransientError("The job could not be queued: the broker is unreachable.") from error
 
 
@@ -237,18 +240,18 @@ def _delete_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> None
 
 def cancel_job(session: Session, tenant: str, job_id: str) -> Job:
     """Stop a job: pending items are cancelled now, running chunks drain, results are kept."""
-    job = queries.lock_job(session, job_id, tenant)
-    if job is None:
-        raise NotFoundError(f"There is no job {job_id}.")
-    if not queries.is_open(job):
-        raise ConflictError(
-            f"Job {job_id} is already {job.status}; only open jobs can be cancelled."
-        )
-    job.status = JobStatus.CANCELLING
-    queries.cancel_items(session, job_id)
-    session.flush()
-    queries.finish_job_if_done(session, job_id)
-    session.commit()
+    with unit_of_work(session):
+        job = queries.lock_job(session, job_id, tenant)
+        if job is None:
+            raise NotFoundError(f"There is no job {job_id}.")
+        if not queries.is_open(job):
+            raise ConflictError(
+                f"Job {job_id} is already {job.status}; only open jobs can be cancelled."
+            )
+        job.status = JobStatus.CANCELLING
+        queries.cancel_items(session, job_id)
+        session.flush()
+        queries.finish_job_if_done(session, job_id)
     session.refresh(job)
     return job
 

@@ -1,4 +1,8 @@
-"""Schedules: cron-timed runs of an incremental pipeline, started by `kiln beat`."""
+"""Schedules: cron-timed runs of an incremental pipeline, started by `kiln beat`.
+
+Each writing function is one unit of work (the commit rule: app/__init__.py); so is each
+scheduled run.
+"""
 
 from __future__ import annotations
 
@@ -14,15 +18,19 @@ from sqlalchemy.orm import Session
 
 from kiln.app.catalog import get_model
 from kiln.app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
-from kiln.app.db.models import Schedule, utcnow
+from kiln.app.db.dialect import on_postgres
+from kiln.app.db.models import Job, Schedule, utcnow
+from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.ingest import (
     NAME_PATTERN,
     BulkRequest,
     Source,
     check_places,
-    submit_bulk,
+    stage_bulk,
+    start_ingest,
 )
+from kiln.app.observability.tracing import traced
 from kiln.app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -71,11 +79,10 @@ def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
         output=request.output,
         next_run_at=when,
     )
-    session.add(schedule)
     try:
-        session.commit()
-    except IntegrityError:
-        session.rollback()
+        with unit_of_work(session):
+            session.add(schedule)
+    except IntegrityError:  # rolled back
         raise ConflictError(f"There is already a schedule named {request.name!r}.") from None
     return schedule
 
@@ -96,49 +103,59 @@ def get_schedule(session: Session, tenant: str, name: str) -> Schedule:
 
 
 def remove_schedule(session: Session, tenant: str, name: str) -> None:
-    session.delete(get_schedule(session, tenant, name))
-    session.commit()
+    with unit_of_work(session):
+        session.delete(get_schedule(session, tenant, name))
 
 
 def run_due(session: Session, dispatcher: Dispatcher, now: datetime | None = None) -> list[str]:
-    """Start every due schedule's run (jobs started, by id). A schedule whose previous run is
-    still going is skipped until its next time: never two runs at once.
-
-    Due rows are locked with SKIP LOCKED, so two beats (a mistake, but it happens) cannot both
-    start the same run.
-    """
+    """Start every due schedule's run (jobs started, by id), in the order they fell due. A
+    schedule whose previous run is still going is skipped until its next time: never two runs
+    at once."""
     now = now or utcnow()
-    query = select(Schedule).where(Schedule.next_run_at <= now).order_by(Schedule.next_run_at)
-    if session.get_bind().dialect.name == "postgresql":
+    due = session.scalars(
+        select(Schedule.id).where(Schedule.next_run_at <= now).order_by(Schedule.next_run_at)
+    ).all()
+    started = [_run(session, dispatcher, schedule_id, now) for schedule_id in due]
+    return [job_id for job_id in started if job_id is not None]
+
+
+@traced("kiln.bulk.submit")
+def _run(session: Session, dispatcher: Dispatcher, schedule_id: int, now: datetime) -> str | None:
+    """One unit of work: the schedule advanced to its next time, and its run's job (unless it
+    cannot start now), committed together; then the job's ingest message."""
+    with unit_of_work(session):
+        schedule = _lock_if_due(session, schedule_id, now)
+        if schedule is None:  # another beat has it (a mistake, but it happens), or ran it
+            return None
+        schedule.next_run_at = next_run(schedule.cron, now)
+        job = _stage_run(session, schedule)
+        if job is None:
+            return None
+        schedule.last_job_id = job.id
+    start_ingest(session, dispatcher, job)
+    log.info("schedule %s/%s started job %s", schedule.tenant, schedule.name, job.id)
+    return job.id
+
+
+def _lock_if_due(session: Session, schedule_id: int, now: datetime) -> Schedule | None:
+    """The schedule, locked for this unit, if still due; SKIP LOCKED, so two beats cannot both
+    start the same run."""
+    query = select(Schedule).where(Schedule.id == schedule_id, Schedule.next_run_at <= now)
+    if on_postgres(session):
         query = query.with_for_update(skip_locked=True)
-    started: list[str] = []
-    for schedule in session.scalars(query).all():
-        schedule.next_run_at = next_run(schedule.cron, now)
-        try:
-            submitted = submit_bulk(session, dispatcher, _request(schedule))
-        except ConflictError as error:  # the previous run is still going
-            log.warning("schedule %s/%s skipped: %s", schedule.tenant, schedule.name, error)
-            session.rollback()
-            _advance(session, schedule.id, now)
-            continue
-        except (InputError, ForbiddenError) as error:  # model removed, bucket denied: next time
-            log.warning("schedule %s/%s cannot run: %s", schedule.tenant, schedule.name, error)
-            session.rollback()
-            _advance(session, schedule.id, now)
-            continue
-        schedule.last_job_id = submitted.job.id
-        session.commit()
-        started.append(submitted.job.id)
-        log.info("schedule %s/%s started job %s", schedule.tenant, schedule.name, submitted.job.id)
-    session.commit()
-    return started
+    return session.scalar(query.execution_options(populate_existing=True))
 
 
-def _advance(session: Session, schedule_id: int, now: datetime) -> None:
-    schedule = session.get(Schedule, schedule_id)
-    if schedule is not None:
-        schedule.next_run_at = next_run(schedule.cron, now)
-        session.commit()
+def _stage_run(session: Session, schedule: Schedule) -> Job | None:
+    """The run's bulk job, staged in the caller's unit; None (logged) when it cannot start."""
+    where = f"{schedule.tenant}/{schedule.name}"
+    try:
+        return stage_bulk(session, _request(schedule))
+    except ConflictError as error:  # the previous run is still going
+        log.warning("schedule %s skipped: %s", where, error)
+    except (InputError, ForbiddenError) as error:  # model removed, bucket denied: next time
+        log.warning("schedule %s cannot run: %s", where, error)
+    return None
 
 
 def _request(schedule: Schedule) -> BulkRequest:

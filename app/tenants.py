@@ -3,6 +3,7 @@
 A tenant with no bucket on its list has no S3 access at all; uploads still work. The check runs
 wherever a user names an `s3://` URI (inputs, bulk sources and outputs, schedules, model files),
 before anything is read, so Kiln's own credentials never fetch a bucket the tenant was not given.
+Allowing and denying are units of work (the commit rule: app/__init__.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from kiln.app.core.errors import ForbiddenError, InputError, NotFoundError
 from kiln.app.db.models import ApiKey, TenantBucket
+from kiln.app.db.session import unit_of_work
 from kiln.app.storage.s3 import parse_s3_uri
 
 # S3's own rule for bucket names (3-63 lowercase letters, digits, '.' and '-'), loosened to 255
@@ -44,7 +46,13 @@ def _checked_name(bucket: str) -> str:
 
 
 def allow_bucket(session: Session, tenant: str, uri_or_bucket: str) -> bool:
-    """Put the bucket on the tenant's list; False if it was there already. Caller commits."""
+    """Put the bucket on the tenant's list; False if it was there already."""
+    with unit_of_work(session):
+        return stage_bucket(session, tenant, uri_or_bucket)
+
+
+def stage_bucket(session: Session, tenant: str, uri_or_bucket: str) -> bool:
+    """`allow_bucket` inside the caller's unit of work (a new key's buckets), uncommitted."""
     bucket = _checked_name(bucket_of(uri_or_bucket))
     if session.get(TenantBucket, (tenant, bucket)) is not None:
         return False
@@ -54,13 +62,14 @@ def allow_bucket(session: Session, tenant: str, uri_or_bucket: str) -> bool:
 
 
 def deny_bucket(session: Session, tenant: str, uri_or_bucket: str) -> None:
-    """Take the bucket off the tenant's list (jobs already submitted go on). Caller commits."""
+    """Take the bucket off the tenant's list (jobs already submitted go on)."""
     bucket = bucket_of(uri_or_bucket)
-    result = session.execute(
-        delete(TenantBucket).where(TenantBucket.tenant == tenant, TenantBucket.bucket == bucket)
-    )
-    if not result.rowcount:  # type: ignore[attr-defined]
-        raise NotFoundError(f"Tenant {tenant!r} has no bucket {bucket!r} on its list.")
+    with unit_of_work(session):
+        result = session.execute(
+            delete(TenantBucket).where(TenantBucket.tenant == tenant, TenantBucket.bucket == bucket)
+        )
+        if not result.rowcount:  # type: ignore[attr-defined]
+            raise NotFoundError(f"Tenant {tenant!r} has no bucket {bucket!r} on its list.")
 
 
 def allowed_buckets(session: Session, tenant: str) -> set[str]:

@@ -11,7 +11,6 @@ processed. Peak RSS is sampled during each run, against the process's size just 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -20,22 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-import boto3
 import psutil
-import redis
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from devstack.services import (
-    AWS_ENV,
-    claim_redis_db,
-    create_database,
-    drop_database,
-    release_redis_db,
-    start_moto,
-)
-from kiln.app.core.config import get_settings
+from devstack.services import backing_services, settings_for
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.models import Ingest
 from kiln.app.dispatch.producer import CeleryDispatcher
@@ -83,29 +72,15 @@ def main(
 
 @contextmanager
 def _services(workdir: Path) -> Iterator[tuple[dict[str, str], Any]]:
-    for key, value in AWS_ENV.items():
-        os.environ.setdefault(key, value)
-    database = create_database(prefix="kiln_bench_ingest")
-    broker = claim_redis_db()
-    moto, endpoint = start_moto(workdir)
-    try:
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        s3.create_bucket(Bucket=BUCKET)
-        env = {
-            "data_dir": str(workdir / "data"),
-            "database_url": database,
-            "broker_url": broker,
-            "storage_url": f"s3://{BUCKET}/kiln",
-            "s3_endpoint_url": endpoint,
-            "bulk_max_chunks": "100000000",  # measure the ingest itself, not the consumers
-        }
-        upgrade(get_settings(**env))
-        yield env, s3
-    finally:
-        moto.stop()
-        redis.Redis.from_url(broker).flushdb()
-        release_redis_db(broker)
-        drop_database(database)
+    """The stack's services (devstack), and the KILN_* settings of a Kiln on them."""
+    with backing_services(workdir, (BUCKET,), db_prefix="kiln_bench_ingest") as backing:
+        env = backing.kiln_env(
+            workdir / "data",
+            f"s3://{BUCKET}/kiln",
+            bulk_max_chunks="100000000",  # measure the ingest itself, not the consumers
+        )
+        upgrade(settings_for(env))
+        yield env, backing.s3
 
 
 def _fill(s3: Any, prefix: str, count: int) -> None:
@@ -133,7 +108,7 @@ class _Steps:
 
 
 def _ingest(env: dict[str, str], prefix: str, size: int) -> dict[str, Any]:
-    settings = get_settings(**env)
+    settings = settings_for(env)
     celery = make_celery(settings)
     runtime = WorkerRuntime(settings, "bench@localhost")
     steps = _Steps(CeleryDispatcher(celery))

@@ -1,11 +1,11 @@
 """Kiln on real services for the benchmark: Postgres, Redis, moto S3, `kiln api`, `kiln worker`.
 
-Built from the same launchers the integration tests use, so both run Kiln the same way.
+Built from the same launchers the integration tests use (devstack/services.py), so both run
+Kiln the same way.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,32 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.services import (
-    AWS_ENV,
     Process,
-    claim_redis_db,
-    create_database,
-    drop_database,
+    backing_services,
+    create_api_key,
     free_port,
-    release_redis_db,
     service_env,
+    settings_for,
     start_api,
-    start_moto,
     start_worker,
 )
-from kiln.app.auth import create_key
 from kiln.app.catalog import register_model
-from kiln.app.core.config import Settings, get_settings
+from kiln.app.core.config import Settings
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage import open_store
-from kiln.app.tenants import allow_bucket
-from kiln.workers.celery.app import make_celery
 
 BUCKET = "kiln-bench"
 SOURCE_BUCKET = "kiln-bench-sources"
@@ -138,78 +131,44 @@ class Stack:
             engine.dispose()
 
 
-def _api_key(settings: Settings) -> str:
-    engine = make_engine(settings.database_url)
-    try:
-        with make_session_factory(engine)() as session:
-            key = create_key(session, "bench")
-            for bucket in (BUCKET, SOURCE_BUCKET):
-                allow_bucket(session, "bench", bucket)
-            session.commit()
-            return key.secret
-    finally:
-        engine.dispose()
-
-
 @contextmanager
 def kiln_stack(log_dir: Path, worker_env: dict[str, str] | None = None) -> Iterator[Stack]:
     """Start everything; tear it all down (database and Redis index included) on exit."""
     with ExitStack() as stack:
-        for key, value in AWS_ENV.items():  # boto3 in this process talks to moto too
-            os.environ.setdefault(key, value)
-        database_url = create_database(prefix="kiln_bench")
-        stack.callback(drop_database, database_url)
-        redis_url = claim_redis_db()
-        stack.callback(release_redis_db, redis_url)
-        moto, s3_endpoint = start_moto(log_dir)
-        stack.callback(moto.stop)
-        s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-        for bucket in (BUCKET, SOURCE_BUCKET):
-            s3.create_bucket(Bucket=bucket)
-        kiln_vars = {
-            "KILN_DATA_DIR": str(log_dir / "kiln-data"),
-            "KILN_DATABASE_URL": database_url,
-            "KILN_BROKER_URL": redis_url,
-            "KILN_STORAGE_URL": f"s3://{BUCKET}/kiln",
-            "KILN_S3_ENDPOINT_URL": s3_endpoint,
-            "KILN_MAX_FILES_PER_JOB": "1000000",
+        backing = stack.enter_context(
+            backing_services(log_dir, (BUCKET, SOURCE_BUCKET), db_prefix="kiln_bench")
+        )
+        kiln_vars = backing.kiln_env(
+            log_dir / "kiln-data",
+            f"s3://{BUCKET}/kiln",
+            max_files_per_job="1000000",
             # One tenant drives every client: its limits stay on (their cost is measured) but
             # never refuse the load.
-            "KILN_TENANT_RATE_LIMIT": "1000000/second",
-            "KILN_TENANT_MAX_OPEN_JOBS": "1000000",
-            **(worker_env or {}),
-        }
-        settings = get_settings(
-            **{k.removeprefix("KILN_").lower(): v for k, v in kiln_vars.items()}
+            tenant_rate_limit="1000000/second",
+            tenant_max_open_jobs="1000000",
         )
+        kiln_vars |= worker_env or {}
+        settings = settings_for(kiln_vars)
         upgrade(settings)
         env = service_env(kiln_vars)
         api, api_url = start_api(env, log_dir)
         stack.callback(api.stop)
-        celery = make_celery(settings)
-        stack.callback(celery.close)
         port = free_port()
-        worker, _node = start_worker(
-            env,
-            log_dir,
-            lambda node: bool(celery.control.ping([node], timeout=1.0)),
-            "--metrics-port",
-            str(port),
-            node_prefix="bench",
-        )
+        worker, _node = start_worker(env, log_dir, "--metrics-port", str(port), node_prefix="bench")
         stack.callback(worker.stop)
-        headers = {"Authorization": f"Bearer {_api_key(settings)}"}
+        key = create_api_key(settings, "bench", (BUCKET, SOURCE_BUCKET))
+        headers = {"Authorization": f"Bearer {key}"}
         http = stack.enter_context(httpx.Client(base_url=api_url, headers=headers, timeout=120))
         yield Stack(
             settings=settings,
             env=env,
-            s3=s3,
-            s3_endpoint=s3_endpoint,
-            moto=moto,
+            s3=backing.s3,
+            s3_endpoint=backing.s3_endpoint,
+            moto=backing.moto,
             api=api,
             worker=worker,
             api_url=api_url,
             metrics_url=f"http://127.0.0.1:{port}/metrics",
             http=http,
-            redis_url=redis_url,
+            redis_url=backing.broker_url,
         )

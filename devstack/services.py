@@ -1,7 +1,9 @@
 """Starting and reaching real services: a fresh Postgres database, a Redis DB index of our own,
-moto's standalone S3 server, and real `kiln api` / `kiln worker` processes.
+moto's standalone S3 server, and real `kiln api` / `kiln worker` processes; the KILN_* settings
+that point Kiln at them, and API keys.
 
-Plain functions, no pytest: the integration fixtures and the benchmark (`bench/`) share them.
+Plain functions, no pytest: the integration fixtures (tests/stack.py) and the benchmark
+(`bench/`) share them.
 """
 
 from __future__ import annotations
@@ -13,12 +15,21 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import boto3
 import httpx
 import psycopg
 import redis
+
+from kiln.app.auth import create_key
+from kiln.app.core.config import Settings, get_settings
+from kiln.app.db.session import make_engine, make_session_factory
+from kiln.app.dispatch.producer import make_producer
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("KILN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -164,6 +175,102 @@ def start_moto(log_dir: Path) -> tuple[Process, str]:
     return server, url
 
 
+def use_moto_credentials() -> None:
+    """Let boto3 in this process (a client, or Kiln run in-process) sign requests for moto."""
+    for key, value in AWS_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def make_buckets(endpoint: str, *buckets: str) -> Any:
+    """An S3 client of the server at `endpoint`, with `buckets` created there."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=AWS_ENV["AWS_DEFAULT_REGION"],
+        aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
+    for bucket in buckets:
+        client.create_bucket(Bucket=bucket)
+    return client
+
+
+@dataclass(frozen=True)
+class Services:
+    """What Kiln runs on: a database, a broker, and an S3 endpoint with its client."""
+
+    database_url: str
+    broker_url: str
+    s3_endpoint: str
+    s3: Any
+    moto: Process
+
+    def kiln_env(self, data_dir: Path, storage_url: str, **settings: str) -> dict[str, str]:
+        """`kiln_env` on these services."""
+        return kiln_env(
+            data_dir=data_dir,
+            database_url=self.database_url,
+            broker_url=self.broker_url,
+            storage_url=storage_url,
+            s3_endpoint=self.s3_endpoint,
+            **settings,
+        )
+
+
+@contextmanager
+def backing_services(log_dir: Path, buckets: Sequence[str], db_prefix: str) -> Iterator[Services]:
+    """A fresh Postgres database, a Redis index of our own and moto holding `buckets`; the
+    database dropped and the index released on exit."""
+    use_moto_credentials()
+    with ExitStack() as stack:
+        database_url = create_database(prefix=db_prefix)
+        stack.callback(drop_database, database_url)
+        broker_url = claim_redis_db()
+        stack.callback(release_redis_db, broker_url)
+        moto, endpoint = start_moto(log_dir)
+        stack.callback(moto.stop)
+        yield Services(database_url, broker_url, endpoint, make_buckets(endpoint, *buckets), moto)
+
+
+def kiln_env(
+    *,
+    data_dir: Path,
+    database_url: str,
+    broker_url: str,
+    storage_url: str,
+    s3_endpoint: str,
+    **settings: str,
+) -> dict[str, str]:
+    """The KILN_* variables of a Kiln on these services; `settings` adds others by their
+    field name (`chunk_size="8"` is KILN_CHUNK_SIZE)."""
+    fields = {
+        "data_dir": str(data_dir),
+        "database_url": database_url,
+        "broker_url": broker_url,
+        "storage_url": storage_url,
+        "s3_endpoint_url": s3_endpoint,
+        **settings,
+    }
+    return {f"KILN_{name.upper()}": value for name, value in fields.items()}
+
+
+def settings_for(env: Mapping[str, str]) -> Settings:
+    """The Settings a process started with `env` would read (its KILN_* variables)."""
+    return get_settings(
+        **{k.removeprefix("KILN_").lower(): v for k, v in env.items() if k.startswith("KILN_")}
+    )
+
+
+def create_api_key(settings: Settings, tenant: str, buckets: Sequence[str] = ()) -> str:
+    """A new API key of `tenant`, which may read `buckets`; returns its secret."""
+    engine = make_engine(settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return create_key(session, tenant, buckets).secret
+    finally:
+        engine.dispose()
+
+
 def service_env(service_vars: dict[str, str]) -> dict[str, str]:
     """This process's environment without its own KILN_* settings, plus `service_vars`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
@@ -185,17 +292,24 @@ def start_api(env: dict[str, str], log_dir: Path, name: str = "api") -> tuple[Pr
 def start_worker(
     env: dict[str, str],
     log_dir: Path,
-    ping: Callable[[str], bool],
     *args: str,
     name: str = "worker",
     node_prefix: str = "test",
 ) -> tuple[Process, str]:
-    """A `kiln worker` process; `ping(node)` says when it answers on the broker."""
+    """A `kiln worker` process (`args` added to its command line), returned once it answers
+    a ping on the broker its `env` names; and its node name."""
     node = f"{node_prefix}-{secrets.token_hex(3)}@localhost"
     proc = Process(name, kiln_command("worker", "--hostname", node, *args), env, log_dir)
+    producer = make_producer(settings_for(env))
+
+    def answers() -> bool:
+        return proc.alive() and bool(producer.control.ping([node], timeout=1.0))
+
     try:
-        wait_for(lambda: proc.alive() and ping(node), 60, "kiln worker", interval=0.5)
+        wait_for(answers, 60, "kiln worker", interval=0.5)
     except TimeoutError:
         proc.stop()
         raise
+    finally:
+        producer.close()
     return proc, node

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-import boto3
 import httpx
 import pytest
 
@@ -25,7 +24,10 @@ from devstack.services import (
     drop_database,
     free_port,
     kiln_command,
+    kiln_env,
+    make_buckets,
     release_redis_db,
+    settings_for,
     start_api,
     start_moto,
     start_worker,
@@ -34,7 +36,7 @@ from devstack.services import (
     service_env as _env,
 )
 from kiln.app.auth import create_key
-from kiln.app.core.config import Settings, get_settings
+from kiln.app.core.config import Settings
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.tenants import allow_bucket
@@ -106,10 +108,7 @@ def s3_endpoint(log_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def s3(s3_endpoint: str, monkeypatch_session: pytest.MonkeyPatch) -> object:
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    for bucket in (BUCKET, SOURCE_BUCKET):
-        client.create_bucket(Bucket=bucket)
-    return client
+    return make_buckets(s3_endpoint, BUCKET, SOURCE_BUCKET)
 
 
 @pytest.fixture(scope="session")
@@ -129,31 +128,23 @@ def service_env(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, str]:
     """The KILN_* environment every process of this test session shares."""
-    data_dir = tmp_path_factory.mktemp("kiln-data")
-    return {
-        "KILN_DATA_DIR": str(data_dir),
-        "KILN_DATABASE_URL": postgres_url,
-        "KILN_BROKER_URL": redis_url,
-        "KILN_STORAGE_URL": f"s3://{BUCKET}/run-{secrets.token_hex(3)}",
-        "KILN_S3_ENDPOINT_URL": s3_endpoint,
-        "KILN_CHUNK_SIZE": "8",
-        "KILN_MAX_BATCH": "8",
-        "KILN_MAX_DELAY_MS": "20",
-        "KILN_WORKER_CONCURRENCY": "4",
-        **AWS_ENV,
-    }
+    kiln = kiln_env(
+        data_dir=tmp_path_factory.mktemp("kiln-data"),
+        database_url=postgres_url,
+        broker_url=redis_url,
+        storage_url=f"s3://{BUCKET}/run-{secrets.token_hex(3)}",
+        s3_endpoint=s3_endpoint,
+        chunk_size="8",
+        max_batch="8",
+        max_delay_ms="20",
+        worker_concurrency="4",
+    )
+    return {**kiln, **AWS_ENV}
 
 
 @pytest.fixture(scope="session")
 def settings(service_env: dict[str, str]) -> Settings:
     return settings_for(service_env)
-
-
-def settings_for(env: dict[str, str]) -> Settings:
-    """The Settings a process started with `env` would read."""
-    return get_settings(
-        **{k.removeprefix("KILN_").lower(): v for k, v in env.items() if k.startswith("KILN_")}
-    )
 
 
 @pytest.fixture
@@ -211,17 +202,9 @@ def worker_metrics_url() -> str:
 def worker(
     migrated: Settings, service_env: dict[str, str], log_dir: Path, worker_metrics_url: str
 ) -> Iterator[Process]:
-    from kiln.workers.celery.app import make_celery
-
     port = worker_metrics_url.rsplit(":", 1)[1].split("/")[0]
     env = {**_env(service_env), "KILN_WORKER_METRICS_PORT": port}  # this worker only
-    celery = make_celery(migrated)
-    try:
-        proc, _node = start_worker(
-            env, log_dir, lambda node: bool(celery.control.ping([node], timeout=1.0))
-        )
-    finally:
-        celery.close()
+    proc, _node = start_worker(env, log_dir)
     RUNNING["worker"] = proc
     try:
         yield proc
@@ -231,11 +214,9 @@ def worker(
 
 
 def _key(sessions: object, tenant: str) -> str:
+    """A new API key of `tenant`, which may read the stack's buckets."""
     with sessions() as session:  # type: ignore[operator]
-        key = create_key(session, tenant)
-        session.commit()
-    allow_test_buckets(sessions, tenant)
-    return key.secret
+        return create_key(session, tenant, (BUCKET, SOURCE_BUCKET)).secret
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ from typing import Generic, TypeVar
 
 from opentelemetry.trace import SpanContext
 
+from kiln.app.core.errors import KilnError
 from kiln.app.observability.tracing import batch_span, current_span_context
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,8 @@ Out = TypeVar("Out")
 BatchFn = Callable[[Sequence[In]], Sequence[Out]]
 
 
-class BatcherClosedError(RuntimeError):
-    """Raised by `submit` after `close()`."""
+class BatcherClosedError(KilnError):
+    """Raised by `submit` after `close()`: the worker is shutting down or reloading the model."""
 
 
 @dataclass

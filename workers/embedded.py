@@ -53,10 +53,21 @@ def collect_inputs(source: str) -> list[Path]:
     elif path.is_file():
         files = [path]
     else:
-        files = [p for p in Path().glob(source) if p.is_file()]
+        files = [p for p in _glob(path) if p.is_file()]
+    if not files and not path.exists() and not any(c in source for c in "*?["):
+        raise InputError(f"{source!r} does not exist; give a folder, an image file or a glob.")
     if not files:
         raise InputError(f"No images found at {source!r}.")
     return sorted(f.resolve() for f in files)
+
+
+def _glob(pattern: Path) -> list[Path]:
+    """pathlib globs relative patterns only: an absolute one is globbed from its root."""
+    root = Path(pattern.anchor) if pattern.is_absolute() else Path()
+    try:
+        return list(root.glob(str(pattern.relative_to(root))))
+    except ValueError as error:  # e.g. "**" inside a name
+        raise InputError(f"{str(pattern)!r} is not a usable glob pattern: {error}.") from None
 
 
 def image_inputs(source: str) -> list[jobs.InputRef]:
@@ -72,6 +83,10 @@ def text_inputs(source: str) -> list[jobs.InputRef]:
     path = Path(source)
     if not path.is_file():
         raise InputError(f"{source!r} is not a file; a text model reads one input per line.")
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        raise InputError(
+            f"{source!r} is an image; a text model reads a UTF-8 file with one input per line."
+        )
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:

@@ -6,10 +6,11 @@ objects, the cursor. Chunks are sent after that commit. Then the step sends its 
 at once, or after a pause while the job has `bulk_max_chunks` chunks outstanding
 (backpressure) — so no task runs for long and a bucket is never held in memory or in Redis.
 
-A step holds the ingest by a claim (owner + heartbeat in Postgres). A step that dies leaves a
-stale heartbeat; the reconciler sends a new step, which resumes after the last committed key:
-nothing listed twice, nothing missed. A redelivered step of a live ingest finds the claim
-taken and does nothing.
+The claim, the unsent chunks, each page and the finish are each one unit of work (the commit
+rule: app/__init__.py). A step holds the ingest by a claim (owner + heartbeat in Postgres). A
+step that dies leaves a stale heartbeat; the reconciler sends a new step, which resumes after
+the last committed key: nothing listed twice, nothing missed. A redelivered step of a live
+ingest finds the claim taken and does nothing; a step that finds it taken over stops.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kiln.app.core.errors import InputError, KilnError
 from kiln.app.db import ingest as db
 from kiln.app.db import queries
 from kiln.app.db.models import Ingest, Job, JobStatus, utcnow
+from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.ingest import Source
 from kiln.app.storage.s3 import translate
@@ -58,28 +60,48 @@ class Page:
 def ingest_step(
     runtime: WorkerRuntime, dispatcher: Dispatcher, job_id: str, owner: str | None = None
 ) -> StepReport:
+    """One step of the job's ingest: a run of units of work (the commit rule:
+    app/__init__.py) — the claim, the chunks left unsent, then one per page listed."""
     owner = owner or str(uuid.uuid4())
-    settings = runtime.settings
     with runtime.sessions() as session:
-        claimed = db.claim(session, job_id, owner, settings.ingest_stale_s)
-        session.commit()
+        with unit_of_work(session):
+            claimed = db.claim(session, job_id, owner, runtime.settings.ingest_stale_s)
         if claimed is None:
             return StepReport(job_id, "busy")
         job = session.get(Job, job_id)
         assert job is not None and job.source is not None
-        if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):  # cancelling or closed
-            return _finish(runtime, session, job, owner, deleted=False)
-        _send_chunks(session, dispatcher, job, owner)
-        step = _Step(runtime, session, dispatcher, job, owner)
         try:
-            return step.run()
-        except InputError as error:  # a missing bucket, a denied listing: the job cannot run
-            session.rollback()
-            return _fail(runtime, session, job, owner, str(error))
+            return _step(runtime, session, dispatcher, job, owner)
+        except _TakenOver:
+            return StepReport(job_id, "busy")
+
+
+def _step(
+    runtime: WorkerRuntime, session: Session, dispatcher: Dispatcher, job: Job, owner: str
+) -> StepReport:
+    if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):  # cancelling or closed
+        return _finish(runtime, session, job, owner, deleted=False)
+    _send_chunks(session, dispatcher, job, owner)
+    try:
+        return _Step(runtime, session, dispatcher, job, owner).run()
+    except InputError as error:  # a missing bucket, a denied listing: the job cannot run
+        return _fail(session, job, owner, str(error))
 
 
 class _Cancelled(Exception):
     """The job is being cancelled: list no more."""
+
+
+class _TakenOver(Exception):
+    """Another step holds the ingest now: this one stops, its unit rolled back."""
+
+
+def _held(session: Session, job_id: str, owner: str) -> Ingest:
+    """The ingest row, locked for the unit, while `owner` still holds it."""
+    ingest = db.still_owner(session, job_id, owner)
+    if ingest is None:
+        raise _TakenOver
+    return ingest
 
 
 class _Step:
@@ -96,33 +118,47 @@ class _Step:
         assert job.source is not None
         self.source = Source.from_json(job.source)
         self.settings = runtime.settings
+        self.pages = self.listed = self.queued = 0
 
     def run(self) -> StepReport:
-        pages = listed = queued = 0
+        try:
+            return self._list()
+        except _Cancelled:
+            return _finish(self.runtime, self.session, self.job, self.owner, deleted=False)
+
+    def _list(self) -> StepReport:
         ingest = self.session.get(Ingest, self.job.id)
         assert ingest is not None
-        for page in self._pages(ingest.cursor):
-            try:
-                added = self._record(page)
-            except _Cancelled:
-                return _finish(self.runtime, self.session, self.job, self.owner, deleted=False)
-            if added is None:
-                return StepReport(self.job.id, "busy", pages, listed, queued)  # taken over
-            pages, listed, queued = pages + 1, listed + len(page.objects), queued + added
-            _send_chunks(self.session, self.dispatcher, self.job, self.owner)
-            if page.final:
-                report = _finish(self.runtime, self.session, self.job, self.owner, deleted=True)
-                return StepReport(self.job.id, report.outcome, pages, listed, queued)
-            if pages >= self.settings.ingest_pages_per_step:
-                break
-            if db.outstanding_chunks(self.session, self.job.id) >= self.settings.bulk_max_chunks:
-                self.dispatcher.enqueue_ingest(self.job.id, self.owner, BACKPRESSURE_PAUSE_S)
-                return StepReport(self.job.id, "throttled", pages, listed, queued)
-        else:  # no page at all: listing ended exactly at the cursor
-            report = _finish(self.runtime, self.session, self.job, self.owner, deleted=True)
-            return StepReport(self.job.id, report.outcome, pages, listed, queued)
-        self.dispatcher.enqueue_ingest(self.job.id, self.owner)
-        return StepReport(self.job.id, "continue", pages, listed, queued)
+        try:
+            for page in self._pages(ingest.cursor):
+                self.queued += self._record(page)
+                self.pages, self.listed = self.pages + 1, self.listed + len(page.objects)
+                _send_chunks(self.session, self.dispatcher, self.job, self.owner)
+                outcome = self._stop_after(page)
+                if outcome is not None:
+                    return self._report(outcome)
+            # no page at all: listing ended exactly at the cursor
+            return self._report(self._finish().outcome)
+        except _TakenOver:
+            return self._report("busy")
+
+    def _stop_after(self, page: Page) -> str | None:
+        """How this step ends after `page` (its outcome), or None to list the next page."""
+        if page.final:
+            return self._finish().outcome
+        if self.pages >= self.settings.ingest_pages_per_step:
+            self.dispatcher.enqueue_ingest(self.job.id, self.owner)
+            return "continue"
+        if db.outstanding_chunks(self.session, self.job.id) >= self.settings.bulk_max_chunks:
+            self.dispatcher.enqueue_ingest(self.job.id, self.owner, BACKPRESSURE_PAUSE_S)
+            return "throttled"
+        return None
+
+    def _report(self, outcome: str) -> StepReport:
+        return StepReport(self.job.id, outcome, self.pages, self.listed, self.queued)
+
+    def _finish(self) -> StepReport:
+        return _finish(self.runtime, self.session, self.job, self.owner, deleted=True)
 
     def _pages(self, cursor: str | None) -> Iterator[Page]:
         """Pages after `cursor`, filtered; a page whose listing raised becomes the error."""
@@ -150,66 +186,62 @@ class _Step:
             last = contents[-1]["Key"] if contents else None
             yield Page(objects, last, final=not raw.get("IsTruncated"))
 
-    def _record(self, page: Page) -> int | None:
-        """One transaction for a page: items, seen objects, cursor. Chunks added, or None
-        if another step has taken the ingest over."""
+    def _record(self, page: Page) -> int:
+        """One unit of work for a page: items, seen objects, cursor. Returns the chunks added."""
         session, job = self.session, self.job
-        locked = queries.lock_job(session, job.id)  # job row first, as every writer does
-        ingest = db.still_owner(session, job.id, self.owner)
-        if ingest is None or locked is None:
-            session.rollback()
-            return None
-        if locked.status == JobStatus.CANCELLING:
-            session.rollback()
-            raise _Cancelled
-        fresh = page.objects
-        if job.pipeline_id is not None:
-            fresh = db.changed_objects(session, job.pipeline_id, job.id, job.model, page.objects)
-        chunks = db.insert_items(
-            session, job.id, self.source.bucket, fresh, locked.chunk_count, self.settings.chunk_size
-        )
-        locked.chunk_count += chunks
-        ingest.cursor = page.last_key or ingest.cursor
-        ingest.listed += len(page.objects)
-        ingest.skipped += len(page.objects) - len(fresh)
-        ingest.pages += 1
-        ingest.heartbeat_at = utcnow()
-        session.commit()
+        with unit_of_work(session):
+            locked = queries.lock_job(session, job.id)  # job row first, as every writer does
+            ingest = _held(session, job.id, self.owner)
+            if locked is None:
+                raise _TakenOver
+            if locked.status == JobStatus.CANCELLING:
+                raise _Cancelled
+            fresh = page.objects
+            if job.pipeline_id is not None:
+                fresh = db.changed_objects(
+                    session, job.pipeline_id, job.id, job.model, page.objects
+                )
+            chunks = db.insert_items(
+                session, job.id, self.source.bucket, fresh, locked.chunk_count,
+                self.settings.chunk_size,
+            )  # fmt: skip
+            locked.chunk_count += chunks
+            ingest.cursor = page.last_key or ingest.cursor
+            ingest.listed += len(page.objects)
+            ingest.skipped += len(page.objects) - len(fresh)
+            ingest.pages += 1
+            ingest.heartbeat_at = utcnow()
         return chunks
 
 
 def _send_chunks(session: Session, dispatcher: Dispatcher, job: Job, owner: str) -> None:
-    """Send every chunk not sent yet (after a crash, those committed but never sent)."""
-    ingest = db.still_owner(session, job.id, owner)
-    if ingest is None:
-        session.rollback()
-        return
-    for chunk, ids in sorted(db.unsent_chunks(session, job.id, ingest.chunks_sent).items()):
-        dispatcher.enqueue_chunk(job.id, chunk, ids, job.queue)
-    ingest.chunks_sent = job.chunk_count
-    session.commit()
+    """Send every chunk not sent yet (after a crash, those committed but never sent), and record
+    them sent: one unit of work. Their items were committed by an earlier unit (a page's); a
+    crash before this unit commits only sends them again, which is harmless."""
+    with unit_of_work(session):
+        ingest = _held(session, job.id, owner)
+        for chunk, ids in sorted(db.unsent_chunks(session, job.id, ingest.chunks_sent).items()):
+            dispatcher.enqueue_chunk(job.id, chunk, ids, job.queue)
+        ingest.chunks_sent = job.chunk_count
 
 
 def _finish(
     runtime: WorkerRuntime, session: Session, job: Job, owner: str, deleted: bool
 ) -> StepReport:
     """Listing is over: report deleted objects, mark the ingest done, close the job if no item
-    is open (a rerun with nothing changed closes here)."""
-    # The job lock orders this against a chunk finishing now: one of the two sees the other.
-    queries.lock_job(session, job.id)
-    ingest = db.still_owner(session, job.id, owner)
-    if ingest is None:
-        session.rollback()
-        return StepReport(job.id, "busy")
-    if deleted and job.pipeline_id is not None:
-        gone = db.forget_unseen(session, job.pipeline_id, job.id)
-        ingest.deleted = len(gone)
-        if gone:
-            results.write_keys(runtime.place(job.id, job.output), "deleted.parquet", gone)
-    ingest.done, ingest.heartbeat_at = True, utcnow()
-    session.flush()
-    closed = queries.finish_job_if_done(session, job.id)
-    session.commit()
+    is open (a rerun with nothing changed closes here). One unit of work, then the manifest."""
+    with unit_of_work(session):
+        # The job lock orders this against a chunk finishing now: one of the two sees the other.
+        queries.lock_job(session, job.id)
+        ingest = _held(session, job.id, owner)
+        if deleted and job.pipeline_id is not None:
+            gone = db.forget_unseen(session, job.pipeline_id, job.id)
+            ingest.deleted = len(gone)
+            if gone:
+                results.write_keys(runtime.place(job.id, job.output), "deleted.parquet", gone)
+        ingest.done, ingest.heartbeat_at = True, utcnow()
+        session.flush()
+        closed = queries.finish_job_if_done(session, job.id)
     if closed is not None:
         model = runtime.model_info(session, job.model, job.tenant)
         ensure_manifest(runtime, session, job.id, model, True, None)
@@ -220,19 +252,17 @@ def _finish(
     return StepReport(job.id, "done")
 
 
-def _fail(
-    runtime: WorkerRuntime, session: Session, job: Job, owner: str, reason: str
-) -> StepReport:
-    """The source cannot be listed: the job fails with that sentence; nothing pending runs."""
-    locked = queries.lock_job(session, job.id)
-    ingest = db.still_owner(session, job.id, owner)
-    if ingest is None or locked is None:
-        session.rollback()
-        return StepReport(job.id, "busy")
-    ingest.done = True
-    queries.cancel_items(session, job.id)
-    locked.status, locked.error, locked.finished_at = JobStatus.FAILED, reason, utcnow()
-    session.commit()
+def _fail(session: Session, job: Job, owner: str, reason: str) -> StepReport:
+    """The source cannot be listed: the job fails with that sentence; nothing pending runs.
+    One unit of work."""
+    with unit_of_work(session):
+        locked = queries.lock_job(session, job.id)
+        ingest = _held(session, job.id, owner)
+        if locked is None:
+            raise _TakenOver
+        ingest.done = True
+        queries.cancel_items(session, job.id)
+        locked.status, locked.error, locked.finished_at = JobStatus.FAILED, reason, utcnow()
     log.warning("ingest %s failed: %s", job.id, reason)
     return StepReport(job.id, "failed")
 

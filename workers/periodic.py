@@ -1,4 +1,5 @@
-"""What `kiln beat` sends periodically: the reconciler and the schedule tick."""
+"""What `kiln beat` sends periodically: the reconciler and the schedule tick. Each write is one
+unit of work (the commit rule: app/__init__.py); a chunk is marked sent after its message."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from kiln.app import schedules
 from kiln.app.db import ingest as db
 from kiln.app.db import leases
+from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.workers.celery.inflight import Chunk
 from kiln.workers.runtime import WorkerRuntime
@@ -40,8 +42,8 @@ def _resend_chunks(
     runtime: WorkerRuntime, dispatcher: Dispatcher, in_flight: InFlight
 ) -> dict[str, int]:
     with runtime.sessions() as session:
-        expired = leases.reset_expired(session)
-        session.commit()
+        with unit_of_work(session):
+            expired = leases.reset_expired(session)
         stranded = leases.stranded_chunks(session, runtime.settings.redispatch_after_s)
     if not stranded:
         return {"chunks_expired": len(expired), "chunks_resent": 0}
@@ -53,9 +55,8 @@ def _resend_chunks(
             continue
         log.warning("chunk %s/%d has no live run or message; sending it again", *where)
         dispatcher.enqueue_chunk(chunk.job_id, chunk.chunk, chunk.item_ids, chunk.queue)
-        with runtime.sessions() as session:
+        with runtime.sessions() as session, unit_of_work(session):
             leases.mark_sent(session, chunk.item_ids)
-            session.commit()
         resent += 1
     return {"chunks_expired": len(expired), "chunks_resent": resent}
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.db import queries
-from kiln.app.db.session import engine_for, make_session_factory
+from kiln.app.db.session import engine_for, make_session_factory, unit_of_work
 from kiln.app.observability.tracing import traced_infer
 from kiln.app.results import Place, place_for
 from kiln.app.storage import ObjectStore, open_store
@@ -96,11 +96,10 @@ class WorkerRuntime:
         engines = self.engines()
         device = ", ".join(g.name for g in engines.host.gpus) if engines.choice.on_gpu else "cpu"
         try:
-            with self.sessions() as session:
+            with self.sessions() as session, unit_of_work(session):
                 queries.report_engine(
                     session, self.node, info.ref, pipeline.backend, engines.choice.reason, device
                 )
-                session.commit()
         except SQLAlchemyError as error:  # a report is informative; never fail a job for it
             log.warning("could not record the engine of %s: %s", info.ref, error)
         return device

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -12,7 +13,9 @@ from sqlalchemy.orm import Session
 from kiln.app.api.context import ApiContext
 from kiln.app.auth import tenant_for_key
 from kiln.app.core.config import Settings
+from kiln.app.results import S3Factory
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.s3 import make_s3_client
 
 
 def get_context(request: Request) -> ApiContext:
@@ -43,6 +46,15 @@ def get_store(context: ContextDep) -> ObjectStore:
 
 
 StoreDep = Annotated[ObjectStore, Depends(get_store)]
+
+
+def get_s3(settings: SettingsDep) -> S3Factory:
+    """A maker of S3 clients on Kiln's credentials, not a client: nothing is built until a
+    route reads a bucket (local storage never does)."""
+    return partial(make_s3_client, settings)
+
+
+S3Dep = Annotated[S3Factory, Depends(get_s3)]
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `kiln keys create`.")
 

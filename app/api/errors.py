@@ -14,6 +14,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
+from kiln.app.api.schemas import MALFORMED_BODY, ErrorOut
 from kiln.app.core.errors import (
     ConflictError,
     ForbiddenError,
@@ -29,6 +30,12 @@ log = logging.getLogger(__name__)
 
 class RequestTooLargeError(InputError):
     """The body or one file is over the configured limit."""
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """A route's documented error answers (OpenAPI `responses`): each is `ErrorOut`, one
+    sentence; 400 is described as a body Kiln cannot parse."""
+    return {code: MALFORMED_BODY if code == 400 else {"model": ErrorOut} for code in sorted(codes)}
 
 
 _STATUS: list[tuple[type[KilnError], int]] = [

@@ -38,16 +38,12 @@ def keys_create(
 ) -> None:
     """Create an API key; it is printed once and stored only as a hash."""
     from kiln.app.auth import create_key
-    from kiln.app.tenants import allow_bucket
 
     with session() as db:
         try:
-            key = create_key(db, tenant)
-            for name in bucket or []:
-                allow_bucket(db, tenant, name)
+            key = create_key(db, tenant, bucket or [])
         except KilnError as error:
             raise fail(error) from None
-        db.commit()
     errors.print(f"key {key.prefix} for tenant {tenant!r} (shown once):")
     console.print(key.secret)
 
@@ -62,7 +58,6 @@ def tenants_allow(tenant: str, bucket: str) -> None:
             added = allow_bucket(db, tenant, bucket)
         except KilnError as error:
             raise fail(error) from None
-        db.commit()
     console.print(f"tenant {tenant!r} may read bucket {bucket!r}" + ("" if added else " (already)"))
 
 
@@ -76,7 +71,6 @@ def tenants_deny(tenant: str, bucket: str) -> None:
             deny_bucket(db, tenant, bucket)
         except KilnError as error:
             raise fail(error) from None
-        db.commit()
     console.print(f"tenant {tenant!r} may no longer read bucket {bucket!r}")
 
 
@@ -102,7 +96,6 @@ def keys_revoke(prefix: str) -> None:
             revoke_key(db, prefix)
         except KilnError as error:
             raise fail(error) from None
-        db.commit()
     console.print(f"key {prefix} revoked")
 
 
@@ -147,7 +140,6 @@ def models_add(
                 db, open_store(current), tenant=tenant, name=name, data=data, kind=kind,
                 spec=spec, source=onnx,
             )  # fmt: skip
-            db.commit()
     except KilnError as error:
         raise fail(error) from None
     console.print(f"model {info.ref} ({info.kind}) registered, sha256 {info.sha256}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kiln.app.cli.common import console, errors, fail, settings
-from kiln.app.core.errors import KilnError
+from kiln.app.core.errors import InputError, KilnError
 
 
 def run(
@@ -31,26 +33,51 @@ def run(
 
     current = settings()
     observe(current, "run", logging.WARNING)
-    columns = (
+    try:
+        _check_output(output)
+        with _progress(model) as show:
+            outcome = run_embedded(current, source, model, show)
+    except KilnError as error:
+        raise fail(error) from None
+    pq.write_table(outcome.table, output)
+    _summary(outcome, output)
+
+
+def _check_output(output: Path) -> None:
+    """Before the run, not after it: a results file that cannot be written wastes the work."""
+    if output.is_dir():
+        raise InputError(f"--output {str(output)!r} is a folder; name a .parquet file.")
+    if not output.parent.is_dir():
+        raise InputError(
+            f"--output {str(output)!r}: the folder {str(output.parent)!r} does not exist."
+        )
+
+
+@contextmanager
+def _progress(model: str) -> Iterator[Callable[[Any], None]]:
+    """A bar drawn from the first report on, once the model and inputs are accepted and the
+    job submitted, and stopped before any error is printed: a refused run shows its sentence
+    and no bar after it."""
+    bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeRemainingColumn(),
+        console=errors,
     )
-    with Progress(*columns, console=errors) as bar:
-        task = bar.add_task(f"{model}", total=None, rate="")
+    task = bar.add_task(model, total=None, rate="")
 
-        def show(p: Any) -> None:
-            rate = f"{p.items_per_second:.1f} items/s" if p.items_per_second else ""
-            bar.update(task, total=p.counts.total, completed=p.counts.done, rate=rate)
+    def show(p: Any) -> None:
+        bar.start()  # the first report draws it; later calls do nothing
+        rate = f"{p.items_per_second:.1f} items/s" if p.items_per_second else ""
+        bar.update(task, total=p.counts.total, completed=p.counts.done, rate=rate)
 
-        try:
-            outcome = run_embedded(current, source, model, show)
-        except KilnError as error:
-            raise fail(error) from None
-    pq.write_table(outcome.table, output)
-    _summary(outcome, output)
+    try:
+        yield show
+    finally:
+        if bar.live.is_started:  # stopping a bar never drawn would still print a blank line
+            bar.stop()
 
 
 def _summary(outcome: Any, output: Path) -> None:

@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from kiln.app.db import dialect
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -32,11 +31,6 @@ class Listed:
 
     key: str
     etag: str
-
-
-def _insert(session: Session) -> Any:
-    dialect = session.get_bind().dialect.name
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
 def claim(session: Session, job_id: str, owner: str, stale_s: float) -> Ingest | None:
@@ -112,7 +106,7 @@ def insert_items(
         }
         for i, o in enumerate(objects)
     ]
-    session.execute(_insert(session)(Item).values(rows).on_conflict_do_nothing())
+    session.execute(dialect.insert(session, Item).values(rows).on_conflict_do_nothing())
     return -(-len(objects) // size)
 
 
@@ -146,7 +140,7 @@ def changed_objects(
             )
         ).all()
     )
-    statement = _insert(session)(PipelineObject).values(
+    statement = dialect.insert(session, PipelineObject).values(
         [
             {"pipeline_id": pipeline_id, "key": o.key, "etag": o.etag, "seen_job": job_id}
             for o in objects

@@ -17,6 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
+from kiln.app.db.dialect import on_postgres
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "kiln_jobs"
@@ -24,7 +26,7 @@ CHANNEL = "kiln_jobs"
 
 def notify_job_closed(session: Session, job_id: str) -> None:
     """Queue the notification in the current transaction (Postgres only)."""
-    if session.get_bind().dialect.name == "postgresql":
+    if on_postgres(session):
         session.execute(
             text("SELECT pg_notify(:channel, :job)"), {"channel": CHANNEL, "job": job_id}
         )

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, case, exists, func, or_, select, true, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from kiln.app.db import dialect
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -68,12 +68,14 @@ def lock_job(session: Session, job_id: str, tenant: str | None = None) -> Job | 
     """Lock the job row for this transaction.
 
     Lock order is job row first, then its items: every writer that touches both (lease,
-    cancel) takes the job lock first, so they queue instead of deadlocking.
+    cancel) takes the job lock first, so they queue instead of deadlocking. The row is read
+    afresh even when the session holds the job already (an ingest step's, loaded pages ago),
+    so a cancel committed meanwhile is seen.
     """
     query = select(Job).where(Job.id == job_id)
     if tenant is not None:
         query = query.where(Job.tenant == tenant)
-    return session.scalar(query.with_for_update())
+    return session.scalar(query.with_for_update().execution_options(populate_existing=True))
 
 
 def mark_job_running(session: Session, job_id: str) -> None:
@@ -94,9 +96,8 @@ def upsert_results(
     """
     if not results:
         return
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     rows = [{"job_id": job_id, **r} for r in results]
-    statement = insert(Item).values(rows)
+    statement = dialect.insert(session, Item).values(rows)
     excluded = statement.excluded
     statement = statement.on_conflict_do_update(
         index_elements=[Item.job_id, Item.key],
@@ -211,10 +212,9 @@ def report_engine(
     session: Session, node: str, model: str, backend: str, reason: str, device: str
 ) -> None:
     """Upsert which backend `node` runs `model` on."""
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     values = {"node": node, "model": model, "backend": backend, "reason": reason,
               "device": device, "updated_at": utcnow()}  # fmt: skip
-    statement = insert(EngineReport).values(values)
+    statement = dialect.insert(session, EngineReport).values(values)
     session.execute(
         statement.on_conflict_do_update(
             index_elements=[EngineReport.node, EngineReport.model],
@@ -269,7 +269,6 @@ def cache_results(
     """Remember results by input digest; the first writer of a digest wins (same result)."""
     if not entries:
         return
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     now = utcnow()
     rows = [
         {
@@ -282,7 +281,7 @@ def cache_results(
         }
         for sha, (outputs, vector, dtype) in entries.items()
     ]
-    session.execute(insert(ContentCache).values(rows).on_conflict_do_nothing())
+    session.execute(dialect.insert(session, ContentCache).values(rows).on_conflict_do_nothing())
 
 
 def is_open(job: Job) -> bool:

@@ -1,7 +1,11 @@
-"""Engine and session factories; the caller owns them (no module-level engine)."""
+"""Engine and session factories (the caller owns them: no module-level engine), and
+`unit_of_work`, the one place a transaction is committed or rolled back (the rule is in
+app/__init__.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -42,3 +46,15 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def unit_of_work(session: Session) -> Iterator[Session]:
+    """One unit of work: committed when the block ends, rolled back if it raises (the error
+    goes on). A `return` inside the block commits too."""
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise

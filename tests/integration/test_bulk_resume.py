@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from devstack.services import (
     Process,
     kiln_command,
+    settings_for,
     start_worker,
     wait_for,
 )
@@ -25,7 +26,7 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.workers.celery.app import make_celery
 from tests.integration.test_bulk import put_objects
-from tests.stack import SOURCE_BUCKET, settings_for
+from tests.stack import SOURCE_BUCKET
 
 OBJECTS = 1500
 
@@ -52,8 +53,7 @@ def test_ingest_resumes_after_its_worker_is_killed(
     env = full_env(resume_env)
     started: list[Process] = []
     try:
-        ping = lambda node: bool(celery.control.ping([node], timeout=1.0))  # noqa: E731
-        first, _ = start_worker(env, log_dir, ping, name="worker-a", node_prefix="resume-a")
+        first, _ = start_worker(env, log_dir, name="worker-a", node_prefix="resume-a")
         started.append(first)
         started.append(Process("beat", kiln_command("beat"), env, log_dir))
         with sessions() as session:
@@ -67,7 +67,7 @@ def test_ingest_resumes_after_its_worker_is_killed(
         first.kill()
         listed_at_kill = _listed(sessions, job_id)
         assert listed_at_kill < OBJECTS, "the ingest finished before the kill; make it larger"
-        second, _ = start_worker(env, log_dir, ping, name="worker-b", node_prefix="resume-b")
+        second, _ = start_worker(env, log_dir, name="worker-b", node_prefix="resume-b")
         started.append(second)
         wait_for(lambda: _status(sessions, job_id) in ("completed", "failed"), 300, "the job")
         with sessions() as session:

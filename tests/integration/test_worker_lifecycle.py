@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from devstack.services import (
     Process,
     kiln_command,
+    settings_for,
     wait_for,
 )
 from devstack.services import service_env as full_env
@@ -23,7 +24,7 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.workers.celery.app import make_celery
 from tests.integration.test_bulk import put_objects
-from tests.stack import SOURCE_BUCKET, settings_for
+from tests.stack import SOURCE_BUCKET
 
 OBJECTS = 1500
 

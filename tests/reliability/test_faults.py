@@ -26,22 +26,23 @@ from devstack.images import photo
 from devstack.services import (
     Process,
     ServiceUnavailableError,
+    create_api_key,
     kiln_command,
+    kiln_env,
     service_env,
+    settings_for,
     start_api,
     start_worker,
     wait_for,
 )
-from kiln.app.auth import create_key
 from kiln.app.core.config import Settings
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.models import Item
 from kiln.app.db.session import make_engine, make_session_factory
-from kiln.workers.celery.app import make_celery
 from tests.models import oom_embedder
 from tests.reliability.faults import PrivatePostgres, PrivateRedis, TcpProxy
 from tests.reliability.jobs import items_by_key, upload, wait_closed
-from tests.stack import BUCKET, RUNNING, settings_for, unavailable
+from tests.stack import BUCKET, RUNNING, unavailable
 
 IMAGES = 320  # detector: ~10-20 s of work for two workers on two cores
 
@@ -51,20 +52,16 @@ class FaultStack:
 
     def __init__(self, env: dict[str, str], log_dir: Path, settings: Settings) -> None:
         self.env, self.log_dir, self.settings = env, log_dir, settings
-        self.celery = make_celery(settings)
         self.workers: list[Process] = []
         self.engine = make_engine(settings.database_url, pool_size=2)
         self.sessions = make_session_factory(self.engine)
 
     def start_worker(self) -> Process:
         name = f"fault-worker-{len(self.workers)}"
-        proc, _node = start_worker(self.env, self.log_dir, self._ping, name=name, node_prefix=name)
+        proc, _node = start_worker(self.env, self.log_dir, name=name, node_prefix=name)
         self.workers.append(proc)
         RUNNING[name] = proc
         return proc
-
-    def _ping(self, node: str) -> bool:
-        return bool(self.celery.control.ping([node], timeout=1.0))
 
     def live_workers(self) -> list[Process]:
         return [w for w in self.workers if w.alive()]
@@ -86,29 +83,27 @@ def stack(
         unavailable(str(error))
     endpoint = urlparse(s3_endpoint)
     proxy = TcpProxy(endpoint.hostname or "127.0.0.1", endpoint.port or 80)
-    kiln = {
-        "KILN_DATA_DIR": str(root / "data"),
-        "KILN_DATABASE_URL": pg.url,
-        "KILN_BROKER_URL": rds.url,
-        "KILN_STORAGE_URL": f"s3://{BUCKET}/faults-{secrets.token_hex(3)}",
-        "KILN_S3_ENDPOINT_URL": proxy.url,
-        "KILN_CHUNK_SIZE": "8",
-        "KILN_MAX_BATCH": "8",
-        "KILN_MAX_DELAY_MS": "20",
-        "KILN_WORKER_CONCURRENCY": "4",
-        "KILN_LEASE_S": "4",
-        "KILN_LEASE_RENEW_S": "0.5",
-        "KILN_REDISPATCH_AFTER_S": "3",
-        "KILN_RECONCILE_INTERVAL_S": "1",
-        "KILN_DB_POOL_TIMEOUT_S": "5",
-    }
+    kiln = kiln_env(
+        data_dir=root / "data",
+        database_url=pg.url,
+        broker_url=rds.url,
+        storage_url=f"s3://{BUCKET}/faults-{secrets.token_hex(3)}",
+        s3_endpoint=proxy.url,
+        chunk_size="8",
+        max_batch="8",
+        max_delay_ms="20",
+        worker_concurrency="4",
+        lease_s="4",
+        lease_renew_s="0.5",
+        redispatch_after_s="3",
+        reconcile_interval_s="1",
+        db_pool_timeout_s="5",
+    )
     settings = settings_for(kiln)
     upgrade(settings)
     env = service_env(kiln)
     faults = FaultStack(env, log_dir, settings)
-    with faults.sessions() as session:
-        key = create_key(session, "faults").secret
-        session.commit()
+    key = create_api_key(settings, "faults")
     started: list[Process] = []
     try:
         api, url = start_api(env, log_dir, name="fault-api")
@@ -126,7 +121,6 @@ def stack(
             proc.stop()
         for name in [n for n in RUNNING if n.startswith("fault-")]:
             RUNNING.pop(name)
-        faults.celery.close()
         faults.engine.dispose()
         proxy.down()
         rds.stop()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kiln.app.core.errors import KilnError
 from kiln.workers.batching import Batcher, BatcherClosedError
 
 RESULT_TIMEOUT = 2.0
@@ -208,8 +209,10 @@ def test_cancelled_rows_are_not_sent_to_the_engine(make_batcher) -> None:
 def test_submit_after_close_raises() -> None:
     batcher: Batcher[int, int] = Batcher(lambda rows: rows, max_batch=2, max_delay_s=0.01)
     batcher.close()
-    with pytest.raises(BatcherClosedError):
+    with pytest.raises(BatcherClosedError) as caught:
         batcher.submit(1)
+    assert isinstance(caught.value, KilnError)  # a sentence Kiln raised on purpose
+    assert str(caught.value).endswith("is closed.")
     with pytest.raises(BatcherClosedError):
         batcher.submit_many([1, 2])
     batcher.close()  # a second close is harmless

@@ -6,7 +6,6 @@ JSON would triple its size and lose float32 exactness.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,10 +14,6 @@ import numpy as np
 from kiln.workers.models.base import VECTOR_OUTPUTS
 
 Entry = tuple[dict[str, Any], bytes | None, str | None]  # outputs, vector bytes, vector dtype
-
-
-def digest(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
 def encode(outputs: Mapping[str, Any]) -> Entry:

@@ -21,6 +21,7 @@ from kiln.app import results
 from kiln.app.catalog import ModelInfo
 from kiln.app.db import ingest, leases, queries
 from kiln.app.db.models import Item, ItemStatus, Job, aware, utcnow
+from kiln.app.db.session import unit_of_work
 from kiln.app.results import Result, ResultRow
 from kiln.workers.chunk import content_cache
 from kiln.workers.models.base import VECTOR_OUTPUTS
@@ -58,25 +59,27 @@ def finish_chunk(
     if nothing is open. Returns the final status if this call closed the job."""
     fields = output_fields(lease.model)
     with runtime.sessions() as session:
-        if lease.items and not leases.holds(session, lease.item_ids, lease.owner):
-            log.warning("chunk %s/%d: lease taken over; not writing", lease.job_id, lease.chunk)
-            return None
-        shard = _shard_rows(session, lease, rows)
-        if shard:
-            results.write_shard(lease.place, lease.chunk, shard, fields)
-        session.commit()  # end the read above; hold no lock during the next step's wait
-        # Chunks of one job finish one at a time (job row first, then items, like a lease):
-        # each then sees the others' results, so the last one always closes the job.
-        queries.lock_job(session, lease.job_id)
-        queries.upsert_results(
-            session, lease.job_id, [_upsert_row(r) for r in rows], owner=lease.owner
-        )
-        queries.cache_results(session, lease.model.cache_key, fresh or {})
-        if lease.pipeline_id is not None:
-            done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
-            ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
-        final, shards = _close_if_done(runtime, session, lease, bool(shard), fields)
-        session.commit()
+        # Reads (and the shard) only: ended before the next unit waits for the job row, so no
+        # lock is held meanwhile.
+        with unit_of_work(session):
+            if lease.items and not leases.holds(session, lease.item_ids, lease.owner):
+                log.warning("chunk %s/%d: lease taken over; not writing", lease.job_id, lease.chunk)
+                return None
+            shard = _shard_rows(session, lease, rows)
+            if shard:
+                results.write_shard(lease.place, lease.chunk, shard, fields)
+        with unit_of_work(session):
+            # Chunks of one job finish one at a time (job row first, then items, like a lease):
+            # each then sees the others' results, so the last one always closes the job.
+            queries.lock_job(session, lease.job_id)
+            queries.upsert_results(
+                session, lease.job_id, [_upsert_row(r) for r in rows], owner=lease.owner
+            )
+            queries.cache_results(session, lease.model.cache_key, fresh or {})
+            if lease.pipeline_id is not None:
+                done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
+                ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
+            final, shards = _close_if_done(runtime, session, lease, bool(shard), fields)
         if final is not None or not lease.was_open:
             ensure_manifest(runtime, session, lease.job_id, lease.model, final is not None, shards)
     return final

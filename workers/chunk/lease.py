@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.db import leases
 from kiln.app.db.models import JobStatus
+from kiln.app.db.session import unit_of_work
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,8 @@ class LeaseKeeper:
         self._thread.join()
 
     def renew_once(self) -> None:
-        with self._sessions() as session:
+        with self._sessions() as session, unit_of_work(session):
             held, status = leases.renew(session, self.job_id, self.owner, self.lease_s)
-            session.commit()
         if status == JobStatus.CANCELLING:
             self.cancelled.set()
         if held == 0 and not self._stop.is_set():

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.app.catalog import ModelInfo
+from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import KilnError, TransientError
 from kiln.app.db import leases, queries
 from kiln.app.db.models import Item, ItemStatus, JobStatus
+from kiln.app.db.session import unit_of_work
 from kiln.app.observability.tracing import annotate
 from kiln.app.results import ResultRow
 from kiln.workers.batching import Announcement
@@ -121,9 +123,8 @@ def _fresh(work: list[_Work]) -> dict[str, content_cache.Entry]:
 
 def _release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
     try:
-        with runtime.sessions() as session:
+        with runtime.sessions() as session, unit_of_work(session):
             leases.release(session, job_id, owner)
-            session.commit()
     except Exception as error:  # the database is away: the lease simply runs out
         log.warning(
             "could not release lease %s of job %s: %s", owner, job_id, error,
@@ -134,18 +135,18 @@ def _release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
 def _lease(
     runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], owner: str
 ) -> Lease | None:
-    """One transaction: lock the job, take the chunk's open items, mark the job running."""
+    """One unit of work: lock the job, take the chunk's open items, mark the job running."""
     settings = runtime.settings
     with runtime.sessions() as session:
-        job = queries.lock_job(session, job_id)
-        if job is None:
-            return None
-        leased = leases.take(session, job_id, item_ids, owner, settings.lease_s)
-        elsewhere = not leased and leases.held_elsewhere(session, item_ids, owner)
-        was_open = queries.is_open(job)
-        if leased and job.status == JobStatus.QUEUED:
-            queries.mark_job_running(session, job_id)
-        session.commit()
+        with unit_of_work(session):
+            job = queries.lock_job(session, job_id)
+            if job is None:
+                return None
+            leased = leases.take(session, job_id, item_ids, owner, settings.lease_s)
+            elsewhere = not leased and leases.held_elsewhere(session, item_ids, owner)
+            was_open = queries.is_open(job)
+            if leased and job.status == JobStatus.QUEUED:
+                queries.mark_job_running(session, job_id)
         model = runtime.model_info(session, job.model, job.tenant)
         return Lease(
             job_id,
@@ -255,7 +256,7 @@ def _fetch(runtime: WorkerRuntime, w: _Work) -> None:
         w.error = str(error)
         return
     if runtime.settings.content_cache:
-        w.digest = content_cache.digest(w.data)
+        w.digest = sha256_hex(w.data)
 
 
 def _use_cache(runtime: WorkerRuntime, model: ModelInfo, group: list[_Work]) -> int:

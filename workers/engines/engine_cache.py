@@ -9,7 +9,6 @@ not deserialize is rebuilt (and logged), never a crash. Nothing here imports Ten
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -19,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
+from kiln.app.core.digest import file_sha256, sha256_hex
 from kiln.workers.engines.base import EngineRequest
 from kiln.workers.engines.tensorrt_logic import (
     EngineBuildError,
@@ -40,14 +40,6 @@ PREFIX = "engines/tensorrt"
 MISSING = "no cached plan"
 FORCED = "rebuild forced"
 T = TypeVar("T")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def key_part(text: str) -> str:
@@ -81,7 +73,7 @@ class EngineKey:
     @property
     def digest(self) -> str:
         canonical = json.dumps(self.fields(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        return sha256_hex(canonical)
 
     @property
     def plan_key(self) -> str:
@@ -157,7 +149,7 @@ def read_plan(store: ObjectStore, key: EngineKey) -> PlanRead:
         return PlanRead(None, f"cache unreadable ({error})")
     if not isinstance(manifest, dict) or manifest.get("key") != key.fields():
         return PlanRead(None, "manifest does not match the key")
-    if manifest.get("plan_sha256") != hashlib.sha256(plan).hexdigest():
+    if manifest.get("plan_sha256") != sha256_hex(plan):
         return PlanRead(None, "plan bytes do not match the manifest's checksum")
     return PlanRead(plan, "cached")
 
@@ -167,7 +159,7 @@ def write_plan(store: ObjectStore, key: EngineKey, plan: bytes, model: str) -> N
     (a concurrent writer at worst makes the checksum disagree, which means a rebuild)."""
     manifest = {
         "key": key.fields(),
-        "plan_sha256": hashlib.sha256(plan).hexdigest(),
+        "plan_sha256": sha256_hex(plan),
         "plan_bytes": len(plan),
         "model": model,
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -26,6 +26,7 @@ from kiln.workers.engines.base import (
     TensorSpec,
 )
 from kiln.workers.engines.engine_cache import (
+    Obtained,
     PlanSpec,
     load_or_build,
     plan_spec,
@@ -178,6 +179,41 @@ def _deserialize(runtime: trt.Runtime, plan: bytes) -> trt.ICudaEngine | None:
     return engine
 
 
+@dataclass(frozen=True)
+class LoadedPlan:
+    """A deserialized engine, the runtime it must not outlive, and what it was built from."""
+
+    spec: PlanSpec
+    runtime: trt.Runtime
+    obtained: Obtained[trt.ICudaEngine]
+
+
+def load_engine(
+    request: EngineRequest,
+    store: ObjectStore,
+    gpu: Gpu,
+    precision: PrecisionSetting,
+    *,
+    force: bool = False,
+) -> LoadedPlan:
+    """The one road to a plan: the cached one if it is valid and deserializes (unless `force`),
+    else a fresh build, stored for the next worker, then deserialized."""
+    require_tensorrt()
+    import tensorrt as trt
+
+    spec = _plan_spec_here(request, gpu, precision)
+    runtime = trt.Runtime(trt_logger())
+    obtained = load_or_build(
+        store,
+        spec.key,
+        build=lambda: build_plan(spec, store),
+        load=functools.partial(_deserialize, runtime),
+        model=spec.model,
+        force=force,
+    )
+    return LoadedPlan(spec, runtime, obtained)
+
+
 def prebuild(
     request: EngineRequest,
     settings: Settings,
@@ -188,22 +224,12 @@ def prebuild(
     force: bool = False,
 ) -> str:
     """Build (unless a valid one is cached) and upload the plan for `request`, without creating
-    execution contexts; returns its storage key. For `kiln engines build MODEL`."""
-    require_tensorrt()
-    import tensorrt as trt
-
-    spec = _plan_spec_here(request, gpu, precision or settings.precision)
-    runtime = trt.Runtime(trt_logger())
-    obtained = load_or_build(
-        store,
-        spec.key,
-        build=lambda: build_plan(spec, store),
-        load=functools.partial(_deserialize, runtime),
-        model=spec.model,
-        force=force,
-    )
-    log.info("TensorRT plan for %s (%s): %s", spec.model, obtained.source, spec.key.plan_key)
-    return spec.key.plan_key
+    execution contexts; returns its storage key. (`kiln engines build` loads the model's whole
+    pipeline instead, which stores the same plans.)"""
+    loaded = load_engine(request, store, gpu, precision or settings.precision, force=force)
+    key = loaded.spec.key.plan_key
+    log.info("TensorRT plan for %s (%s): %s", loaded.spec.model, loaded.obtained.source, key)
+    return key
 
 
 def build_tensorrt_engine(
@@ -215,30 +241,19 @@ def build_tensorrt_engine(
     choice: Choice,
 ) -> TensorRTEngine:
     """The engine for `request` on this process's GPU: the cached plan, else a fresh build."""
-    require_tensorrt()
-    import tensorrt as trt
-
     started = time.perf_counter()
-    spec = _plan_spec_here(request, gpu, settings.precision)
-    runtime = trt.Runtime(trt_logger())
-    obtained = load_or_build(
-        store,
-        spec.key,
-        build=lambda: build_plan(spec, store),
-        load=functools.partial(_deserialize, runtime),
-        model=spec.model,
-    )
+    loaded = load_engine(request, store, gpu, settings.precision)
     engine = TensorRTEngine(
-        runtime,
-        obtained.value,
+        loaded.runtime,
+        loaded.obtained.value,
         runners=runners,
-        precision=spec.precision,
+        precision=loaded.spec.precision,
         reason=choice.reason,
         max_batch=request.max_batch,
-        plan_source=obtained.source,
+        plan_source=loaded.obtained.source,
     )
-    log.info("TensorRT engine for %s ready in %.1f s (plan %s, %d slot(s))", spec.model,
-             time.perf_counter() - started, obtained.source, runners)  # fmt: skip
+    log.info("TensorRT engine for %s ready in %.1f s (plan %s, %d slot(s))", loaded.spec.model,
+             time.perf_counter() - started, loaded.obtained.source, runners)  # fmt: skip
     return engine
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pyarrow as pa
 
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
+from kiln.app.core.digest import sha256_hex
 from kiln.app.storage import ObjectStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed
@@ -55,7 +55,7 @@ def fetch_onnx(info: ModelInfo, settings: Settings, store: ObjectStore) -> Path:
     if path.is_file():
         return path
     data = store.get(info.onnx_key)
-    if hashlib.sha256(data).hexdigest() != info.sha256:
+    if sha256_hex(data) != info.sha256:
         raise RuntimeError(f"The ONNX file for {info.name!r} in storage does not match its sha256.")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".part")

@@ -11,7 +11,6 @@ cached anywhere and torch imports.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from kiln.app.core.digest import file_sha256, sha256_hex
 from kiln.app.core.errors import InputError, KilnError
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Prepared
@@ -184,18 +184,9 @@ def source_folder() -> Path | None:
 
 def source_digest(folder: Path) -> str:
     """sha256 over the files the export reads (and the export's version), by name."""
-    digest = hashlib.sha256(f"kiln text-embed export {EXPORT_VERSION}\n".encode())
-    for name in SOURCE_FILES:
-        digest.update(f"{name}\n{_sha256_file(folder / name)}\n".encode())
-    return digest.hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    lines = [f"kiln text-embed export {EXPORT_VERSION}\n"]
+    lines += [f"{name}\n{file_sha256(folder / name)}\n" for name in SOURCE_FILES]
+    return sha256_hex("".join(lines))
 
 
 def _local_folder(settings: Settings, digest: str) -> Path:
@@ -221,7 +212,7 @@ def _download(settings: Settings, store: ObjectStore, digest: str) -> TextEmbedM
     manifest_bytes = store.get(f"{prefix}/manifest.json")
     manifest = json.loads(manifest_bytes)
     onnx_bytes = store.get(f"{prefix}/{manifest['onnx']}")
-    if hashlib.sha256(onnx_bytes).hexdigest() != manifest["onnx_sha256"]:
+    if sha256_hex(onnx_bytes) != manifest["onnx_sha256"]:
         raise RuntimeError(f"The text-embed ONNX file under {prefix} does not match its sha256.")
     files = {manifest["onnx"]: onnx_bytes, "tokenizer.json": store.get(f"{prefix}/tokenizer.json")}
     return _write_local(settings, digest, files, manifest_bytes)
@@ -264,7 +255,7 @@ def export_text_embed(settings: Settings, store: ObjectStore) -> str:
         onnx_path = Path(tmp) / "model.onnx"
         _export_onnx(folder, onnx_path)
         onnx_bytes = onnx_path.read_bytes()
-    sha = hashlib.sha256(onnx_bytes).hexdigest()
+    sha = sha256_hex(onnx_bytes)
     # Named by content, so concurrent exports never pair one manifest with another's file.
     onnx_name = f"model-{sha[:16]}.onnx"
     manifest = _manifest(folder, digest, onnx_name, sha)

@@ -14,12 +14,10 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
 from kiln.app import jobs, quotas, results
-from kiln.app.api.deps import ContextDep, SessionDep, TenantDep
-from kiln.app.api.errors import RequestTooLargeError, validation_sentence
+from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
+from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (
-    MALFORMED_BODY,
     CountsOut,
-    ErrorOut,
     ItemOut,
     ItemsPage,
     JobCreate,
@@ -28,11 +26,11 @@ from kiln.app.api.schemas import (
     ResultUrlsOut,
     SignedUrlOut,
 )
+from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError
 from kiln.app.db import queries
-from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, utcnow
+from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, utcnow
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
-from kiln.app.storage.s3 import make_s3_client
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -42,13 +40,11 @@ RECHECK_LISTENING_S = 1.0  # Postgres pushes closes; this only guards against a 
 RECHECK_POLLING_S = 0.05  # SQLite: nothing is pushed
 OPEN = {s.value for s in OPEN_JOB_STATUSES}
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 413, 422, 429, 503)
-}
+ERRORS = error_responses(401, 403, 404, 409, 413, 422, 429, 503)
 
 
 def job_out(
-    request: Request, session: Session, job: Any, counts: queries.Counts | None = None
+    request: Request, session: Session, job: Job, counts: queries.Counts | None = None
 ) -> JobOut:
     report = jobs.progress(session, job, counts)
     c = report.counts
@@ -81,7 +77,7 @@ def job_out(
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
-    responses={**ERRORS, 400: MALFORMED_BODY},
+    responses={**ERRORS, **error_responses(400)},
     openapi_extra={
         "requestBody": {
             "content": {
@@ -141,7 +137,7 @@ async def create_job(
 
 
 async def _read_request(
-    request: Request, settings: Any, tenant: str, header_key: str | None
+    request: Request, settings: Settings, tenant: str, header_key: str | None
 ) -> jobs.JobRequest | BulkRequest:
     content_type = request.headers.get("content-type", "")
     length = int(request.headers.get("content-length") or 0)
@@ -177,7 +173,7 @@ async def _read_request(
 
 
 async def _read_multipart(
-    request: Request, settings: Any, tenant: str, header_key: str | None
+    request: Request, settings: Settings, tenant: str, header_key: str | None
 ) -> jobs.JobRequest:
     # The context closes the spooled upload files as soon as their bytes are read.
     async with request.form(max_files=settings.max_files_per_job, max_fields=20) as form:
@@ -185,7 +181,7 @@ async def _read_multipart(
 
 
 async def _job_from_form(
-    form: FormData, settings: Any, tenant: str, header_key: str | None
+    form: FormData, settings: Settings, tenant: str, header_key: str | None
 ) -> jobs.JobRequest:
     model = form.get("model")
     if not isinstance(model, str) or not model:
@@ -307,13 +303,11 @@ def list_items(
     response_class=Response,
 )
 def get_results(
-    job_id: str, session: SessionDep, context: ContextDep, tenant: TenantDep
+    job_id: str, session: SessionDep, context: ContextDep, s3: S3Dep, tenant: TenantDep
 ) -> Response:
     """All results so far as one Parquet file (`key`, `status`, `error`, model outputs)."""
     job = jobs.get_job(session, tenant, job_id)
-    place = results.place_for(
-        context.store, job.id, job.output, lambda: make_s3_client(context.settings)
-    )
+    place = results.place_for(context.store, job.id, job.output, s3)
     table = results.combined_table(place)
     return Response(
         results.to_parquet(table),
@@ -330,6 +324,7 @@ def get_result_urls(
     job_id: str,
     session: SessionDep,
     context: ContextDep,
+    s3: S3Dep,
     tenant: TenantDep,
     expires: Annotated[
         int, Query(ge=1, le=MAX_PRESIGN_S, description="Seconds the URLs stay valid.")
@@ -338,9 +333,7 @@ def get_result_urls(
     """The manifest and shards as presigned GET URLs (S3 storage only), to hand to a tool
     that reads Parquet directly; they expire after `expires` seconds."""
     job = jobs.get_job(session, tenant, job_id)
-    place = results.place_for(
-        context.store, job.id, job.output, lambda: make_s3_client(context.settings)
-    )
+    place = results.place_for(context.store, job.id, job.output, s3)
     try:
         manifest, shards = results.presign_results(place, expires)
     except ConflictError:

@@ -3,35 +3,28 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from fastapi import APIRouter, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.datastructures import FormData, UploadFile
 
-from kiln.app.api.deps import ContextDep, SessionDep, TenantDep
-from kiln.app.api.errors import RequestTooLargeError, validation_sentence
-from kiln.app.api.schemas import (
-    MALFORMED_BODY,
-    EngineOut,
-    ErrorOut,
-    ModelCreate,
-    ModelOut,
-    ModelSpecIn,
-)
+from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
+from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
+from kiln.app.api.schemas import EngineOut, ModelCreate, ModelOut, ModelSpecIn
 from kiln.app.catalog import ModelInfo, get_model, list_models, model_versions, register_model
+from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.db import queries
 from kiln.app.model_spec import ImageModelSpec
-from kiln.app.storage.s3 import make_s3_client, read_object
+from kiln.app.results import S3Factory
+from kiln.app.storage.s3 import read_object
 from kiln.app.tenants import check_bucket
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 413, 422, 429, 503)
-}
+ERRORS = error_responses(401, 403, 404, 409, 413, 422, 429, 503)
 
 
 def model_out(session: Session, tenant: str, info: ModelInfo) -> ModelOut:
@@ -77,7 +70,7 @@ def get_one(ref: str, session: SessionDep, tenant: TenantDep) -> ModelOut:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ModelOut,
-    responses={**ERRORS, 400: MALFORMED_BODY},
+    responses={**ERRORS, **error_responses(400)},
     openapi_extra={
         "requestBody": {
             "content": {
@@ -100,24 +93,26 @@ def get_one(ref: str, session: SessionDep, tenant: TenantDep) -> ModelOut:
     },
 )
 async def create_model(
-    request: Request, response: Response, context: ContextDep, tenant: TenantDep
+    request: Request, response: Response, context: ContextDep, s3: S3Dep, tenant: TenantDep
 ) -> ModelOut:
     """Register an ONNX file (uploaded, or from `s3://`) as the next version of `name`."""
     name, kind, spec, data, source = await _read_model(request, context.settings)
 
     def register() -> ModelOut:
         with context.sessions() as session:
+            onnx = data
+            if onnx is None:
+                onnx = _from_s3(context.settings, s3, session, tenant, source)
             info = register_model(
                 session,
                 context.store,
                 tenant=tenant,
                 name=name,
-                data=data if data is not None else _from_s3(context, session, tenant, source),
+                data=onnx,
                 kind=kind,
                 spec=spec,
                 source=source,
             )
-            session.commit()
             return model_out(session, tenant, info)
 
     out = await run_in_threadpool(register)
@@ -125,14 +120,16 @@ async def create_model(
     return out
 
 
-def _from_s3(context: Any, session: Session, tenant: str, source: str | None) -> bytes:
+def _from_s3(
+    settings: Settings, s3: S3Factory, session: Session, tenant: str, source: str | None
+) -> bytes:
     if not source or not source.startswith("s3://"):
         raise InputError("'source' must be an s3:// URI of the ONNX file (or upload it).")
     check_bucket(session, tenant, source)  # before Kiln's credentials fetch anything
-    return read_object(make_s3_client(context.settings), source, context.settings.max_model_bytes)
+    return read_object(s3(), source, settings.max_model_bytes)
 
 
-def _spec(raw: Any) -> ImageModelSpec:
+def _spec(raw: object) -> ImageModelSpec:
     try:
         parsed = ModelSpecIn.model_validate(raw)
     except ValidationError as error:
@@ -141,7 +138,7 @@ def _spec(raw: Any) -> ImageModelSpec:
 
 
 async def _read_model(
-    request: Request, settings: Any
+    request: Request, settings: Settings
 ) -> tuple[str, str, ImageModelSpec, bytes | None, str | None]:
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("application/json"):
@@ -157,12 +154,12 @@ async def _read_model(
 
 
 async def _from_form(
-    form: Any, settings: Any
+    form: FormData, settings: Settings
 ) -> tuple[str, str, ImageModelSpec, bytes | None, str | None]:
     name, kind, upload = form.get("name"), form.get("kind"), form.get("file")
     if not isinstance(name, str) or not name or kind not in ("classify", "embed"):
         raise InputError("The form needs 'name' and 'kind' (classify or embed).")
-    if upload is None or isinstance(upload, str):
+    if not isinstance(upload, UploadFile):
         raise InputError("The form needs the ONNX file as 'file'.")
     try:
         spec = _spec(json.loads(str(form.get("spec") or "{}")))

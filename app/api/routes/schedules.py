@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Response, status
 
 from kiln.app import schedules
 from kiln.app.api.deps import SessionDep, TenantDep
-from kiln.app.api.schemas import MALFORMED_BODY, ErrorOut, ScheduleCreate, ScheduleOut
+from kiln.app.api.errors import error_responses
+from kiln.app.api.schemas import ScheduleCreate, ScheduleOut
 from kiln.app.db.models import Schedule
 from kiln.app.ingest import Source
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 403, 404, 409, 422, 429, 503)
-}
+ERRORS = error_responses(401, 403, 404, 409, 422, 429, 503)
 
 
 def schedule_out(schedule: Schedule) -> ScheduleOut:
@@ -35,7 +32,7 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=ScheduleOut,
-    responses={**ERRORS, 400: MALFORMED_BODY},
+    responses={**ERRORS, **error_responses(400)},
 )
 def create_schedule(body: ScheduleCreate, session: SessionDep, tenant: TenantDep) -> ScheduleOut:
     """Run `model` over `source` at each `cron` time (UTC), incrementally: each run processes

@@ -78,6 +78,8 @@ def test_models_are_private_to_their_tenant(
         ({"labels": []}, "needs labels"),
         ({"std": [1, 0, 1]}, "must not contain 0"),
         ({"input_size": 2}, "input_size"),
+        ({"input_size": 64}, "The model's input is 32 pixels a side, but input_size is 64;"),
+        ({"max_batch": 0}, "max_batch"),
         ({"layout": "CHWN"}, "layout"),
         ({"colour": "red"}, "colour"),
     ],

@@ -17,7 +17,6 @@ from kiln.workers.engines.engine_cache import (
     FORCED,
     MISSING,
     EngineKey,
-    file_sha256,
     key_part,
     load_or_build,
     read_plan,
@@ -109,12 +108,6 @@ def test_timing_cache_is_per_gpu_and_tensorrt_version_not_per_model() -> None:
     assert key != timing_cache_key("10.13.0.35", "nvidia-l4-sm89")
     assert key != timing_cache_key("10.14.0.1", "nvidia-a10g-sm86")
     assert check_key(key)
-
-
-def test_file_sha256(tmp_path: Path) -> None:
-    path = tmp_path / "model.onnx"
-    path.write_bytes(b"x" * 3_000_000)  # more than one read block
-    assert file_sha256(path) == hashlib.sha256(b"x" * 3_000_000).hexdigest()
 
 
 # --- the read / rebuild decision ----------------------------------------------------------

@@ -1,0 +1,20 @@
+"""What differs between the two databases Kiln runs on (PostgreSQL, and SQLite for one-host use):
+which one a session is bound to, and the `INSERT … ON CONFLICT` statement, which SQLAlchemy
+builds per dialect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+
+def on_postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT into `table` (a mapped class) that can take `on_conflict_do_…`, for the
+    database `session` is bound to."""
+    return postgresql.insert(table) if on_postgres(session) else sqlite.insert(table)

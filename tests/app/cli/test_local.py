@@ -1,0 +1,97 @@
+"""`kiln run`: a refused run prints its sentence and no progress bar; a good one draws it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from devstack.images import solid
+from kiln.app.cli import app
+from kiln.app.core.config import Settings
+
+BAR = "━"  # what the progress bar is drawn with
+
+
+@pytest.fixture
+def kiln(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """The `kiln` command on the test's data dir (`settings` cleared every other KILN_*)."""
+    monkeypatch.setenv("KILN_DATA_DIR", str(settings.data_dir))
+    return CliRunner()
+
+
+@pytest.fixture
+def photos(tmp_path: Path) -> Path:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "red.png").write_bytes(solid((230, 20, 20)))
+    return folder
+
+
+def refused(kiln: CliRunner, *args: str) -> str:
+    """Run `kiln run …`, expect exit 1, and return the output as one line."""
+    done = kiln.invoke(app, ["run", *args])
+    assert done.exit_code == 1, done.output
+    assert BAR not in done.output, done.output
+    text = " ".join(done.output.split())  # Rich wraps long sentences at the console width
+    assert text.startswith("error: ") and text.endswith("."), done.output
+    return text
+
+
+def test_a_path_that_is_not_there(kiln: CliRunner, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    text = refused(kiln, str(missing), "--model", "detector")
+    assert f"'{missing}' does not exist" in text
+
+
+def test_an_absolute_glob_that_matches_nothing(kiln: CliRunner, tmp_path: Path) -> None:
+    pattern = f"{tmp_path}/nowhere/*.jpg"  # pathlib alone refuses absolute patterns
+    assert f"No images found at '{pattern}'" in refused(kiln, pattern, "--model", "detector")
+
+
+def test_a_folder_with_no_images(kiln: CliRunner, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not an image\n")
+    assert f"No images found at '{empty}'" in refused(kiln, str(empty), "--model", "detector")
+
+
+def test_an_unknown_model(kiln: CliRunner, photos: Path) -> None:
+    text = refused(kiln, str(photos), "--model", "nope")
+    assert "There is no model named 'nope'; available models:" in text
+
+
+def test_a_text_model_given_images(kiln: CliRunner, photos: Path) -> None:
+    on_folder = refused(kiln, str(photos), "--model", "text-embed")
+    assert f"'{photos}' is not a file; a text model reads one input per line" in on_folder
+    on_image = refused(kiln, str(photos / "red.png"), "--model", "text-embed")
+    assert "is an image; a text model reads a UTF-8 file with one input per line" in on_image
+
+
+def test_an_empty_text_file(kiln: CliRunner, tmp_path: Path) -> None:
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n  \n")
+    assert "has no non-empty line" in refused(kiln, str(texts), "--model", "text-embed")
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(
+    kiln: CliRunner, photos: Path, tmp_path: Path
+) -> None:
+    nowhere = tmp_path / "missing" / "out.parquet"
+    text = refused(kiln, str(photos), "--model", "phash", "-o", str(nowhere))
+    assert f"the folder '{nowhere.parent}' does not exist" in text
+    folder = refused(kiln, str(photos), "--model", "phash", "-o", str(tmp_path))
+    assert "is a folder; name a .parquet file" in folder
+
+
+def test_a_good_run_draws_the_bar_then_the_summary(
+    kiln: CliRunner, photos: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "out.parquet"
+    done = kiln.invoke(app, ["run", str(photos), "--model", "phash", "-o", str(output)])
+    assert done.exit_code == 0, done.output
+    bar_at = done.output.index(BAR)
+    assert done.output.index("results:") > bar_at and "1/1" in done.output
+    assert pq.read_table(output).column("key").to_pylist() == ["red.png"]

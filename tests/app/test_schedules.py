@@ -1,0 +1,142 @@
+"""Schedules: adding and removing them, and `run_due` starting each due run as one unit of work
+whose ingest message follows its commit."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from kiln.app.core.errors import ConflictError, NotFoundError, TransientError
+from kiln.app.db.models import Ingest, Job, JobStatus, Schedule, utcnow
+from kiln.app.dispatch.stub import BrokenDispatcher, IngestStep, RecordingDispatcher
+from kiln.app.ingest import Source
+from kiln.app.schedules import ScheduleRequest, add_schedule, remove_schedule, run_due
+from kiln.app.tenants import allow_bucket
+
+NIGHTLY = ScheduleRequest("acme", "nightly", "0 2 * * *", Source("s3://photos/"), "phash")
+
+
+@pytest.fixture(autouse=True)
+def _nightly(session: Session) -> None:
+    allow_bucket(session, "acme", "photos")
+    add_schedule(session, NIGHTLY)
+
+
+def schedule_of(sessions: sessionmaker[Session], name: str = "nightly") -> Schedule:
+    """The schedule as committed (read on a session of its own)."""
+    with sessions() as other:
+        found = other.scalar(select(Schedule).where(Schedule.name == name))
+    assert found is not None
+    return found
+
+
+def next_run(sessions: sessionmaker[Session], name: str = "nightly") -> datetime:
+    return schedule_of(sessions, name).next_run_at.replace(tzinfo=None)
+
+
+def job_count(sessions: sessionmaker[Session]) -> int:
+    with sessions() as other:
+        return int(other.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def later(days: int) -> datetime:
+    return utcnow() + timedelta(days=days)
+
+
+def test_a_due_schedule_starts_one_run_and_waits_for_its_next_time(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    dispatcher = RecordingDispatcher()
+    due = later(2)
+    started = run_due(session, dispatcher, now=due)
+    assert len(started) == 1
+    assert dispatcher.ingests == [IngestStep(started[0], None, 0)]
+    schedule = schedule_of(sessions)
+    assert schedule.last_job_id == started[0]
+    assert schedule.next_run_at.replace(tzinfo=None) > due.replace(tzinfo=None)
+    assert run_due(session, dispatcher, now=due) == []  # not due again until its next time
+    assert job_count(sessions) == 1
+
+
+def test_the_ingest_message_follows_the_commit(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    """When the message is sent, another session already sees the job, its ingest state and
+    the schedule advanced: a worker taking the message at once finds them."""
+    due = later(2)
+    seen: list[tuple[bool, bool, datetime]] = []
+
+    class Checking(RecordingDispatcher):
+        def enqueue_ingest(self, job_id: str, owner: str | None = None, countdown: float = 0):
+            with sessions() as other:
+                seen.append(
+                    (
+                        other.get(Job, job_id) is not None,
+                        other.get(Ingest, job_id) is not None,
+                        next_run(sessions),
+                    )
+                )
+            super().enqueue_ingest(job_id, owner, countdown)
+
+    assert len(run_due(session, Checking(), now=due)) == 1
+    ((job_seen, ingest_seen, advanced),) = seen
+    assert job_seen and ingest_seen and advanced > due.replace(tzinfo=None)
+
+
+def test_a_run_still_going_skips_the_next_time(
+    session: Session, sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = RecordingDispatcher()
+    (first,) = run_due(session, dispatcher, now=later(2))
+    due = later(4)
+    with caplog.at_level(logging.WARNING, logger="kiln.app.schedules"):
+        assert run_due(session, dispatcher, now=due) == []
+    assert "skipped" in caplog.text and "still running" in caplog.text
+    assert next_run(sessions) > due.replace(tzinfo=None)
+    assert schedule_of(sessions).last_job_id == first
+    assert job_count(sessions) == 1 and len(dispatcher.ingests) == 1
+
+
+def test_due_schedules_start_in_the_order_they_fell_due(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    late = ScheduleRequest(**{**NIGHTLY.__dict__, "name": "late", "cron": "30 2 * * *"})
+    add_schedule(session, late)
+    dispatcher = RecordingDispatcher()
+    started = run_due(session, dispatcher, now=later(2))
+    assert [i.job_id for i in dispatcher.ingests] == started
+    assert [schedule_of(sessions, name).last_job_id for name in ("nightly", "late")] == started
+
+
+def test_nothing_runs_before_it_is_due(session: Session, sessions: sessionmaker[Session]) -> None:
+    before = next_run(sessions)
+    assert run_due(session, RecordingDispatcher(), now=utcnow()) == []
+    assert next_run(sessions) == before and job_count(sessions) == 0
+
+
+def test_a_refused_send_fails_the_run_and_still_advances(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    due = later(2)
+    with pytest.raises(TransientError, match="could not be queued"):
+        run_due(session, BrokenDispatcher(), now=due)
+    with sessions() as other:
+        (job,) = other.scalars(select(Job))
+        assert job.status == JobStatus.FAILED and job.error == "Kiln could not reach its queue."
+    assert next_run(sessions) > due.replace(tzinfo=None)
+
+
+def test_names_are_unique_per_tenant_and_removal_is_committed(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    with pytest.raises(ConflictError, match="already a schedule named 'nightly'"):
+        add_schedule(session, NIGHTLY)
+    remove_schedule(session, "acme", "nightly")
+    with sessions() as other:
+        assert other.scalar(select(func.count()).select_from(Schedule)) == 0
+    with pytest.raises(NotFoundError, match="no schedule 'nightly'"):
+        remove_schedule(session, "acme", "nightly")

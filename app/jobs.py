@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app import tenants
+from kiln.app import families, sources, tenants
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
@@ -31,7 +31,6 @@ from kiln.app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
 
-PHASH_MAX_DISTANCE = 16  # as workers.models.phash.MAX_DISTANCE_LIMIT (a test checks they agree)
 INTERACTIVE_MAX_ITEMS = 256  # larger jobs go to the bulk queue so small ones are not starved
 
 
@@ -187,18 +186,8 @@ def _check_s3_inputs(session: Session, request: JobRequest) -> None:
 
 
 def check_options(model: ModelInfo, options: dict[str, Any]) -> None:
-    distance = options.get("max_distance")
-    if distance is None:
-        return
-    if model.kind != "phash":
-        raise InputError("'max_distance' is an option of the phash model only.")
-    if not isinstance(distance, int) or isinstance(distance, bool):
-        raise InputError("'max_distance' must be a whole number of bits.")
-    if not 0 <= distance <= PHASH_MAX_DISTANCE:
-        raise InputError(
-            f"'max_distance' must be from 0 to {PHASH_MAX_DISTANCE} bits; "
-            "beyond that almost every image is a near-duplicate of every other."
-        )
+    """The job's options against the model family's declared options (`kiln.app.families`)."""
+    families.check_options(model.kind, model.name, options)
 
 
 def _is_local(uri: str, request: JobRequest) -> bool:
@@ -226,7 +215,7 @@ def _store_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> list[
     for index, upload in enumerate(request.uploads):
         object_key = f"jobs/{job_id}/inputs/{index:06d}"
         store.put(object_key, upload.data, upload.content_type)
-        items.append(Item(key=keys[index], source=f"store:{object_key}"))
+        items.append(Item(key=keys[index], source=sources.in_store(object_key)))
     offset = len(request.uploads)
     for index, ref in enumerate(request.inputs):
         items.append(Item(key=keys[offset + index], source=ref.uri, text=ref.text))

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from croniter import CroniterBadCronError, croniter
 from sqlalchemy import select
@@ -30,6 +31,7 @@ from kiln.app.ingest import (
     stage_bulk,
     start_ingest,
 )
+from kiln.app.jobs import check_options
 from kiln.app.observability.tracing import traced
 from kiln.app.storage.s3 import parse_s3_uri
 
@@ -44,6 +46,7 @@ class ScheduleRequest:
     source: Source
     model: str
     output: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def next_run(cron: str, after: datetime) -> datetime:
@@ -66,9 +69,10 @@ def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
     if request.output:
         parse_s3_uri(request.output)
     try:
-        get_model(session, request.model, request.tenant)
+        model = get_model(session, request.model, request.tenant)
     except NotFoundError as error:
         raise InputError(str(error)) from None
+    check_options(model, request.options)
     check_places(session, request.tenant, request.source, request.output)
     schedule = Schedule(
         tenant=request.tenant,
@@ -77,6 +81,7 @@ def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
         source=request.source.to_json(),
         model=request.model,
         output=request.output,
+        options=request.options,
         next_run_at=when,
     )
     try:
@@ -165,4 +170,5 @@ def _request(schedule: Schedule) -> BulkRequest:
         source=Source.from_json(schedule.source),
         pipeline=schedule.name,
         output=schedule.output,
+        options=dict(schedule.options or {}),
     )

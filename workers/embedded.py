@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from celery.worker import WorkController
@@ -158,6 +159,7 @@ def run_embedded(
     source: str,
     model: str,
     on_progress: Callable[[jobs.Progress], None] = lambda _p: None,
+    options: dict[str, Any] | None = None,
 ) -> RunOutcome:
     upgrade(settings)
     text = _model_input(settings, model) == "text"
@@ -181,7 +183,11 @@ def run_embedded(
                 CeleryDispatcher(app),
                 settings,
                 jobs.JobRequest(
-                    tenant=LOCAL_TENANT, model=model, inputs=inputs, local_files=not text
+                    tenant=LOCAL_TENANT,
+                    model=model,
+                    inputs=inputs,
+                    options=options,
+                    local_files=not text,
                 ),
             )
             job_id = submitted.job.id

@@ -68,6 +68,7 @@ class ScheduleCreate(BaseModel):
     model: str = Field(..., min_length=1, max_length=128)
     source: SourceIn
     output: str | None = Field(None, max_length=2048)
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class ScheduleOut(BaseModel):
@@ -76,6 +77,7 @@ class ScheduleOut(BaseModel):
     model: str
     source: dict[str, Any]
     output: str | None
+    options: dict[str, Any] = Field(default_factory=dict)
     next_run_at: datetime
     last_job_id: str | None
 

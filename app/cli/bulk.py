@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kiln.app.cli.common import console
+from kiln.app.cli.common import OptionPairs, console, parse_options
 from kiln.app.cli.remote import ApiClient, watch
 
 schedule_app = typer.Typer(help="Cron-timed incremental runs over a bucket (run by kiln beat).")
@@ -34,9 +34,12 @@ def bulk(
     include: Include = None,
     exclude: Exclude = None,
     watch_: Annotated[bool, typer.Option("--watch", help="Follow with a progress bar.")] = False,
+    option: OptionPairs = None,
 ) -> None:
     """Process every object under an S3 prefix (listed by the workers, page by page)."""
     body: dict[str, Any] = {"model": model, "source": _source(source, include, exclude)}
+    if options := parse_options(option):
+        body["options"] = options
     if name:
         body["pipeline"] = name
     if output:
@@ -57,6 +60,7 @@ def schedule_add(
     output: Output = None,
     include: Include = None,
     exclude: Exclude = None,
+    option: OptionPairs = None,
 ) -> None:
     """Run MODEL over SOURCE at each CRON time; each run processes only what changed."""
     body: dict[str, Any] = {
@@ -65,6 +69,8 @@ def schedule_add(
         "model": model,
         "source": _source(source, include, exclude),
     }
+    if options := parse_options(option):
+        body["options"] = options
     if output:
         body["output"] = output
     with ApiClient() as client:

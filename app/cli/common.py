@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -11,6 +12,31 @@ from kiln.app.core.config import Settings, get_settings
 
 console = Console()
 errors = Console(stderr=True)
+
+# `--option KEY=VALUE`, repeatable: a job option of the model's family (kiln.app.families).
+OptionPairs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--option",
+        metavar="KEY=VALUE",
+        help="A model option, e.g. max_distance=8 (repeatable); VALUE is JSON if it parses.",
+    ),
+]
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """`["max_distance=8", "note=x"]` → `{"max_distance": 8, "note": "x"}`; the API checks
+    the keys and types against the model's family."""
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{pair!r} is not KEY=VALUE.", param_hint="'--option'")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value  # a bare word is text, as a shell user means it
+    return options
 
 
 def settings() -> Settings:

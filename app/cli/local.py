@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kiln.app.cli.common import console, errors, fail, settings
+from kiln.app.cli.common import OptionPairs, console, errors, fail, parse_options, settings
 from kiln.app.core.errors import InputError, KilnError
 
 
@@ -24,6 +24,7 @@ def run(
     output: Annotated[Path, typer.Option("-o", "--output", help="Parquet file to write.")] = Path(
         "results.parquet"
     ),
+    option: OptionPairs = None,
 ) -> None:
     """Run a job locally on the embedded defaults (no servers) and write its results."""
     import pyarrow.parquet as pq
@@ -31,12 +32,13 @@ def run(
     from kiln.app.observability import observe
     from kiln.workers.embedded import run_embedded
 
+    options = parse_options(option)
     current = settings()
     observe(current, "run", logging.WARNING)
     try:
         _check_output(output)
         with _progress(model) as show:
-            outcome = run_embedded(current, source, model, show)
+            outcome = run_embedded(current, source, model, show, options)
     except KilnError as error:
         raise fail(error) from None
     pq.write_table(outcome.table, output)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from kiln.app.cli.common import console, errors, fail, settings
+from kiln.app.cli.common import OptionPairs, console, errors, fail, parse_options, settings
 from kiln.app.core.errors import KilnError
 
 
@@ -17,10 +17,12 @@ def submit(
     files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False)],
     model: Annotated[str, typer.Option(help="Model to run.")],
     wait: Annotated[bool, typer.Option(help="Wait until the job finishes.")] = False,
+    option: OptionPairs = None,
 ) -> None:
     """Submit files to the API at KILN_API_URL."""
+    options = parse_options(option)
     with ApiClient() as client:
-        job = client.submit(files, model)
+        job = client.submit(files, model, options)
         console.print(f"job {job['id']} {job['status']} ({job['counts']['total']} items)")
         if wait:
             watch(client, job["id"])

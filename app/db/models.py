@@ -253,6 +253,8 @@ class Schedule(Base):
     source: Mapped[dict[str, Any]] = mapped_column(JSON)
     model: Mapped[str] = mapped_column(String(160))
     output: Mapped[str | None] = mapped_column(String(2048))
+    # The job options every run is submitted with (checked against the family when added).
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
     next_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_job_id: Mapped[str | None] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

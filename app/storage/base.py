@@ -1,4 +1,4 @@
-"""The `ObjectStore` protocol and the URL-based factory."""
+"""The `ObjectStore` protocol and key checks (the URL factory is `kiln.app.storage.open_store`)."""
 
 from __future__ import annotations
 

@@ -446,20 +446,15 @@ def test_progress_of_a_running_job_measures_against_now(
     assert 0.03 < rate <= 0.04  # 4 items in a little over 100 s
 
 
-def test_the_phash_distance_limit_matches_the_grouping() -> None:
-    from kiln.app.jobs import PHASH_MAX_DISTANCE
-    from kiln.workers.models.phash import MAX_DISTANCE_LIMIT
-
-    assert PHASH_MAX_DISTANCE == MAX_DISTANCE_LIMIT
-
-
 @pytest.mark.parametrize(
     ("model", "options", "sentence"),
     [
-        ("phash", {"max_distance": 17}, "from 0 to 16 bits"),
+        ("phash", {"max_distance": 17}, "from 0 to 16;"),
         ("phash", {"max_distance": "near"}, "whole number"),
         ("phash", {"max_distance": True}, "whole number"),
-        ("detector", {"max_distance": 4}, "phash model only"),
+        ("phash", {"max_distnace": 8}, "no option 'max_distnace'; its options are 'max_distance'"),
+        ("detector", {"max_distance": 4}, "no option 'max_distance'; it takes no options"),
+        ("text-embed", {"group": {}}, "'text-embed' has no option 'group'"),
     ],
 )
 def test_bad_options_are_input_errors(
@@ -471,9 +466,28 @@ def test_bad_options_are_input_errors(
     options: dict[str, object],
     sentence: str,
 ) -> None:
-    request = JobRequest(tenant="acme", model=model, uploads=uploads(1), options=options)
+    inputs = [InputRef(text="a")] if model == "text-embed" else []
+    request = JobRequest(
+        tenant="acme",
+        model=model,
+        uploads=[] if inputs else uploads(1),
+        inputs=inputs,
+        options=options,
+    )
     with pytest.raises(InputError, match=sentence):
         submit_job(session, store, dispatcher, settings, request)
+    assert dispatcher.calls == []
+
+
+def test_good_options_are_stored_on_the_job(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    request = JobRequest(
+        tenant="acme", model="phash", uploads=uploads(1), options={"max_distance": 6}
+    )
+    assert submit_job(session, store, dispatcher, settings, request).job.options == {
+        "max_distance": 6
+    }
 
 
 def test_text_for_the_text_model_and_not_images(

@@ -140,3 +140,34 @@ def test_names_are_unique_per_tenant_and_removal_is_committed(
         assert other.scalar(select(func.count()).select_from(Schedule)) == 0
     with pytest.raises(NotFoundError, match="no schedule 'nightly'"):
         remove_schedule(session, "acme", "nightly")
+
+
+def test_a_schedule_keeps_its_options_for_every_run(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    remove_schedule(session, "acme", "nightly")
+    add_schedule(session, ScheduleRequest(**{**NIGHTLY.__dict__, "options": {"max_distance": 6}}))
+    assert schedule_of(sessions).options == {"max_distance": 6}
+    (job_id,) = run_due(session, RecordingDispatcher(), now=later(2))
+    with sessions() as other:
+        job = other.get(Job, job_id)
+        assert job is not None and job.options == {"max_distance": 6}
+
+
+@pytest.mark.parametrize(
+    ("options", "sentence"),
+    [
+        ({"max_distnace": 6}, "has no option 'max_distnace'"),
+        ({"max_distance": 99}, "from 0 to 16"),
+    ],
+)
+def test_a_schedule_with_bad_options_is_refused_when_added(
+    session: Session, sessions: sessionmaker[Session], options: dict[str, object], sentence: str
+) -> None:
+    from kiln.app.core.errors import InputError
+
+    request = ScheduleRequest(**{**NIGHTLY.__dict__, "name": "other", "options": options})
+    with pytest.raises(InputError, match=sentence):
+        add_schedule(session, request)
+    with sessions() as other:
+        assert other.scalar(select(Schedule).where(Schedule.name == "other")) is None

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from kiln.app import sources
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.storage import ObjectStore
@@ -29,7 +30,8 @@ def _read_local(uri: str, max_bytes: int) -> bytes:
 
 class Fetcher:
     """`store:<key>` reads Kiln's own store; `s3://bucket/key` reads any bucket; `file:///…`
-    reads this machine's files, only where `local_inputs` is set (`kiln run`)."""
+    reads this machine's files, only where `local_inputs` is set (`kiln run`). The forms are
+    `kiln.app.sources`."""
 
     def __init__(self, settings: Settings, store: ObjectStore) -> None:
         self.settings = settings
@@ -46,8 +48,8 @@ class Fetcher:
     def fetch(self, source: str | None, max_bytes: int) -> bytes:
         if not source:
             raise InputError("The item has no source to read.")
-        if source.startswith("store:"):
-            data = self.store.get(source.removeprefix("store:"))
+        if (key := sources.store_key(source)) is not None:
+            data = self.store.get(key)
         elif source.startswith("s3://"):
             data = self._fetch_s3(source, max_bytes)
         elif source.startswith("file:///") and self.settings.local_inputs:

@@ -24,8 +24,8 @@ from kiln.app.db.models import Item, ItemStatus, Job, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.results import Result, ResultRow
 from kiln.workers.chunk import content_cache
-from kiln.workers.models.base import VECTOR_OUTPUTS
-from kiln.workers.models.loader import output_fields
+from kiln.workers.models.base import VECTOR_OUTPUTS, ClosedJob
+from kiln.workers.models.loader import job_closed, output_fields
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def _shard_rows(session: Session, lease: Lease, rows: Sequence[ResultRow]) -> li
 
 
 def _upsert_row(row: ResultRow) -> dict[str, Any]:
-    """The database's copy: vectors stay in the Parquet shard (DESIGN.md)."""
+    """The database's copy: vectors stay in the Parquet shard (docs/architecture.md)."""
     outputs = None
     if row.outputs is not None:
         outputs = {k: v for k, v in row.outputs.items() if k not in VECTOR_OUTPUTS}
@@ -179,26 +179,10 @@ def ensure_manifest(
     }
     if counts.deleted and place.store.exists(results.deleted_key(place)):
         manifest["deleted_keys"] = results.deleted_key(place)
-    if model.kind == "phash":
-        manifest["groups"] = _near_duplicates(place, session, job)
+    if (step := job_closed(model)) is not None:
+        manifest |= step(ClosedJob(job, lambda: queries.item_outputs(session, job.id), place))
     results.write_manifest(place, manifest, shards)
     log.info("job %s %s: %s", job.id, job.status, counts)
-
-
-def _near_duplicates(place: results.Place, session: Session, job: Job) -> dict[str, Any]:
-    """A phash job's near-duplicate groups, over all its items: written beside the shards."""
-    from kiln.workers.models.phash import DEFAULT_MAX_DISTANCE, near_duplicate_groups
-
-    distance = int(job.options.get("max_distance", DEFAULT_MAX_DISTANCE))
-    hashed = [(k, o["phash"]) for k, o in queries.item_outputs(session, job.id) if o.get("phash")]
-    groups = near_duplicate_groups([k for k, _h in hashed], [h for _k, h in hashed], distance)
-    key = results.write_groups(place, groups)
-    return {
-        "key": key,
-        "max_distance": distance,
-        "groups": len(groups),
-        "items_in_groups": sum(len(g) for g in groups),
-    }
 
 
 def _seconds(job: Job) -> float | None:

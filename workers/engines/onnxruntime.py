@@ -27,7 +27,7 @@ def session_options(threads: int) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    # Spinning intra-op threads steal the cores that decode images (see DESIGN.md).
+    # Spinning intra-op threads steal the cores that decode images (docs/architecture.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return options

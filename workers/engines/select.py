@@ -89,7 +89,7 @@ def choose(host: Host, preference: str = "auto") -> Choice:
 def runner_count(configured: int, choice: Choice, host: Host) -> int:
     """Runner threads per model: as configured; else on a GPU two (the next batch's copy
     overlaps the current compute), on a CPU one per core, each with one intra-op thread so no
-    straggler half of a split stalls a batch (DESIGN.md)."""
+    straggler half of a split stalls a batch (docs/architecture.md, "Engines and devices")."""
     if configured:
         return configured
     return GPU_RUNNERS if choice.on_gpu else host.cpus

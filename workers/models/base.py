@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-# Outputs too large for a database row (DESIGN.md: embeddings go to storage, not rows): they
+from kiln.app.db.models import Job
+from kiln.app.results import Place
+
+# Outputs too large for a database row (embeddings go to storage, not rows): they
 # reach the Parquet shard and the content cache, and are left out of `items.outputs`.
 VECTOR_OUTPUTS = frozenset({"embedding"})
 
@@ -44,3 +47,18 @@ class Pipeline(Protocol):
 
     def close(self) -> None:
         """Release what the pipeline holds beyond its engine (inner Batchers, threads)."""
+
+
+@dataclass(frozen=True)
+class ClosedJob:
+    """What a family's job-closed step sees once a job has closed, before its manifest is
+    written: the job, its succeeded items' outputs, and where its results are stored."""
+
+    job: Job
+    outputs: Callable[[], Iterable[tuple[str, dict[str, Any]]]]  # (key, outputs), in order
+    place: Place
+
+
+# A family's step when one of its jobs closes (phash: near-duplicate groups); what it returns
+# is added to the job's manifest.
+JobClosed = Callable[[ClosedJob], dict[str, Any]]

@@ -1,4 +1,6 @@
-"""The built-in detector: YOLOv8n (320 px) from the nudenet package, with NMS in NumPy."""
+"""The built-in `detector`: NudeNet's YOLOv8n (320 px) body-part/nudity detector, with NMS in NumPy.
+
+Not a general object detector: its labels are NudeNet's (FACE_FEMALE, BUTTOCKS_EXPOSED, …)."""
 
 from __future__ import annotations
 

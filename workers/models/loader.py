@@ -12,7 +12,7 @@ from kiln.app.core.digest import sha256_hex
 from kiln.app.storage import ObjectStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed
-from kiln.workers.models.base import Pipeline
+from kiln.workers.models.base import JobClosed, Pipeline
 
 
 def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
@@ -62,3 +62,12 @@ def fetch_onnx(info: ModelInfo, settings: Settings, store: ObjectStore) -> Path:
     tmp.write_bytes(data)
     tmp.replace(path)
     return path
+
+
+# Families with a step when one of their jobs closes.
+_JOB_CLOSED: dict[str, JobClosed] = {"phash": phash.close_job}
+
+
+def job_closed(info: ModelInfo) -> JobClosed | None:
+    """The family's job-closed step, if it has one."""
+    return _JOB_CLOSED.get(info.kind)

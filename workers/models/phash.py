@@ -1,5 +1,7 @@
 """Perceptual hashes (`imagehash.phash`, 64 bits) per image, and near-duplicate groups per job.
 
+The job option `max_distance` and its measured default are declared in `kiln.app.families.phash`.
+
 Grouping joins, with union-find, every pair of hashes within `max_distance` bits; the pairs come
 from `hamming.close_pairs`, which does not compare all of them.
 """
@@ -15,8 +17,10 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
+from kiln.app import results
 from kiln.app.core.errors import InputError
-from kiln.workers.models.base import Prepared
+from kiln.app.families.phash import DEFAULT_MAX_DISTANCE, MAX_DISTANCE_LIMIT, PhashOptions
+from kiln.workers.models.base import ClosedJob, Prepared
 from kiln.workers.models.hamming import close_pairs
 from kiln.workers.preprocess import decode_image
 
@@ -27,18 +31,6 @@ HASH_SIDE = 32  # imagehash.phash: an 8×8 hash from the DCT of a 32×32 greysca
 # hash within a bit or two of a full decode at a fraction of its cost.
 DRAFT_SIDE = 8 * HASH_SIDE
 
-# Measured on generated images (shapes, gradients, text; tests/workers/models/test_phash.py)
-# with copies resized 0.5–1.5×, re-encoded as JPEG q50–95 and cropped 0–5% a side. Over 256
-# originals: resized and JPEG copies stay within 8 bits of their original (most at 0); crops
-# spread over 0–24 (median 6; 82% within 10, 91% within 12, 95% within 14). All copies: 94.1%
-# within 10, 96.9% within 12. Distinct originals: 1 pair in 32,640 within 10 bits, 5 within 12,
-# 8 within 14. 12 is the knee: it is the smallest distance that keeps 95% of copies. The price
-# is chance matches in large jobs: among 100,000 random hashes about 1,100 pairs lie within 12
-# bits, 60 within 10; a job over a huge unrelated collection may want 10.
-DEFAULT_MAX_DISTANCE = 12
-# At 16 bits chance matches already join nearly everything: among 100,000 random hashes, 2%
-# end up in a group at 12 bits, 30% at 14 and 98% at 16 (in 2 s, 4 s and 9 s on 2 cores).
-MAX_DISTANCE_LIMIT = 16
 _HEX = re.compile(r"[0-9a-fA-F]{16}")
 
 
@@ -68,6 +60,22 @@ class PhashPipeline:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def close_job(closed: ClosedJob) -> dict[str, Any]:
+    """The job-closed step: near-duplicate groups over all the job's items, written beside the
+    shards (`groups.parquet`); their summary goes into the manifest."""
+    distance = PhashOptions.stored(closed.job.options).max_distance
+    hashed = [(key, out["phash"]) for key, out in closed.outputs() if out.get("phash")]
+    groups = near_duplicate_groups([k for k, _h in hashed], [h for _k, h in hashed], distance)
+    return {
+        "groups": {
+            "key": results.write_groups(closed.place, groups),
+            "max_distance": distance,
+            "groups": len(groups),
+            "items_in_groups": sum(len(g) for g in groups),
+        }
+    }
 
 
 def near_duplicate_groups(

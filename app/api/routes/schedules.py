@@ -23,6 +23,7 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
         model=schedule.model,
         source=schedule.source,
         output=schedule.output,
+        options=dict(schedule.options or {}),
         next_run_at=schedule.next_run_at,
         last_job_id=schedule.last_job_id,
     )
@@ -39,7 +40,7 @@ def create_schedule(body: ScheduleCreate, session: SessionDep, tenant: TenantDep
     only new or changed objects. A run never starts while the previous one is going."""
     source = Source(body.source.s3, tuple(body.source.include), tuple(body.source.exclude))
     request = schedules.ScheduleRequest(
-        tenant, body.name, body.cron, source, body.model, body.output
+        tenant, body.name, body.cron, source, body.model, body.output, body.options
     )
     return schedule_out(schedules.add_schedule(session, request))
 

@@ -271,6 +271,31 @@ def test_multipart_with_bad_options_is_422(client: TestClient) -> None:
     assert_sentence(response, 422, "'options' must be a JSON object")
 
 
+@pytest.mark.parametrize(
+    ("model", "options", "fragments"),
+    [
+        ("phash", {"max_distnace": 8}, ("no option 'max_distnace'", "'max_distance'")),
+        ("phash", {"max_distance": "8"}, ("'max_distance'", "whole number of bits")),
+        ("detector", {"max_distance": 8}, ("'detector' has no option", "takes no options")),
+    ],
+)
+def test_options_the_family_does_not_declare_are_422(
+    client: TestClient, model: str, options: dict[str, object], fragments: tuple[str, ...]
+) -> None:
+    multipart = client.post(
+        "/v1/jobs", data={"model": model, "options": json.dumps(options)}, files=files("a.png")
+    )
+    assert_sentence(multipart, 422, *fragments)
+    body = {"model": model, "inputs": [{"uri": "s3://any/a.png"}], "options": options}
+    assert_sentence(client.post("/v1/jobs", json=body), 422, *fragments)
+
+
+def test_a_schedule_with_an_unknown_option_is_422(client: TestClient) -> None:
+    body = {"name": "n", "cron": "0 2 * * *", "model": "phash", "source": {"s3": "s3://b/"}}
+    bad = client.post("/v1/schedules", json={**body, "options": {"max_distnace": 1}})
+    assert_sentence(bad, 422, "no option 'max_distnace'")
+
+
 def test_an_upload_over_the_limit_is_413(settings: Settings, new_key: Callable[[str], str]) -> None:
     small = settings.model_copy(update={"max_upload_bytes": 100})
     with TestClient(create_app(small), headers=bearer(new_key("acme"))) as http:

@@ -95,3 +95,25 @@ def test_a_good_run_draws_the_bar_then_the_summary(
     bar_at = done.output.index(BAR)
     assert done.output.index("results:") > bar_at and "1/1" in done.output
     assert pq.read_table(output).column("key").to_pylist() == ["red.png"]
+
+
+def test_an_unknown_option_is_refused_with_the_family_sentence(
+    kiln: CliRunner, photos: Path
+) -> None:
+    text = refused(kiln, str(photos), "--model", "phash", "--option", "max_distnace=8")
+    assert "Model 'phash' has no option 'max_distnace'; its options are 'max_distance'." in text
+
+
+def test_an_option_reaches_the_job(kiln: CliRunner, photos: Path, settings: Settings) -> None:
+    from sqlalchemy import select
+
+    from kiln.app.db.models import Job
+    from kiln.app.db.session import make_engine, make_session_factory
+
+    out = photos.parent / "hashes.parquet"
+    done = kiln.invoke(
+        app, ["run", str(photos), "--model", "phash", "--option", "max_distance=3", "-o", str(out)]
+    )
+    assert done.exit_code == 0, done.output
+    with make_session_factory(make_engine(settings.database_url))() as session:
+        assert session.scalars(select(Job.options)).one() == {"max_distance": 3}

@@ -6,16 +6,29 @@ import io
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import imagehash
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from devstack.images import photo, truncated_jpeg
+from kiln.app.catalog import builtin_model
 from kiln.app.core.errors import InputError
+from kiln.app.db.models import Job
+from kiln.app.results import Place
+from kiln.app.storage.local import LocalStore
+from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.hamming import close_pairs
-from kiln.workers.models.phash import DEFAULT_MAX_DISTANCE, PhashPipeline, near_duplicate_groups
+from kiln.workers.models.loader import job_closed
+from kiln.workers.models.phash import (
+    DEFAULT_MAX_DISTANCE,
+    PhashPipeline,
+    close_job,
+    near_duplicate_groups,
+)
 
 ORIGINALS = 64
 SIZE = (480, 360)
@@ -300,3 +313,35 @@ def test_grouping_100k_hashes_takes_seconds_not_all_pairs() -> None:
     )
     assert found == 1000
     assert elapsed < 15  # a few seconds on a 2-core runner; all pairs would be 5·10⁹ checks
+
+
+# --- the job-closed step ---------------------------------------------------------------------
+
+
+def _closed(tmp_path: Path, options: dict[str, object]) -> tuple[ClosedJob, Place]:
+    outputs = [("a", {"phash": "ffffffffffffffff"}), ("b", {"phash": "fffffffffffffff0"}),
+               ("c", {"phash": "0000000000000000"}), ("d", {})]  # fmt: skip
+    place = Place(LocalStore(tmp_path), "results/j/")
+    job = Job(id="j", options=options)
+    return ClosedJob(job, lambda: outputs, place), place
+
+
+@pytest.mark.parametrize(("options", "groups"), [({}, [["a", "b"]]), ({"max_distance": 3}, [])])
+def test_closing_a_job_writes_its_groups_at_its_distance(
+    tmp_path: Path, options: dict[str, object], groups: list[list[str]]
+) -> None:
+    closed, place = _closed(tmp_path, options)
+    entry = close_job(closed)["groups"]
+    assert entry == {
+        "key": "results/j/groups.parquet",
+        "max_distance": options.get("max_distance", DEFAULT_MAX_DISTANCE),
+        "groups": len(groups),
+        "items_in_groups": sum(len(g) for g in groups),
+    }
+    rows = pq.read_table(io.BytesIO(place.store.get(entry["key"]))).to_pylist()
+    assert [[r["key"] for r in rows if r["group"] == n] for n in range(len(groups))] == groups
+
+
+def test_only_phash_has_a_job_closed_step() -> None:
+    assert job_closed(builtin_model("phash")) is close_job
+    assert job_closed(builtin_model("detector")) is None

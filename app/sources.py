@@ -1,0 +1,20 @@
+"""Where an item's bytes are, as `items.source` records it.
+
+`store:<key>`: an upload, in Kiln's own object store; `s3://bucket/key`: any bucket the tenant
+may read; `file:///path`: this machine's files (`kiln run` only). Written by the submit path,
+read by the workers' fetcher: both go through these functions.
+"""
+
+from __future__ import annotations
+
+STORE = "store:"
+
+
+def in_store(key: str) -> str:
+    """The source of an object in Kiln's own store."""
+    return f"{STORE}{key}"
+
+
+def store_key(source: str) -> str | None:
+    """The object key when `source` is in Kiln's own store, else None."""
+    return source.removeprefix(STORE) if source.startswith(STORE) else None

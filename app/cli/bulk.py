@@ -19,8 +19,24 @@ Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Glob to sk
 Output = Annotated[str | None, typer.Option(help="s3:// prefix for the results.")]
 
 
-def _source(uri: str, include: list[str] | None, exclude: list[str] | None) -> dict[str, Any]:
-    return {"s3": uri, "include": include or [], "exclude": exclude or []}
+def _run(
+    model: str,
+    uri: str,
+    include: list[str] | None,
+    exclude: list[str] | None,
+    output: str | None,
+    option: list[str] | None,
+) -> dict[str, Any]:
+    """What a bulk job and a schedule's runs share: the model, the source, where and how."""
+    body: dict[str, Any] = {
+        "model": model,
+        "source": {"s3": uri, "include": include or [], "exclude": exclude or []},
+    }
+    if options := parse_options(option):
+        body["options"] = options
+    if output:
+        body["output"] = output
+    return body
 
 
 def bulk(
@@ -37,13 +53,9 @@ def bulk(
     option: OptionPairs = None,
 ) -> None:
     """Process every object under an S3 prefix (listed by the workers, page by page)."""
-    body: dict[str, Any] = {"model": model, "source": _source(source, include, exclude)}
-    if options := parse_options(option):
-        body["options"] = options
+    body = _run(model, source, include, exclude, output, option)
     if name:
         body["pipeline"] = name
-    if output:
-        body["output"] = output
     with ApiClient() as client:
         job = client.submit_json(body)
         console.print(f"job {job['id']} {job['status']}: listing {source}")
@@ -63,16 +75,7 @@ def schedule_add(
     option: OptionPairs = None,
 ) -> None:
     """Run MODEL over SOURCE at each CRON time; each run processes only what changed."""
-    body: dict[str, Any] = {
-        "name": name,
-        "cron": cron,
-        "model": model,
-        "source": _source(source, include, exclude),
-    }
-    if options := parse_options(option):
-        body["options"] = options
-    if output:
-        body["output"] = output
+    body = {"name": name, "cron": cron, **_run(model, source, include, exclude, output, option)}
     with ApiClient() as client:
         schedule = client.add_schedule(body)
     console.print(f"schedule {schedule['name']}: next run {schedule['next_run_at']}")

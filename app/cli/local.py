@@ -49,10 +49,13 @@ def _check_output(output: Path) -> None:
     """Before the run, not after it: a results file that cannot be written wastes the work."""
     if output.is_dir():
         raise InputError(f"--output {str(output)!r} is a folder; name a .parquet file.")
-    if not output.parent.is_dir():
+    try:  # a new folder for the results is what a user of `-o out/results.parquet` means
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
         raise InputError(
-            f"--output {str(output)!r}: the folder {str(output.parent)!r} does not exist."
-        )
+            f"--output {str(output)!r}: the folder {str(output.parent)!r} cannot be made "
+            f"({error.strerror or error})."
+        ) from None
 
 
 @contextmanager

@@ -79,9 +79,11 @@ def test_an_empty_text_file(kiln: CliRunner, tmp_path: Path) -> None:
 def test_an_output_that_cannot_be_written_is_refused_before_the_run(
     kiln: CliRunner, photos: Path, tmp_path: Path
 ) -> None:
-    nowhere = tmp_path / "missing" / "out.parquet"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    nowhere = blocker / "out.parquet"
     text = refused(kiln, str(photos), "--model", "phash", "-o", str(nowhere))
-    assert f"the folder '{nowhere.parent}' does not exist" in text
+    assert f"the folder '{blocker}' cannot be made" in text
     folder = refused(kiln, str(photos), "--model", "phash", "-o", str(tmp_path))
     assert "is a folder; name a .parquet file" in folder
 
@@ -117,3 +119,12 @@ def test_an_option_reaches_the_job(kiln: CliRunner, photos: Path, settings: Sett
     assert done.exit_code == 0, done.output
     with make_session_factory(make_engine(settings.database_url))() as session:
         assert session.scalars(select(Job.options)).one() == {"max_distance": 3}
+
+
+def test_an_output_in_a_new_folder_gets_its_folder(
+    kiln: CliRunner, photos: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "new" / "deeper" / "out.parquet"  # as `make demo` asks on a fresh clone
+    done = kiln.invoke(app, ["run", str(photos), "--model", "phash", "-o", str(output)])
+    assert done.exit_code == 0, done.output
+    assert pq.read_table(output).num_rows == 1

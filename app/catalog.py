@@ -28,7 +28,6 @@ from kiln.app.families import FAMILIES
 from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.app.storage import ObjectStore
 
-KINDS = tuple(FAMILIES)
 REGISTRABLE_KINDS = tuple(kind for kind, family in FAMILIES.items() if family.registrable)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 

@@ -6,14 +6,15 @@ PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints/test.txt
 DEMO_DIR ?= .kiln/demo
 
-.PHONY: demo test check services unit integration bench bench-quick clean
+.PHONY: demo test check services unit integration bench bench-quick gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
+# The CPU flavour (ONNX Runtime CPU); a GPU host installs `.[gpu]` instead (docs/gpu.md).
 $(VENV)/.run: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e .
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[cpu]'
 	touch $@
 
 # tensorrt-stubs pins tensorrt itself, which downloads from NVIDIA: take the stubs alone, so mypy
@@ -21,7 +22,7 @@ $(VENV)/.run: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 STUBS := 'tensorrt-stubs>=10.0,<11'
 
 $(VENV)/.dev: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[cpu,dev]'
 	$(PIP) install --quiet --no-deps $(STUBS)
 	touch $@ $(VENV)/.run
 
@@ -44,13 +45,17 @@ integration: $(VENV)/.dev services
 	$(BIN)/python -m pytest tests/integration
 
 $(VENV)/.bench: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev,bench]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[cpu,dev,bench]'
 	$(PIP) install --quiet --no-deps $(STUBS)
 	touch $@ $(VENV)/.dev $(VENV)/.run
 
 ## bench: Kiln against the raw engine and its peers (bench/README.md); BENCH_ARGS=--quick
 bench: $(VENV)/.bench services
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## gpu-check: on a GPU host (.venv with .[gpu,dev]): tests/gpu required, kiln run per backend, a bench
+gpu-check:
+	BIN=$(BIN) bash scripts/gpu-check.sh
 
 ## check: lint, format and type checks
 check: $(VENV)/.dev

@@ -34,12 +34,16 @@ class KilnClient:
                 f"Could not reach the Kiln API at {self.http.base_url}: {error}."
             ) from None
         if response.is_error:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise ApiError(f"{detail} (HTTP {response.status_code})")
+            self._raise_for(response)
         return response
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        raise ApiError(f"{detail} (HTTP {response.status_code})")
 
     def submit(
         self, files: list[Path], model: str, options: dict[str, Any] | None = None
@@ -82,8 +86,20 @@ class KilnClient:
         result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
         return result
 
-    def results(self, job_id: str) -> bytes:
-        return self._call("GET", f"/v1/jobs/{job_id}/results").content
+    def download_results(self, job_id: str, path: Path) -> None:
+        """The job's results into `path`, written as they arrive (never whole in memory)."""
+        try:
+            with self.http.stream("GET", f"/v1/jobs/{job_id}/results") as response:
+                if response.is_error:
+                    response.read()
+                    self._raise_for(response)
+                with path.open("wb") as out:
+                    for piece in response.iter_bytes():
+                        out.write(piece)
+        except httpx.HTTPError as error:
+            raise ApiError(
+                f"Could not download the results from {self.http.base_url}: {error}."
+            ) from None
 
     def result_urls(self, job_id: str, expires: int) -> dict[str, Any]:
         path = f"/v1/jobs/{job_id}/results/urls"

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.app import tenants
+from kiln.app import quotas, tenants
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
@@ -80,13 +80,17 @@ class BulkRequest:
 
 
 @traced("kiln.bulk.submit")
-def submit_bulk(session: Session, dispatcher: Dispatcher, request: BulkRequest) -> Submitted:
-    """Record the job and its ingest state, then send the first ingest message."""
+def submit_bulk(
+    session: Session, dispatcher: Dispatcher, request: BulkRequest, most_open: int | None = None
+) -> Submitted:
+    """Record the job and its ingest state, then send the first ingest message. `most_open`:
+    the tenant's cap on open jobs (`quotas.check_open_jobs`)."""
     if request.idempotency_key:
         existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
         if existing is not None:
             return Submitted(existing, created=False)
     with unit_of_work(session):
+        quotas.check_open_jobs(session, request.tenant, most_open)
         job = stage_bulk(session, request)
     start_ingest(session, dispatcher, job)
     return Submitted(job, True)

@@ -17,16 +17,18 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app import families, sources, tenants
+from kiln.app import families, quotas, sources, tenants
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import queries
-from kiln.app.db.models import Item, Job, JobStatus, aware, utcnow
+from kiln.app.db.items import NewItem, insert_items
+from kiln.app.db.models import Job, JobStatus, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import NewObject
 from kiln.app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
@@ -73,15 +75,22 @@ def submit_job(
     dispatcher: Dispatcher,
     settings: Settings,
     request: JobRequest,
+    most_open: int | None = None,
 ) -> Submitted:
-    """Store inputs, record the job and its items in one transaction, then enqueue chunks."""
+    """Store inputs, record the job and its items in one transaction, then enqueue chunks.
+
+    `most_open`: the tenant's cap on open jobs, held inside that transaction (`quotas`).
+    Whatever refuses the job once its uploads are stored, the uploads are removed again.
+    """
     if request.idempotency_key:
         existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
         if existing is not None:
             return Submitted(existing, created=False)
     model = _check_request(session, settings, request)
     job_id = str(uuid.uuid4())
-    items = _store_inputs(store, job_id, request)
+    count = len(request.uploads) + len(request.inputs)
+    size = settings.bulk_chunk_size if queue_for(count) == BULK else settings.chunk_size
+    rows = _new_items(job_id, request, size)
     job = Job(
         id=job_id,
         tenant=request.tenant,
@@ -89,33 +98,38 @@ def submit_job(
         status=JobStatus.QUEUED,
         options=request.options or {},
         idempotency_key=request.idempotency_key,
-        chunk_count=-(-len(items) // settings.chunk_size),
-        queue=queue_for(len(items)),
+        chunk_count=-(-len(rows) // size),
+        queue=queue_for(len(rows)),
     )
-    for index, item in enumerate(items):
-        item.job_id, item.chunk = job_id, index // settings.chunk_size
     try:
+        _store_uploads(store, job_id, request)
         with unit_of_work(session):
-            session.add(job)
-            session.flush()
-            session.add_all(items)
-    except IntegrityError:  # rolled back
+            quotas.check_open_jobs(session, request.tenant, most_open)
+            chunks = _insert_job(session, job, rows)
+    except BaseException as error:  # rolled back: no row points at the uploads
         _delete_inputs(store, job_id, request)
-        if request.idempotency_key:  # a concurrent request with the same key won the race
+        if isinstance(error, IntegrityError) and request.idempotency_key:
+            # a concurrent request with the same key won the race
             existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
             if existing is not None:
                 return Submitted(existing, created=False)
         raise
-    annotate(job_id=job_id, model=job.model, items=len(items), chunks=job.chunk_count)
-    dispatch_job(session, dispatcher, job, items)
-    return Submitted(job, True, queries.Counts(total=len(items), pending=len(items)))
+    annotate(job_id=job_id, model=job.model, items=len(rows), chunks=job.chunk_count)
+    dispatch_job(session, dispatcher, job, chunks)
+    return Submitted(job, True, queries.Counts(total=len(rows), pending=len(rows)))
 
 
-def dispatch_job(session: Session, dispatcher: Dispatcher, job: Job, items: Sequence[Item]) -> None:
-    """Send one message per chunk (the items' ids, assigned at commit), after the commit."""
-    chunks: dict[int, list[int]] = {}
-    for item in sorted(items, key=lambda i: i.id):
-        chunks.setdefault(item.chunk, []).append(item.id)
+def _insert_job(session: Session, job: Job, items: list[NewItem]) -> dict[int, list[int]]:
+    """The job, then its items (one statement) and counters; returns the items' ids by chunk."""
+    session.add(job)
+    session.flush()
+    return insert_items(session, job.id, items)
+
+
+def dispatch_job(
+    session: Session, dispatcher: Dispatcher, job: Job, chunks: dict[int, list[int]]
+) -> None:
+    """Send one message per chunk (its items' ids), after the commit."""
     with failing_unqueued(session, job):
         for chunk, ids in sorted(chunks.items()):
             dispatcher.enqueue_chunk(job.id, chunk, ids, job.queue)
@@ -208,23 +222,39 @@ def _item_keys(request: JobRequest) -> list[str]:
     return keys
 
 
-def _store_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> list[Item]:
+def _upload_key(job_id: str, index: int) -> str:
+    return f"jobs/{job_id}/inputs/{index:06d}"
+
+
+def _store_uploads(store: ObjectStore, job_id: str, request: JobRequest) -> None:
     """Uploaded bytes go to storage before the job exists, so any worker can fetch them."""
+    store.put_new(
+        [
+            NewObject(_upload_key(job_id, index), upload.data, upload.content_type)
+            for index, upload in enumerate(request.uploads)
+        ]
+    )
+
+
+def _new_items(job_id: str, request: JobRequest, chunk_size: int) -> list[NewItem]:
+    """The job's items, uploads first, in submission order."""
     keys = _item_keys(request)
-    items: list[Item] = []
-    for index, upload in enumerate(request.uploads):
-        object_key = f"jobs/{job_id}/inputs/{index:06d}"
-        store.put(object_key, upload.data, upload.content_type)
-        items.append(Item(key=keys[index], source=sources.in_store(object_key)))
-    offset = len(request.uploads)
-    for index, ref in enumerate(request.inputs):
-        items.append(Item(key=keys[offset + index], source=ref.uri, text=ref.text))
-    return items
+    sources_: list[tuple[str | None, str | None]] = [
+        (sources.in_store(_upload_key(job_id, i)), None) for i in range(len(request.uploads))
+    ]
+    sources_ += [(ref.uri, ref.text) for ref in request.inputs]
+    return [
+        NewItem(key, index // chunk_size, source, text)
+        for index, (key, (source, text)) in enumerate(zip(keys, sources_, strict=True))
+    ]
 
 
 def _delete_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> None:
     for index in range(len(request.uploads)):
-        store.delete(f"jobs/{job_id}/inputs/{index:06d}")
+        try:
+            store.delete(_upload_key(job_id, index))
+        except Exception as error:  # the refusal matters more than the cleanup
+            log.warning("could not remove upload %d of refused job %s: %s", index, job_id, error)
 
 
 def cancel_job(session: Session, tenant: str, job_id: str) -> Job:
@@ -264,7 +294,7 @@ class Progress:
 
 
 def progress(session: Session, job: Job, counts: queries.Counts | None = None) -> Progress:
-    counts = counts or queries.job_counts(session, job.id)
+    counts = counts or queries.job_counts(session, job.id, bulk=job.source is not None)
     started, finished = aware(job.started_at), aware(job.finished_at)
     rate = None
     if started is not None:

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from kiln.app.core.config import Settings, redact_url
 from kiln.app.core.errors import LimitExceededError
+from kiln.app.db import dialect
 from kiln.app.db.models import OPEN_JOB_STATUSES, Job
-from kiln.app.jobs import by_idempotency_key
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +81,21 @@ class TenantLimiter:
         return max(1, math.ceil(reset - time.time()))
 
 
-def check_open_jobs(
-    session: Session, tenant: str, most: int, idempotency_key: str | None = None
-) -> None:
-    """Refuse a new job (429) when the tenant already has `most` open ones.
+OPEN_JOBS_LOCK = 0x6B696C6E  # "kiln": the advisory-lock space of the open-jobs quota
 
-    A retry of a job already submitted (same idempotency key) is always answered. Two
-    submissions racing may both pass at `most - 1`: a soft cap, which is all a quota needs.
+
+def check_open_jobs(session: Session, tenant: str, most: int | None) -> None:
+    """Refuse a new job (429) when the tenant already has `most` open ones (None: no cap).
+
+    Call inside the transaction that adds the job. On Postgres it first takes a per-tenant
+    advisory lock, held until that transaction ends, so submissions of one tenant count and
+    insert one at a time: twenty racing at the limit cannot all pass. (SQLite, the embedded
+    default, allows one writer at a time anyway.)
     """
-    if idempotency_key and by_idempotency_key(session, tenant, idempotency_key) is not None:
+    if most is None:
         return
+    if dialect.on_postgres(session):
+        session.execute(select(func.pg_advisory_xact_lock(OPEN_JOBS_LOCK, func.hashtext(tenant))))
     count = session.scalar(
         select(func.count())
         .select_from(Job)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -131,6 +131,8 @@ def deleted_key(place: Place) -> str:
 GROUP_FIELDS = [
     pa.field("group", pa.int32(), nullable=False),
     pa.field("key", pa.string(), nullable=False),
+    # cosine similarity to the group's first member (embeddings); null for phash's groups
+    pa.field("similarity", pa.float32()),
 ]
 
 
@@ -146,9 +148,19 @@ def write_keys(place: Place, name: str, keys: Sequence[str]) -> str:
     return key
 
 
-def write_groups(place: Place, groups: Sequence[Sequence[str]]) -> str:
-    """Near-duplicate groups of a job: one row per member, groups numbered from 0."""
-    rows = [{"group": number, "key": key} for number, keys in enumerate(groups) for key in keys]
+def write_groups(
+    place: Place,
+    groups: Sequence[Sequence[str]],
+    similarities: Sequence[Sequence[float]] | None = None,
+) -> str:
+    """Near-duplicate groups of a job: one row per member, groups numbered from 0, with each
+    member's similarity to its group's first member when the grouping has one."""
+    sims = similarities or [[None] * len(keys) for keys in groups]  # type: ignore[list-item]
+    rows = [
+        {"group": number, "key": key, "similarity": sim}
+        for number, (keys, scores) in enumerate(zip(groups, sims, strict=True))
+        for key, sim in zip(keys, scores, strict=True)
+    ]
     table = pa.Table.from_pylist(rows, schema=pa.schema(GROUP_FIELDS))
     key = groups_key(place)
     place.store.put(key, to_parquet(table), "application/vnd.apache.parquet")
@@ -156,18 +168,82 @@ def write_groups(place: Place, groups: Sequence[Sequence[str]]) -> str:
 
 
 def combined_table(place: Place) -> pa.Table:
-    """Every shard as one table; with a `group` column when the job found near-duplicates."""
+    """Every shard as one table in memory (`kiln run`'s local folder); the API streams instead
+    (`stream_parquet`)."""
+    return pq.read_table(io.BytesIO(b"".join(stream_parquet(place))))
+
+
+def stream_parquet(place: Place) -> Iterator[bytes]:
+    """Every shard as one Parquet file, produced shard by shard: memory holds one shard (and,
+    for a near-duplicate job, the key → group map), however many shards the job has. Shards
+    are read twice: once for their schemas (columns a shard lacks are null), then their rows.
+    A `group` column is added when the job found near-duplicates."""
     store = place.store
-    tables = [pq.read_table(io.BytesIO(store.get(key))) for key in shard_keys(place)]
-    if not tables:
-        return pa.schema(BASE_FIELDS).empty_table()
-    table = pa.concat_tables(tables, promote_options="permissive")
-    if store.exists(groups_key(place)):
-        groups = pq.read_table(io.BytesIO(store.get(groups_key(place)))).to_pydict()
-        group_of = dict(zip(groups["key"], groups["group"], strict=True))
-        column = pa.array([group_of.get(k) for k in table.column("key").to_pylist()], pa.int32())
-        table = table.append_column("group", column)  # (Arrow's join refuses list columns)
-    return table
+    keys = shard_keys(place)
+    group_of = _groups(place)
+    schema = _unified_schema([pq.read_schema(io.BytesIO(store.get(k))) for k in keys])
+    if group_of is not None:
+        schema = schema.append(pa.field("group", pa.int32()))
+    sink = _Pieces()
+    with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+        for key in keys:
+            table = pq.read_table(io.BytesIO(store.get(key)))
+            if group_of is not None:
+                groups = [group_of.get(k) for k in table.column("key").to_pylist()]
+                table = table.append_column("group", pa.array(groups, pa.int32()))
+            writer.write_table(_conform(table, schema))
+            yield sink.take()
+    yield sink.take()  # the footer
+
+
+def _unified_schema(schemas: Sequence[pa.Schema]) -> pa.Schema:
+    if not schemas:
+        return pa.schema(BASE_FIELDS)
+    return pa.unify_schemas(list(schemas), promote_options="permissive")
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The shard with every column of `schema`, in its order (null where the shard has none)."""
+    columns = [
+        table.column(f.name).cast(f.type)
+        if f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _groups(place: Place) -> dict[str, int] | None:
+    if not place.store.exists(groups_key(place)):
+        return None
+    groups = pq.read_table(io.BytesIO(place.store.get(groups_key(place)))).to_pydict()
+    return dict(zip(groups["key"], groups["group"], strict=True))
+
+
+class _Pieces(io.RawIOBase):
+    """A write-only file that hands over what was written so far (`take`), while `tell` keeps
+    counting from the start: what a Parquet writer needs to stream."""
+
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []
+        self._written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        piece = bytes(data)
+        self._pieces.append(piece)
+        self._written += len(piece)
+        return len(piece)
+
+    def tell(self) -> int:
+        return self._written
+
+    def take(self) -> bytes:
+        taken = b"".join(self._pieces)
+        self._pieces.clear()
+        return taken
 
 
 @dataclass(frozen=True)

@@ -75,19 +75,25 @@ class _Group:
 
 def service_pids() -> list[int]:
     """The Postgres postmaster(s) and Redis server on this machine (their CPU is shared cost)."""
-    pids = []
+    groups = service_groups()
+    return [*groups["postgres"], *groups["redis"]]
+
+
+def service_groups() -> dict[str, list[int]]:
+    """The Postgres postmaster(s) and the Redis server(s), apart."""
+    groups: dict[str, list[int]] = {"postgres": [], "redis": []}
     for proc in psutil.process_iter(["name", "ppid"]):
         name = proc.info["name"] or ""
         if name.startswith("redis-server"):
-            pids.append(proc.pid)
+            groups["redis"].append(proc.pid)
         elif name in ("postgres", "postmaster"):
             try:
                 parent = proc.parent()
             except psutil.NoSuchProcess:
                 continue
             if parent is None or parent.name() not in ("postgres", "postmaster"):
-                pids.append(proc.pid)
-    return pids
+                groups["postgres"].append(proc.pid)
+    return groups
 
 
 @dataclass

@@ -7,7 +7,7 @@ pins, and the architecture is small enough to write out.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 IR_VERSION = 10  # onnxruntime refuses the IR 14 that onnx >= 1.23 writes by default
 OPSET = 17
+MAX_PIXELS = 50_000_000  # Kiln's default decompression-bomb cap (KILN_MAX_IMAGE_PIXELS)
 
 
 def _resnet(depth: int) -> torch.nn.Module:
@@ -138,3 +139,55 @@ def labels(count: int) -> list[str]:
 
 def random_batch(batch: int, size: int = 224) -> np.ndarray:
     return np.random.default_rng(0).standard_normal((batch, 3, size, size), dtype=np.float32)
+
+
+# Kiln's built-in YOLOv8n detector: a user submits it by name, so the harness neither exports
+# nor registers it; the cases read its file, size and steps from Kiln's own code.
+DETECTOR = "detector"
+BUILTIN_MODELS = frozenset({DETECTOR})
+
+
+def _detector_default(parameter: str) -> Any:
+    """A default of Kiln's detector pipeline (input side, thresholds): the loader passes none."""
+    import inspect
+
+    from kiln.workers.models.detect import DetectorPipeline
+
+    return inspect.signature(DetectorPipeline).parameters[parameter].default
+
+
+def detector_model() -> tuple[Path, int, list[str]]:
+    """The built-in detector's ONNX file, input side and labels, as Kiln's loader finds them."""
+    from kiln.workers.models import detect
+
+    return detect.model_path(), int(_detector_default("size")), list(detect.LABELS)
+
+
+def preprocessing(model: str) -> str:
+    """How a case feeds `model`: "letterbox" (Kiln's detector steps) or "crop" (ImageNet)."""
+    return "letterbox" if model == DETECTOR else "crop"
+
+
+def detector_input(data: bytes, size: int) -> tuple[np.ndarray, Any]:
+    """One image as the detector's float32 NCHW batch of one, and its fit: Kiln's own steps
+    (JPEG drafted to the fitted size, letterbox, normalise), as a user of the model would
+    import them."""
+    from kiln.workers.preprocess import decode_image, letterbox, letterbox_size, normalize
+
+    decoded = decode_image(
+        data, max_pixels=MAX_PIXELS, draft_to=lambda w, h: letterbox_size(w, h, size)
+    )
+    pixels, fit = letterbox(decoded, size)
+    return normalize(np, pixels[None]), fit
+
+
+def detector_boxes(output: np.ndarray, fit: Any) -> list[dict[str, Any]]:
+    """One image's raw output → labelled boxes (NMS), with the thresholds Kiln defaults to."""
+    from kiln.workers.models.detect import decode_yolo
+
+    return decode_yolo(
+        output,
+        fit,
+        score_threshold=_detector_default("score_threshold"),
+        iou_threshold=_detector_default("iou_threshold"),
+    )

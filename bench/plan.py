@@ -6,12 +6,14 @@ from dataclasses import dataclass, replace
 
 # In run order. Cases marked paired get a short raw-engine run just before them, so each
 # ratio compares two measurements taken seconds apart on the same (noisy, shared) machine.
-MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray")
-PAIRED = {"loop", "embedded", "services", "naive-celery", "ray"}
-GLOBAL_CASES = ("ceiling", "streaming", "builtin")
+MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray", "daft")
+PAIRED = {"loop", "embedded", "services", "naive-celery", "ray", "daft"}
+GLOBAL_CASES = ("ceiling", "ceiling-local", "streaming", "builtin", "bigjob")
 ALL_CASES = MODEL_CASES + GLOBAL_CASES
-SERVICE_CASES = {"services", "naive-celery", "ray", "ceiling", "streaming", "builtin"}
-MODELS = ("resnet18", "resnet50")
+SERVICE_CASES = {"services", "naive-celery", "ray", "daft", "ceiling", "streaming", "builtin"}
+SERVICE_CASES |= {"ceiling-local", "bigjob"}
+# The detector is Kiln's built-in YOLOv8n (320), submitted by name; the ResNets are exported here.
+MODELS = ("resnet18", "resnet50", "detector")
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,10 @@ class Plan:
     cases: tuple[str, ...] = ALL_CASES
     ceiling_items: int = 5000
     ceiling_size: tuple[int, int] = (64, 64)
+    ceiling_local_items: int = 4000  # uploaded over HTTP as multipart jobs of 1,000
+    bigjob_items: int = 1_000_000
+    bigjob_seconds: float = 30.0  # the window in which chunks finish and GETs are timed
+    bigjob_workers: int = 3
     stream_seconds: float = 20.0
     idle_samples: int = 30
     builtin_items: int = 200  # per built-in model
@@ -46,6 +52,7 @@ PRESETS = {
         images=300,
         models=("resnet18",),
         ceiling_items=1500,
+        bigjob_seconds=20.0,
         stream_seconds=6.0,
         idle_samples=15,
         builtin_items=60,
@@ -58,6 +65,9 @@ PRESETS = {
         size=(96, 72),
         models=("resnet18",),
         ceiling_items=40,
+        ceiling_local_items=40,
+        bigjob_items=2000,
+        bigjob_seconds=3.0,
         stream_seconds=2.0,
         idle_samples=3,
         builtin_items=4,

@@ -19,7 +19,7 @@ from bench.results import CaseResult, Target
 
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 COLUMNS = (
-    "case", "model", "items", "s", "items/s", "÷ paired raw", "CPU s kiln/svc/driver",
+    "case", "model", "items", "s", "items/s", "÷ paired raw", "CPU s kiln/pg+redis/moto/driver",
     "subject CPU ms/item", "peak RSS MB", "latency p50/p99 ms", "mean batch",
 )  # fmt: skip
 
@@ -48,8 +48,7 @@ def _row(r: CaseResult) -> list[str]:
     if r.skipped:
         return [r.case, r.model, "–", "–", "skipped: " + r.skipped, *["–"] * (len(COLUMNS) - 5)]
     paired = r.extra.get("paired_raw_items_per_s")
-    cpu = "/".join(f"{r.cpu_seconds[g]:.1f}" for g in ("subject", "services", "driver")
-                   if g in r.cpu_seconds)  # fmt: skip
+    cpu = _cpu(r.cpu_seconds)
     per_item = r.subject_cpu_ms_per_item
     latency = f"{r.latency_ms['p50']:.0f}/{r.latency_ms['p99']:.0f}" if r.latency_ms else "–"
     mean = r.extra.get("mean_batch")
@@ -68,6 +67,15 @@ def _row(r: CaseResult) -> list[str]:
     ]
 
 
+def _cpu(seconds: dict[str, float]) -> str:
+    """Kiln/Postgres+Redis/moto/driver CPU seconds ("–" for a group not metered: moto where
+    Kiln's store is local); a case with the subject alone shows that one figure."""
+    if set(seconds) <= {"subject"}:
+        return f"{seconds['subject']:.1f}" if seconds else ""
+    groups = ("subject", "services", "moto", "driver")
+    return "/".join(f"{seconds[g]:.1f}" if g in seconds else "–" for g in groups)
+
+
 def rich_table(results: list[CaseResult]) -> Table:
     table = Table(*COLUMNS, title="Kiln benchmark")
     for r in results:
@@ -76,6 +84,8 @@ def rich_table(results: list[CaseResult]) -> Table:
 
 
 def _verdict(t: Target) -> str:
+    if t.informational:
+        return "reported"
     return {True: "met", False: "**missed**", None: "not measured"}[t.met]
 
 
@@ -127,7 +137,8 @@ def chart(results: list[CaseResult], path: Path) -> None:
     shown = [r for r in results if not r.skipped and r.case not in ("idle", "raw-paired")]
     labels = [f"{r.case} · {r.model}" for r in shown]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(shown) + 1.2))
-    colors = ["#c0392b" if r.case in ("services", "embedded", "ceiling") or
+    colors = ["#c0392b" if r.case in ("services", "embedded", "ceiling", "ceiling-local",
+                                      "bigjob") or
               r.case.startswith("streaming") else "#7f8c8d" for r in shown]  # fmt: skip
     ax.barh(labels[::-1], [r.items_per_s for r in shown][::-1], color=colors[::-1])
     ax.set_xscale("log")

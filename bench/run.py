@@ -11,10 +11,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from bench.cases import builtins, embedded, loop, naive_celery, raw, ray_data, services, streaming
+from bench.cases import (
+    bigjob,
+    builtins,
+    daft_case,
+    embedded,
+    loop,
+    naive_celery,
+    raw,
+    ray_data,
+    services,
+    streaming,
+)
 from bench.context import Context
 from bench.inputs import make_images
-from bench.models import export_resnet, labels, null_model
+from bench.models import BUILTIN_MODELS, detector_model, export_resnet, labels, null_model
 from bench.plan import MODEL_CASES, PAIRED, Plan
 from bench.results import CaseResult
 from bench.stack import Registered, Stack, kiln_stack
@@ -29,8 +40,11 @@ MODEL_CASE_FNS: dict[str, CaseFn] = {
     "services": services.run,
     "naive-celery": naive_celery.run,
     "ray": ray_data.run,
+    "daft": daft_case.run,
 }
 RESNET_INPUT = 224
+# Not for built-ins: `embedded` registers the model itself, `naive-celery` feeds ImageNet crops.
+REGISTERED_ONLY = {"embedded", "naive-celery"}
 
 
 def prepare(plan: Plan, workdir: Path, console: Console) -> Context:
@@ -40,13 +54,18 @@ def prepare(plan: Plan, workdir: Path, console: Console) -> Context:
     with console.status(f"generating {plan.images} JPEGs of {w}×{h} (cached)…"):
         images = make_images(workdir / "images" / f"{w}x{h}-n{plan.images}", plan.images, plan.size)
     small: list[Path] = []
-    if "ceiling" in plan.cases:
+    if {"ceiling", "ceiling-local"} & set(plan.cases):
         sw, sh = plan.ceiling_size
-        folder = workdir / "images" / f"{sw}x{sh}-n{plan.ceiling_items}"
-        with console.status(f"generating {plan.ceiling_items} small JPEGs (cached)…"):
-            small = make_images(folder, plan.ceiling_items, plan.ceiling_size)
+        count = max(plan.ceiling_items, plan.ceiling_local_items)
+        folder = workdir / "images" / f"{sw}x{sh}-n{count}"
+        with console.status(f"generating {count} small JPEGs (cached)…"):
+            small = make_images(folder, count, plan.ceiling_size)
     models: dict[str, Registered] = {}
     for name in plan.models:
+        if name in BUILTIN_MODELS:  # Kiln ships it: nothing to export or register
+            path, side, names = detector_model()
+            models[name] = Registered(name, path, side, names)
+            continue
         with console.status(f"exporting {name} with torch (cached)…"):
             path = export_resnet(
                 int(name.removeprefix("resnet")), workdir / "models" / f"{name}.onnx"
@@ -70,10 +89,12 @@ def services_for(ctx: Context, console: Console) -> Iterator[Stack | None]:
     try:
         with console.status("uploading inputs to S3 and registering models…"):
             ctx.uris["images"] = stack.upload(f"images-{len(ctx.images)}", ctx.images)
-            if ctx.small_images:
-                ctx.uris["small"] = stack.upload(f"small-{len(ctx.small_images)}", ctx.small_images)
+            if "ceiling" in ctx.plan.cases:
+                small = ctx.small_images[: ctx.plan.ceiling_items]
+                ctx.uris["small"] = stack.upload(f"small-{len(small)}", small)
             for model in ctx.models.values():
-                stack.register(model, ctx.workdir)
+                if model.name not in BUILTIN_MODELS:
+                    stack.register(model, ctx.workdir)
         yield stack
     finally:
         stack_cm.__exit__(None, None, None)
@@ -110,6 +131,10 @@ class Runner:
                 self._paired_case(case, model)
 
     def _paired_case(self, case: str, model: str) -> None:
+        if case in REGISTERED_ONLY and model in BUILTIN_MODELS:
+            why = f"runs registered models only; `{model}` is built in (see `builtin`)"
+            self.attempt(f"{case} {model}", lambda: [CaseResult.skip(case, model, why)])
+            return
         pair: list[CaseResult] = []
         if case in PAIRED and model in self.ctx.raw:
             pair = self.attempt(f"raw-paired {model}", lambda: [raw.run(self.ctx, model, True)])
@@ -120,11 +145,15 @@ class Runner:
     def global_cases(self) -> None:
         if "ceiling" in self.ctx.plan.cases:
             self.attempt("ceiling null", lambda: [services.run_ceiling(self.ctx)])
+        if "ceiling-local" in self.ctx.plan.cases:
+            self.attempt("ceiling-local null", lambda: [services.run_ceiling_local(self.ctx)])
         if "streaming" in self.ctx.plan.cases:
             model = self.ctx.plan.models[0]
             self.attempt(f"streaming {model}", lambda: streaming.run(self.ctx, model))
         if "builtin" in self.ctx.plan.cases:
             self.attempt("built-in models", lambda: builtins.run(self.ctx))
+        if "bigjob" in self.ctx.plan.cases:
+            self.attempt("bigjob null", lambda: [bigjob.run(self.ctx)])
 
 
 def _line(result: CaseResult) -> str:

@@ -1,16 +1,19 @@
 """Kiln on real services for the benchmark: Postgres, Redis, moto S3, `kiln api`, `kiln worker`.
 
 Built from the same launchers the integration tests use (devstack/services.py), so both run
-Kiln the same way.
+Kiln the same way. `kiln_stack` is the main one (Kiln's store in moto S3); a case that needs
+Kiln on local storage, or several workers, starts a `local_deployment` beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack.services import (
     Process,
     backing_services,
+    claim_redis_db,
     create_api_key,
+    create_database,
+    drop_database,
     free_port,
+    kiln_env,
+    release_redis_db,
     service_env,
     settings_for,
     start_api,
@@ -60,10 +68,17 @@ class Stack:
     metrics_url: str
     http: httpx.Client
     redis_url: str
+    extra_workers: list[Process] = field(default_factory=list)
+    extra_metrics_urls: list[str] = field(default_factory=list)
+    storage: str = "s3"  # where Kiln's own store is: "s3" (moto) or "local" (file://)
+
+    @property
+    def workers(self) -> list[Process]:
+        return [self.worker, *self.extra_workers]
 
     @property
     def kiln_pids(self) -> list[int]:
-        return [self.api.pid, self.worker.pid]
+        return [self.api.pid, *(w.pid for w in self.workers)]
 
     def upload(self, prefix: str, files: Sequence[Path]) -> list[str]:
         """Put `files` into the source bucket (in parallel); their s3:// URIs, in order."""
@@ -96,18 +111,20 @@ class Stack:
         raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s")
 
     def batch_stats(self) -> dict[str, dict[str, float]]:
-        """Per model: batches and rows run so far, from the worker's Prometheus endpoint."""
-        text = httpx.get(self.metrics_url, timeout=10).text
+        """Per model: batches and rows run so far, from the workers' Prometheus endpoints."""
         stats: dict[str, dict[str, float]] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                model = sample.labels.get("model")
-                if model is None:
-                    continue
-                if sample.name == "kiln_batch_size_count":
-                    stats.setdefault(model, {})["batches"] = sample.value
-                elif sample.name == "kiln_batch_size_sum":
-                    stats.setdefault(model, {})["rows"] = sample.value
+        for url in [self.metrics_url, *self.extra_metrics_urls]:
+            text = httpx.get(url, timeout=10).text
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    model = sample.labels.get("model")
+                    if model is None:
+                        continue
+                    totals = stats.setdefault(model, {})
+                    if sample.name == "kiln_batch_size_count":
+                        totals["batches"] = totals.get("batches", 0) + sample.value
+                    elif sample.name == "kiln_batch_size_sum":
+                        totals["rows"] = totals.get("rows", 0) + sample.value
         return stats
 
     def register(self, model: Registered, workdir: Path, kind: str = "classify") -> None:
@@ -131,6 +148,15 @@ class Stack:
             engine.dispose()
 
 
+# One tenant drives every client: its limits stay on (their cost is measured) but never refuse
+# the load.
+LIMITS = {
+    "max_files_per_job": "1000000",
+    "tenant_rate_limit": "1000000/second",
+    "tenant_max_open_jobs": "1000000",
+}
+
+
 @contextmanager
 def kiln_stack(log_dir: Path, worker_env: dict[str, str] | None = None) -> Iterator[Stack]:
     """Start everything; tear it all down (database and Redis index included) on exit."""
@@ -138,37 +164,106 @@ def kiln_stack(log_dir: Path, worker_env: dict[str, str] | None = None) -> Itera
         backing = stack.enter_context(
             backing_services(log_dir, (BUCKET, SOURCE_BUCKET), db_prefix="kiln_bench")
         )
-        kiln_vars = backing.kiln_env(
-            log_dir / "kiln-data",
-            f"s3://{BUCKET}/kiln",
-            max_files_per_job="1000000",
-            # One tenant drives every client: its limits stay on (their cost is measured) but
-            # never refuse the load.
-            tenant_rate_limit="1000000/second",
-            tenant_max_open_jobs="1000000",
-        )
+        kiln_vars = backing.kiln_env(log_dir / "kiln-data", f"s3://{BUCKET}/kiln", **LIMITS)
         kiln_vars |= worker_env or {}
-        settings = settings_for(kiln_vars)
-        upgrade(settings)
-        env = service_env(kiln_vars)
-        api, api_url = start_api(env, log_dir)
-        stack.callback(api.stop)
-        port = free_port()
-        worker, _node = start_worker(env, log_dir, "--metrics-port", str(port), node_prefix="bench")
-        stack.callback(worker.stop)
-        key = create_api_key(settings, "bench", (BUCKET, SOURCE_BUCKET))
-        headers = {"Authorization": f"Bearer {key}"}
-        http = stack.enter_context(httpx.Client(base_url=api_url, headers=headers, timeout=120))
-        yield Stack(
-            settings=settings,
-            env=env,
-            s3=backing.s3,
-            s3_endpoint=backing.s3_endpoint,
-            moto=backing.moto,
-            api=api,
-            worker=worker,
-            api_url=api_url,
-            metrics_url=f"http://127.0.0.1:{port}/metrics",
-            http=http,
-            redis_url=backing.broker_url,
+        yield _start_kiln(
+            stack, kiln_vars, log_dir, backing.s3, backing.moto, backing.broker_url, Layout()
         )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which Kiln processes a deployment runs, and under which names (logs, PGAPPNAME)."""
+
+    name: str = ""  # "" for the main stack: its processes keep the names `api` and `worker`
+    workers: int = 1
+    worker_env: tuple[tuple[str, str], ...] = ()  # only for the workers, beside the common env
+    storage: str = "s3"
+
+    def process(self, role: str, index: int = 0) -> str:
+        base = f"{role}-{self.name}" if self.name else role
+        return f"{base}-{index}" if index else base
+
+
+@contextmanager
+def local_deployment(
+    parent: Stack, log_dir: Path, kiln_settings: dict[str, str], layout: Layout
+) -> Iterator[Stack]:
+    """Another Kiln beside `parent`, on local storage (`KILN_STORAGE_URL=file://…`) as a user
+    without S3 runs it: its own database, Redis index and store folder, its own API and
+    `layout.workers` workers; all removed on exit. moto keeps running (the parent's) but no
+    object of this deployment is in it."""
+    with ExitStack() as stack:
+        database_url = create_database(prefix="kiln_bench")
+        stack.callback(drop_database, database_url)
+        broker_url = claim_redis_db()
+        stack.callback(release_redis_db, broker_url)
+        store = log_dir / f"store-{layout.name}"
+        shutil.rmtree(store, ignore_errors=True)  # a crashed run's leftovers
+        stack.callback(shutil.rmtree, store, True)
+        kiln_vars = kiln_env(
+            data_dir=log_dir / f"kiln-data-{layout.name}",
+            database_url=database_url,
+            broker_url=broker_url,
+            storage_url=store.as_uri(),
+            s3_endpoint=parent.s3_endpoint,
+            **LIMITS,
+        )
+        kiln_vars |= kiln_settings
+        yield _start_kiln(stack, kiln_vars, log_dir, parent.s3, parent.moto, broker_url, layout)
+
+
+def _start_kiln(
+    stack: ExitStack,
+    kiln_vars: dict[str, str],
+    log_dir: Path,
+    s3: Any,
+    moto: Process,
+    broker_url: str,
+    layout: Layout,
+) -> Stack:
+    """Migrate the database, start the API and the workers (stopped when `stack` closes)."""
+    settings = settings_for(kiln_vars)
+    upgrade(settings)
+    env = service_env(kiln_vars)
+    # PGAPPNAME names each process's Postgres backends, so a case can tell them apart.
+    api, api_url = start_api(
+        {**env, "PGAPPNAME": f"kiln-bench-{layout.process('api')}"}, log_dir, layout.process("api")
+    )
+    stack.callback(api.stop)
+    ports = [free_port() for _ in range(layout.workers)]
+
+    def worker(index: int) -> Process:
+        name = layout.process("worker", index)
+        worker_env = {**env, **dict(layout.worker_env), "PGAPPNAME": f"kiln-bench-{name}"}
+        port = str(ports[index])
+        proc, _node = start_worker(
+            worker_env, log_dir, "--metrics-port", port, name=name, node_prefix="bench"
+        )
+        return proc
+
+    with ThreadPoolExecutor(layout.workers) as pool:  # each start waits for its worker's ping
+        futures = [pool.submit(worker, index) for index in range(layout.workers)]
+    for future in futures:  # every started worker is stopped on exit, even if another failed
+        with contextlib.suppress(Exception):
+            stack.callback(future.result().stop)
+    workers = [future.result() for future in futures]
+    key = create_api_key(settings, "bench", (BUCKET, SOURCE_BUCKET))
+    headers = {"Authorization": f"Bearer {key}"}
+    http = stack.enter_context(httpx.Client(base_url=api_url, headers=headers, timeout=120))
+    return Stack(
+        settings=settings,
+        env=env,
+        s3=s3,
+        s3_endpoint=settings.s3_endpoint_url or "",
+        moto=moto,
+        api=api,
+        worker=workers[0],
+        api_url=api_url,
+        metrics_url=f"http://127.0.0.1:{ports[0]}/metrics",
+        http=http,
+        redis_url=broker_url,
+        extra_workers=workers[1:],
+        extra_metrics_urls=[f"http://127.0.0.1:{p}/metrics" for p in ports[1:]],
+        storage=layout.storage,
+    )

@@ -135,6 +135,7 @@ def service_env(
         storage_url=f"s3://{BUCKET}/run-{secrets.token_hex(3)}",
         s3_endpoint=s3_endpoint,
         chunk_size="8",
+        bulk_chunk_size="8",  # so a test's few hundred items make several chunks
         max_batch="8",
         max_delay_ms="20",
         worker_concurrency="4",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,17 @@ def migrated_settings(
     settings = get_settings(data_dir=tmp_path / "data", **overrides)
     upgrade(settings)
     return settings
+
+
+def run_torch_child(script: str, folder: Path, env: dict[str, str] | None = None) -> None:
+    """Run `script` (which imports torch) in a child interpreter with `folder` as its argument,
+    from the repository root and without the host's `KILN_*` settings; this process stays as
+    torch-free as a worker is."""
+    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("KILN_")}
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(folder)],
+        cwd=Path(__file__).resolve().parents[1], env={**clean, **(env or {})},
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "torch" not in sys.modules

@@ -203,7 +203,7 @@ class _Step:
                 )
             chunks = db.insert_items(
                 session, job.id, self.source.bucket, fresh, locked.chunk_count,
-                self.settings.chunk_size,
+                self.settings.bulk_chunk_size,
             )  # fmt: skip
             locked.chunk_count += chunks
             ingest.cursor = page.last_key or ingest.cursor

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from kiln.workers.batching import SECONDS_BOUNDS, BatchStats
 from kiln.workers.chunk.stats import ChunkTotals
 from kiln.workers.device import GpuTelemetry
+from kiln.workers.health import EngineHealth
 
 
 class WorkerView(Protocol):
@@ -26,6 +27,8 @@ class WorkerView(Protocol):
     def backends(self) -> Mapping[str, str]: ...
 
     def chunk_totals(self) -> Mapping[str, ChunkTotals]: ...
+
+    def engine_health(self) -> EngineHealth: ...
 
 
 def size_buckets(largest: int) -> list[int]:
@@ -91,6 +94,11 @@ class BatcherCollector(Collector):
                 "Engine calls that ran out of memory (the batch cap shrank).",
                 labels=["model"],
             ),
+            "expired": CounterMetricFamily(
+                "kiln_batch_deadline_expired",
+                "Batches failed by the deadline watchdog: the engine was stuck.",
+                labels=["model"],
+            ),
             "engine": CounterMetricFamily(
                 "kiln_engine_seconds", "Time spent in engine calls.", labels=["model"]
             ),
@@ -111,6 +119,7 @@ class BatcherCollector(Collector):
             counters["rows"].add_metric([model], totals.rows)
             counters["failed"].add_metric([model], totals.failed_batches)
             counters["oom"].add_metric([model], totals.out_of_memory)
+            counters["expired"].add_metric([model], totals.expired_batches)
             counters["engine"].add_metric([model], totals.engine_seconds)
             counters["wait"].add_metric([model], totals.queue_wait_seconds)
         yield from (sizes, engine, wait)
@@ -153,13 +162,44 @@ class EngineCollector(Collector):
     def __init__(self, view: WorkerView) -> None:
         self.view = view
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         info = GaugeMetricFamily(
             "kiln_engine_info", "The backend a model runs on here.", labels=["model", "backend"]
         )
         for model, backend in self.view.backends().items():
             info.add_metric([model, backend], 1.0)
         yield info
+        yield from health_metrics(self.view.engine_health())
+
+
+def health_metrics(health: EngineHealth) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Liveness, the memory budget and failed builds."""
+    yield GaugeMetricFamily(
+        "kiln_worker_healthy",
+        "1 while no engine is stuck and no run overran its lease (the liveness probe's view).",
+        value=0.0 if health.problems else 1.0,
+    )
+    memory = GaugeMetricFamily(
+        "kiln_model_memory_bytes", "Device memory a loaded model holds.", labels=["model"]
+    )
+    for model, size in health.memory.items():
+        memory.add_metric([model], float(size))
+    yield memory
+    if health.budget is not None:
+        yield GaugeMetricFamily(
+            "kiln_memory_budget_bytes", "Device memory loaded models may hold.", value=health.budget
+        )
+    yield CounterMetricFamily(
+        "kiln_models_unloaded", "Idle models unloaded to stay within the budget.", health.unloaded
+    )
+    failures = GaugeMetricFamily(
+        "kiln_engine_build_failures",
+        "Failed builds in a row per model and backend ('load': every backend failed).",
+        labels=["model", "backend"],
+    )
+    for (model, backend), attempts in health.build_failures.items():
+        failures.add_metric([model, backend], float(attempts))
+    yield failures
 
 
 def worker_registry(view: WorkerView) -> CollectorRegistry:

@@ -8,16 +8,18 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.app import schedules
+from kiln.app.db import content_cache, leases
 from kiln.app.db import ingest as db
-from kiln.app.db import leases
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.workers.celery.inflight import Chunk
+from kiln.workers.chunk.finish import close_finished_job
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
 InFlight = Callable[[], set[Chunk] | None]  # the broker's chunk messages; None = unknown
+PURGE_STEPS = 100  # content-cache purge steps per reconcile: a backlog waits for the next one
 
 
 def reconcile(
@@ -28,14 +30,55 @@ def reconcile(
     - an ingest silent too long is resumed after its last committed key;
     - running items whose lease ran out (a killed worker) go back to pending and are re-sent;
     - pending chunks with no message queued or recently delivered (Redis flushed or
-      restarted) are re-sent. Duplicates are harmless: a copy finds the items leased or done.
+      restarted) are re-sent. Duplicates are harmless: a copy finds the items leased or done;
+    - open jobs whose items have all ended are closed (their manifest written);
+    - content-cache entries past their time to live, or the oldest above the cap, are deleted.
     """
     with runtime.sessions() as session:
         stalled = db.stalled_ingests(session, runtime.settings.ingest_stale_s)
     for job_id in stalled:
         log.warning("ingest %s is silent; sending a new step to resume it", job_id)
         dispatcher.enqueue_ingest(job_id)
-    return {"ingests_resumed": len(stalled), **_resend_chunks(runtime, dispatcher, in_flight)}
+    return {
+        "ingests_resumed": len(stalled),
+        **_resend_chunks(runtime, dispatcher, in_flight),
+        "jobs_closed": _close_ended_jobs(runtime),
+        "cache_purged": purge_content_cache(runtime),
+    }
+
+
+def purge_content_cache(runtime: WorkerRuntime) -> int:
+    """Expired and surplus content-cache entries, deleted a step (one short transaction) at a
+    time so no lock is held long; returns how many."""
+    settings = runtime.settings
+    purged = 0
+    for _ in range(PURGE_STEPS):
+        with runtime.sessions() as session, unit_of_work(session):
+            step = content_cache.purge(
+                session,
+                settings.content_cache_ttl_s,
+                settings.content_cache_max_entries,
+                content_cache.PURGE_BATCH,
+            )
+        purged += step.total
+        if step.total < content_cache.PURGE_BATCH:
+            break
+    if purged:
+        log.info("content cache: purged %d entries", purged)
+    return purged
+
+
+def _close_ended_jobs(runtime: WorkerRuntime) -> int:
+    """Jobs whose items have all ended but which nobody closed (a chunk's run stopped between
+    committing its results and closing the job)."""
+    with runtime.sessions() as session:
+        ended = leases.ended_open_jobs(session)
+    closed = 0
+    for job_id in ended:
+        if close_finished_job(runtime, job_id) is not None:
+            log.warning("job %s had ended unclosed; closed it", job_id)
+            closed += 1
+    return closed
 
 
 def _resend_chunks(

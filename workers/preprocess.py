@@ -11,6 +11,7 @@ import io
 import re
 import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
 from kiln.app.core.errors import InputError
+from kiln.app.model_spec import CROP_RATIO, Preprocessing
 
 
 @dataclass(frozen=True)
@@ -29,41 +31,98 @@ class Letterbox:
     width: int
     height: int
 
+    @property
+    def scales(self) -> tuple[float, float]:
+        """Model pixels per original pixel, across and down."""
+        return self.scale, self.scale
+
+
+@dataclass(frozen=True)
+class Squash:
+    """How an image was stretched onto the model's square input (aspect not kept)."""
+
+    scale_x: float
+    scale_y: float
+    width: int
+    height: int
+
+    @property
+    def scales(self) -> tuple[float, float]:
+        return self.scale_x, self.scale_y
+
+
+# Where a detector's boxes are mapped back from: a letterboxed or a squashed image.
+Placement = Letterbox | Squash
+
+# Pillow's resampling filter for each name a spec may declare.
+FILTERS = {
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "nearest": Image.Resampling.NEAREST,
+}
+BILINEAR = Image.Resampling.BILINEAR
+
 
 @dataclass(frozen=True)
 class Decoded:
-    """An RGB image, possibly decoded at reduced scale, and its full upright size."""
+    """An RGB image, possibly decoded at reduced scale, and its full upright size.
+
+    `jpeg`: the source was a JPEG, already lossy, so resizing may take shortcuts that land
+    within a level or two of Pillow's full path; every other format keeps that path exactly."""
 
     image: Image.Image
     width: int
     height: int
+    jpeg: bool = False
 
+
+# The upright size an image of this full upright size will be resized to: what a JPEG may be
+# drafted down to, never below.
+Sizer = Callable[[int, int], tuple[int, int]]
 
 _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+_TRANSPOSED = {2, 3, 4, *_ROTATED}  # orientations `exif_transpose` acts on
 
 
 # What Pillow raises on broken files, depending on where the damage is.
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError)
 
 
-def decode_image(data: bytes, *, max_pixels: int, draft_to: int | None = None) -> Decoded:
-    """Bytes → upright RGB image; bad or oversized input raises `InputError`."""
-    image = _open(data, max_pixels)
+def decode_image(data: bytes, *, max_pixels: int, draft_to: int | Sizer | None = None) -> Decoded:
+    """Bytes → upright RGB image; bad or oversized input raises `InputError`.
+
+    `draft_to` (a square side, or a `Sizer`) lets a JPEG decode at a reduced DCT scale that
+    still covers it, which costs a fraction of a full decode."""
+    image = open_image(data, max_pixels)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            orientation = image.getexif().get(0x0112)
             width, height = image.size
-            if image.getexif().get(0x0112) in _ROTATED:
+            if orientation in _ROTATED:
                 width, height = height, width
-            if draft_to and isinstance(image, JpegImagePlugin.JpegImageFile):
-                # JPEG decodes at 1/2, 1/4 or 1/8 scale directly: far cheaper than in full.
-                image.draft("RGB", (draft_to, draft_to))
-            image = ImageOps.exif_transpose(image) or image
-            return Decoded(_to_rgb(image), width, height)
+            jpeg = isinstance(image, JpegImagePlugin.JpegImageFile)
+            if jpeg and draft_to:
+                target = draft_to(width, height) if callable(draft_to) else (draft_to, draft_to)
+                _draft(image, target, rotated=orientation in _ROTATED)
+            image.load()
+            if orientation in _TRANSPOSED:  # otherwise `exif_transpose` only copies
+                image = ImageOps.exif_transpose(image)
+            return Decoded(_to_rgb(image), width, height, jpeg)
     except Image.DecompressionBombError as error:
         raise _too_large(error, max_pixels) from None
     except _DECODE_ERRORS as error:
         raise InputError(f"The image could not be decoded: {error}.") from None
+
+
+def _draft(image: Image.Image, target: tuple[int, int], *, rotated: bool) -> None:
+    """Decode at 1/2, 1/4 or 1/8 scale, the smallest that still covers the upright `target` on
+    both sides; a source under twice the target on either side gains nothing, so decodes in
+    full (as Pillow would, but without touching its decoder settings)."""
+    want_w, want_h = (target[1], target[0]) if rotated else target  # the stored orientation
+    if image.width >= 2 * want_w and image.height >= 2 * want_h:
+        image.draft("RGB", (want_w, want_h))
 
 
 _WIDE_GREY = {"I", "I;16", "I;16B", "I;16L", "I;16N"}  # 16-bit greyscale PNG and TIFF
@@ -77,7 +136,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         if pixels.dtype.kind == "i":
             pixels = np.clip(pixels, 0, 0xFFFF)
         image = Image.fromarray((pixels >> 8).astype(np.uint8))
-    return image.convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")  # convert would copy
 
 
 def _too_large(error: Image.DecompressionBombError, max_pixels: int) -> InputError:
@@ -94,7 +153,7 @@ def _too_large(error: Image.DecompressionBombError, max_pixels: int) -> InputErr
     )
 
 
-def _open(data: bytes, max_pixels: int) -> Image.Image:
+def open_image(data: bytes, max_pixels: int) -> Image.Image:
     """Read the header only, and refuse decompression bombs before any pixel is decoded."""
     if not data:
         raise InputError("The file is empty.")
@@ -117,18 +176,39 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     return image
 
 
-def letterbox(decoded: Decoded, size: int) -> tuple[np.ndarray, Letterbox]:
+def letterbox_size(width: int, height: int, size: int) -> tuple[int, int]:
+    """The size an image fitted into a `size` square takes: its longest side is `size`.
+    Also the `Sizer` a letterboxing model drafts JPEGs to, so shapes match a full decode's."""
+    scale = size / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def letterbox(
+    decoded: Decoded, size: int, resample: Image.Resampling = BILINEAR
+) -> tuple[np.ndarray, Letterbox]:
     """Fit the longest side to `size`, pad right and bottom with black: uint8 HWC."""
     image, width, height = decoded.image, decoded.width, decoded.height
-    scale = size / max(width, height)
-    new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
-    resized = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    new_w, new_h = letterbox_size(width, height, size)
+    if image.size != (new_w, new_h):  # a JPEG drafted to exactly the fit needs no resize
+        image = image.resize((new_w, new_h), resample)
     canvas = np.zeros((size, size, 3), dtype=np.uint8)
-    canvas[:new_h, :new_w] = np.asarray(resized)
-    return canvas, Letterbox(scale, width, height)
+    canvas[:new_h, :new_w] = np.asarray(image)
+    return canvas, Letterbox(size / max(width, height), width, height)
 
 
-CROP_RATIO = 0.875  # the centre crop keeps 224 of 256 pixels, as ImageNet models expect
+def squash(
+    decoded: Decoded, size: int, resample: Image.Resampling = BILINEAR
+) -> tuple[np.ndarray, Squash]:
+    """Resize to `size` × `size`, aspect not kept: uint8 HWC."""
+    image, width, height = decoded.image, decoded.width, decoded.height
+    if image.size != (size, size):
+        image = image.resize((size, size), resample)
+    return np.asarray(image), Squash(size / width, size / height, width, height)
+
+
+def squash_size(_width: int, _height: int, size: int) -> tuple[int, int]:
+    """The `Sizer` a squashing model drafts JPEGs to: the square itself."""
+    return size, size
 
 
 def resize_side(size: int, crop_ratio: float = CROP_RATIO) -> int:
@@ -136,19 +216,58 @@ def resize_side(size: int, crop_ratio: float = CROP_RATIO) -> int:
     return round(size / crop_ratio)
 
 
-def center_crop(decoded: Decoded, size: int, crop_ratio: float = CROP_RATIO) -> np.ndarray:
+def crop_resize_size(
+    width: int, height: int, size: int, crop_ratio: float = CROP_RATIO
+) -> tuple[int, int]:
+    """The size an image is resized to before its centre `size` crop: the short side becomes
+    `resize_side`. Also the `Sizer` a centre-cropping model drafts JPEGs to."""
+    scale = resize_side(size, crop_ratio) / min(width, height)
+    return max(size, round(width * scale)), max(size, round(height * scale))
+
+
+def center_crop(
+    decoded: Decoded,
+    size: int,
+    crop_ratio: float = CROP_RATIO,
+    resample: Image.Resampling = BILINEAR,
+) -> np.ndarray:
     """Resize the short side to size/crop_ratio and take the centre square: uint8 HWC."""
     image = decoded.image
     width, height = image.size
-    short = resize_side(size, crop_ratio)
-    scale = short / min(width, height)
-    resized = image.resize(
-        (max(size, round(width * scale)), max(size, round(height * scale))),
-        Image.Resampling.BILINEAR,
-    )
-    left = (resized.width - size) // 2
-    top = (resized.height - size) // 2
+    resized_w, resized_h = crop_resize_size(width, height, size, crop_ratio)
+    left, top = (resized_w - size) // 2, (resized_h - size) // 2
+    if (resized_w, resized_h) == (width, height):
+        return np.asarray(image.crop((left, top, left + size, top + size)))
+    if decoded.jpeg:
+        # Resample only the square that is kept, straight from the (drafted) decode: the same
+        # filter and footprint, but the float box moves a few pixels by a level or two, so only
+        # for a JPEG, whose pixels are approximate anyway.
+        x, y = width / resized_w, height / resized_h
+        box = (left * x, top * y, (left + size) * x, (top + size) * y)
+        return np.asarray(image.resize((size, size), resample, box=box))
+    resized = image.resize((resized_w, resized_h), resample)
     return np.asarray(resized.crop((left, top, left + size, top + size)))
+
+
+def fit_size(pre: Preprocessing, width: int, height: int) -> tuple[int, int]:
+    """The size `fit_image` resizes an image of this full upright size to: the `Sizer` a
+    registered model drafts JPEGs to."""
+    if pre.fit == "crop":
+        return crop_resize_size(width, height, pre.input_size, pre.crop_ratio)
+    if pre.fit == "letterbox":
+        return letterbox_size(width, height, pre.input_size)
+    return squash_size(width, height, pre.input_size)
+
+
+def fit_image(decoded: Decoded, pre: Preprocessing) -> tuple[np.ndarray, Placement | None]:
+    """The model's `input_size` square as `pre` declares it (uint8 HWC RGB), and where a
+    letterboxed or squashed image lies in it (None for a crop: nothing is mapped back)."""
+    resample = FILTERS[pre.resize_filter]
+    if pre.fit == "crop":
+        return center_crop(decoded, pre.input_size, pre.crop_ratio, resample), None
+    if pre.fit == "letterbox":
+        return letterbox(decoded, pre.input_size, resample)
+    return squash(decoded, pre.input_size, resample)
 
 
 def normalize(
@@ -160,10 +279,16 @@ def normalize(
     scale: float = 1 / 255,
     layout: str = "NCHW",
     dtype: str = "float32",
+    channel_order: str = "RGB",
 ) -> Any:
-    """uint8 NHWC → (x·scale − mean) / std in `layout` and `dtype`, in one pass on `xp`."""
+    """uint8 NHWC RGB → (x·scale − mean) / std in `channel_order`, `layout` and `dtype`, in
+    one pass on `xp`; mean and std are in `channel_order`."""
     if batch.ndim != 4 or batch.shape[-1] != 3:
         raise ValueError(f"Expected an NHWC batch with 3 channels, got shape {batch.shape}.")
+    if channel_order == "BGR":
+        batch = batch[..., ::-1]  # a view: the float pass below makes the one copy
+    elif channel_order != "RGB":
+        raise ValueError(f"Unknown channel order {channel_order!r}; use RGB or BGR.")
     mean_a = xp.asarray(mean, dtype=xp.float32)
     inv_std = 1.0 / xp.asarray(std, dtype=xp.float32)
     out = (batch.astype(xp.float32) * xp.float32(scale) - mean_a) * inv_std

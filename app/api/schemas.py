@@ -165,25 +165,44 @@ class ModelOut(BaseModel):
     )
 
 
+_FIT = (
+    "crop: resize the short side to input_size ÷ crop_ratio, keep the centre; "
+    "squash: resize to the square; letterbox: fit the long side, pad right and bottom."
+)
+
+
 class ModelSpecIn(BaseModel):
+    """A registered image model's spec; fields left out take the family's defaults (detect:
+    letterbox, mean 0 and std 1; classify and embed: crop, ImageNet's mean and std)."""
+
     model_config = ConfigDict(extra="forbid")
 
     input_size: int = Field(..., ge=8, le=4096, description="Square input side, pixels.")
     labels: list[str] = Field(default_factory=list, max_length=100_000)
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    mean: tuple[float, float, float] | None = Field(
+        None, description="Per channel, in the model's channel order and pixel range."
+    )
+    std: tuple[float, float, float] | None = None
     layout: Literal["NCHW", "NHWC"] = "NCHW"
     top_k: int = Field(5, ge=1, le=1000)
     max_batch: int | None = Field(None, ge=1, le=4096)
     fp16: bool = False
     description: str = Field("", max_length=1000)
+    fit: Literal["crop", "squash", "letterbox"] | None = Field(None, description=_FIT)
+    resize_filter: Literal["bilinear", "bicubic", "lanczos", "nearest"] = "bilinear"
+    crop_ratio: float = Field(0.875, gt=0, le=1)
+    channel_order: Literal["RGB", "BGR"] = "RGB"
+    pixel_range: Literal["0-1", "0-255"] = "0-1"
+    score_threshold: float | None = Field(None, ge=0, le=1, description="detect only")
+    iou_threshold: float | None = Field(None, ge=0, le=1, description="detect only")
+    max_boxes: int | None = Field(None, ge=1, le=10_000, description="detect only")
 
 
 class ModelCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(..., min_length=1, max_length=128, examples=["resnet50-products"])
-    kind: Literal["classify", "embed"]
+    kind: Literal["classify", "embed", "detect"]
     source: str = Field(..., max_length=2048, examples=["s3://models/resnet50.onnx"])
     spec: ModelSpecIn
 

@@ -28,6 +28,28 @@ def db_upgrade() -> None:
     console.print(f"database at {redact(current.database_url)} is up to date")
 
 
+@db_app.command("recount")
+def db_recount(
+    job: Annotated[
+        list[str] | None, typer.Argument(help="Jobs to check (default: every job).")
+    ] = None,
+    fix: Annotated[
+        bool, typer.Option(help="Set counters that differ to the items' counts.")
+    ] = False,
+) -> None:
+    """Check each job's kept counters against its items; exit 1 if any differ (and not --fix)."""
+    from kiln.app.db.audit import recount_jobs
+
+    with session() as db:
+        report = recount_jobs(db, job or None, fix=fix)
+    for job_id, missing in report.differing:
+        console.print(f"job {job_id}: counters differ from the items by {missing}")
+    verb = "fixed" if fix else "differ"
+    console.print(f"{report.checked} jobs checked, {len(report.differing)} {verb}")
+    if report.differing and not fix:
+        raise typer.Exit(1)
+
+
 @keys_app.command("create")
 def keys_create(
     tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")],
@@ -99,17 +121,41 @@ def keys_revoke(prefix: str) -> None:
     console.print(f"key {prefix} revoked")
 
 
+_MEAN_HELP = (
+    "Per-channel mean, in the model's channel order and pixel range "
+    "(default: ImageNet's; 0,0,0 for detect)."
+)
+_FIT_HELP = (
+    "crop (resize the short side to input-size / crop-ratio, keep the centre), squash or "
+    "letterbox (default: crop; letterbox for detect)."
+)
+
+
 @models_app.command("add")
 def models_add(
     name: str,
     onnx: Annotated[str, typer.Option(help="ONNX file: a local path or an s3:// URI.")],
-    kind: Annotated[str, typer.Option(help="Model family: classify or embed.")] = "classify",
+    kind: Annotated[str, typer.Option(help="classify, embed or detect.")] = "classify",
     input_size: Annotated[int, typer.Option(help="Square input side in pixels.")] = 224,
     labels: Annotated[Path | None, typer.Option(exists=True, help="One label per line.")] = None,
-    mean: Annotated[str, typer.Option(help="Per-channel mean, 0-1 scale.")] = "0.485,0.456,0.406",
-    std: Annotated[str, typer.Option(help="Per-channel std, 0-1 scale.")] = "0.229,0.224,0.225",
+    mean: Annotated[str | None, typer.Option(help=_MEAN_HELP)] = None,
+    std: Annotated[
+        str | None, typer.Option(help="Per-channel std (default: ImageNet's; 1,1,1 for detect).")
+    ] = None,
     layout: Annotated[str, typer.Option(help="NCHW or NHWC.")] = "NCHW",
+    fit: Annotated[str | None, typer.Option(help=_FIT_HELP)] = None,
+    resize_filter: Annotated[
+        str, typer.Option(help="bilinear, bicubic, lanczos or nearest.")
+    ] = "bilinear",
+    crop_ratio: Annotated[
+        float, typer.Option(help="crop: the share of the resized short side kept.")
+    ] = 0.875,
+    channel_order: Annotated[str, typer.Option(help="RGB or BGR.")] = "RGB",
+    pixel_range: Annotated[str, typer.Option(help="0-1 or 0-255, before mean and std.")] = "0-1",
     top_k: Annotated[int, typer.Option(help="Labels kept per image (classify).")] = 5,
+    score_threshold: Annotated[float | None, typer.Option(help="detect; default 0.25.")] = None,
+    iou_threshold: Annotated[float | None, typer.Option(help="detect: NMS; default 0.45.")] = None,
+    max_boxes: Annotated[int | None, typer.Option(help="detect: per image; default 300.")] = None,
     max_batch: Annotated[int | None, typer.Option(help="Largest batch the model takes.")] = None,
     fp16: Annotated[bool, typer.Option(help="Store embeddings as float16 (embed).")] = False,
     tenant: Annotated[
@@ -123,15 +169,25 @@ def models_add(
 
     label_list = labels.read_text().splitlines() if labels else []
     try:
-        spec = ImageModelSpec(
-            input_size=input_size,
-            labels=[x.strip() for x in label_list if x.strip()],
-            mean=_triple(mean),
-            std=_triple(std),
-            layout="NHWC" if layout.upper() == "NHWC" else "NCHW",
-            top_k=top_k,
-            max_batch=max_batch,
-            fp16=fp16,
+        spec = ImageModelSpec.from_dict(
+            {
+                "input_size": input_size,
+                "labels": [x.strip() for x in label_list if x.strip()],
+                "mean": None if mean is None else _triple(mean),
+                "std": None if std is None else _triple(std),
+                "layout": layout.upper(),
+                "fit": fit,
+                "resize_filter": resize_filter.lower(),
+                "crop_ratio": crop_ratio,
+                "channel_order": channel_order.upper(),
+                "pixel_range": pixel_range,
+                "top_k": top_k,
+                "score_threshold": score_threshold,
+                "iou_threshold": iou_threshold,
+                "max_boxes": max_boxes,
+                "max_batch": max_batch,
+                "fp16": fp16,
+            }
         )
         current = settings()
         data = _read_onnx(onnx, current.max_model_bytes)
@@ -190,17 +246,15 @@ def engines_build(
     from kiln.workers.engines.select import EngineFactory
     from kiln.workers.models.loader import load_pipeline
 
-    current = settings()
+    current = settings().model_copy(update={"engine": "tensorrt"})  # no fallback here
     if precision is not None:
         current = current.model_copy(update={"precision": precision})
-    engines = EngineFactory(current, open_store(current))
-    if engines.choice.backend != "tensorrt":
+    try:
+        engines = EngineFactory(current, open_store(current))
+    except KilnError as error:
         raise fail(
-            KilnError(
-                f"TensorRT cannot run here ({engines.choice.reason}); build on a GPU host with "
-                "kiln[gpu] installed."
-            )
-        )
+            KilnError(f"TensorRT cannot run here ({error}); build on a GPU host with kiln[gpu].")
+        ) from None
     try:
         with session() as db:
             info = get_model(db, model, tenant)

@@ -62,7 +62,7 @@ def results_cmd(
                 typer.echo(f"{entry['key']}\t{entry['url']}")  # plain: for scripts, no wrapping
             return
         assert output is not None
-        output.write_bytes(client.results(job_id))
+        client.download_results(job_id, output)
     console.print(f"results of {job_id} written to {output}")
 
 

@@ -50,10 +50,14 @@ def worker(
     warm: Annotated[
         str | None, typer.Option(help="Built-in models to build before ready, e.g. 'ocr,detector'.")
     ] = None,
+    live_file: Annotated[
+        Path | None,
+        typer.Option(help="Touched every 5 s while healthy (a liveness probe reads its age)."),
+    ] = None,
 ) -> None:
     """Run a worker: task threads feed one Batcher per model; one process per GPU."""
     if devices is not None:
-        raise typer.Exit(_fleet(devices, concurrency, queues, loglevel, metrics_port))
+        raise typer.Exit(_fleet(devices, concurrency, queues, loglevel, metrics_port, live_file))
     if device is not None:
         from kiln.workers.device import pin
 
@@ -61,7 +65,9 @@ def worker(
     node = hostname or (f"gpu{device}@{socket.gethostname()}" if device is not None else None)
     ready = _readiness(ready_file, warm)
     host = socket.gethostname()
-    _work(concurrency, queues, node or f"cpu@{host}", loglevel, metrics_port, ready, warm)
+    _work(
+        concurrency, queues, node or f"cpu@{host}", loglevel, metrics_port, ready, warm, live_file
+    )
 
 
 def _readiness(ready_file: Path | None, warm: str | None) -> Path | None:
@@ -85,9 +91,11 @@ def _work(
     metrics_port: int | None,
     ready: Path | None = None,
     warm: str | None = None,
+    live: Path | None = None,
 ) -> None:
     from kiln.app.observability import observe
     from kiln.workers.celery.app import make_celery
+    from kiln.workers.liveness import Heartbeat
     from kiln.workers.metrics import serve_metrics, worker_registry
     from kiln.workers.readiness import install, parse_models, warm_models
 
@@ -100,6 +108,7 @@ def _work(
     port = metrics_port or current.worker_metrics_port
     if port:
         serve_metrics(port, worker_registry(celery))
+    heartbeat = Heartbeat(live, celery.health_problems).start() if live is not None else None
     try:
         celery.Worker(
             pool_cls="threads",
@@ -110,14 +119,21 @@ def _work(
             send_events=True,
         ).start()
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         celery.close_runtime()
 
 
 def _fleet(
-    devices: str, concurrency: int | None, queues: str, loglevel: str, metrics_port: int | None
+    devices: str,
+    concurrency: int | None,
+    queues: str,
+    loglevel: str,
+    metrics_port: int | None,
+    live: Path | None = None,
 ) -> int:
     from kiln.workers.device import list_gpus
-    from kiln.workers.fleet import Fleet, child_args
+    from kiln.workers.fleet import Fleet, child_args, live_path
 
     if devices != "all":
         raise fail(KilnError("--devices takes 'all'; use --device N for one GPU."))
@@ -128,11 +144,12 @@ def _fleet(
         extra += ["--concurrency", str(concurrency)]
     if not gpus:
         typer.echo("no GPU visible (NVML): running one CPU worker", err=True)
-        _work(concurrency, queues, f"cpu@{host}", loglevel, metrics_port)
+        _work(concurrency, queues, f"cpu@{host}", loglevel, metrics_port, live=live)
         return 0
     port = metrics_port or settings().worker_metrics_port
     typer.echo(f"{len(gpus)} GPU(s): " + ", ".join(f"{g.index}: {g.name}" for g in gpus), err=True)
-    return Fleet([child_args(g, host, extra, port) for g in gpus]).run()
+    commands = [child_args(g, host, extra, port, live) for g in gpus]
+    return Fleet(commands, [live_path(live, g) if live else None for g in gpus]).run()
 
 
 # Flower's OAuth login (it reads FLOWER_* itself): all four set, or basic auth.

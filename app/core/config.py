@@ -30,16 +30,56 @@ class Settings(BaseSettings):
 
     max_batch: int = Field(16, ge=1, le=4096)
     max_delay_ms: float = Field(10.0, ge=0, le=60_000)
-    chunk_size: int = Field(32, ge=1, le=10_000)
+    chunk_size: int = Field(
+        32, ge=1, le=10_000, description="Items per chunk (one message) of an interactive job."
+    )
+    bulk_chunk_size: int = Field(
+        128,
+        ge=1,
+        le=10_000,
+        description="Items per chunk of a bulk job (over 256 items, or a bucket): fewer, larger "
+        "chunks spread each chunk's fixed cost (lease, results, shard, message) thinner.",
+    )
     runners: int = Field(
         0, ge=0, le=64, description="Engine runner threads per model; 0 = one per core on CPU."
     )
     engine_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads; 0 = auto.")
-    engine: Literal["auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu"] = Field(
-        "auto", description="Inference backend; auto = TensorRT, else ORT CUDA, else ORT CPU."
+    engine: Literal["auto", "tensorrt", "onnxruntime-cuda", "torch-cuda", "onnxruntime-cpu"] = (
+        Field(
+            "auto",
+            description="Inference backend; auto = per model, the best that builds: TensorRT, "
+            "ORT CUDA, PyTorch CUDA, ORT CPU.",
+        )
+    )
+    # Engines on a long-lived fleet (docs/gpu.md): a build that fails falls back to the next
+    # backend and is not tried again for engine_retry_s (doubling per failure, at most a day).
+    engine_retry_s: float = Field(
+        600.0, gt=0, description="Wait before a failed engine build is tried again (doubles)."
+    )
+    batch_deadline_s: float = Field(
+        300.0,
+        gt=0,
+        description="A batch running longer has wedged: its rows fail as transient errors and "
+        "the worker reports itself unhealthy (generous: a cold TensorRT engine's first batch).",
+    )
+    batch_deadlines: dict[str, float] = Field(
+        default_factory=dict,
+        description='Per-model batch deadlines, by name or name:version (JSON: {"ocr": 600}).',
+    )
+    run_max_s: float = Field(
+        3600.0, gt=0, description="Longest a chunk run may hold its lease, renewals included."
+    )
+    device_memory_budget: str = Field(
+        "0.8",
+        pattern=r"^\s*(0?\.\d+|1(\.0*)?|\d+\s*([KMGT]i?B|B)?)\s*$",
+        description="Models loaded per worker: a fraction of the device's memory (0.8) or a size "
+        "(24GiB); idle models beyond it are unloaded, least recently used first.",
+    )
+    oom_recovery_s: float = Field(
+        300.0, gt=0, description="Quiet time after an out-of-memory batch before the cap grows."
     )
     precision: Literal["auto", "fp16", "fp32"] = Field(
-        "auto", description="TensorRT precision; auto = FP16 where the GPU does it fast."
+        "auto", description="TensorRT and torch precision; auto = FP16 where the GPU does it fast."
     )
     worker_concurrency: int = Field(
         0, ge=0, le=1024, description="Task threads per worker; 0 = twice max_batch (min 8)."
@@ -81,6 +121,17 @@ class Settings(BaseSettings):
     model_cache_dir: Path | None = None
     content_cache: bool = Field(
         True, description="Reuse a result for an input (by sha256) this model version has seen."
+    )
+    # Per tenant by default: a hit is visibly faster, so a shared cache would tell one tenant
+    # that another already processed the same bytes.
+    content_cache_shared: bool = Field(
+        False, description="One content cache for every tenant instead of one per tenant."
+    )
+    content_cache_ttl_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="A cached result is used and kept this long."
+    )
+    content_cache_max_entries: int = Field(
+        1_000_000, ge=1, description="Above this many cached results the oldest are evicted."
     )
     local_inputs: bool = Field(
         False, description="Workers may read file:// inputs (set by `kiln run`, never the API)."

@@ -4,10 +4,12 @@ builds per dialect."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import BigInteger, ColumnElement, any_, bindparam
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import QueryableAttribute, Session
 
 
 def on_postgres(session: Session) -> bool:
@@ -18,3 +20,13 @@ def insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
     """An INSERT into `table` (a mapped class) that can take `on_conflict_do_…`, for the
     database `session` is bound to."""
     return postgresql.insert(table) if on_postgres(session) else sqlite.insert(table)
+
+
+def among(
+    session: Session, column: QueryableAttribute[int], values: Sequence[int]
+) -> ColumnElement[bool]:
+    """`column IN values` for a list of ids: on Postgres `= ANY(:array)`, one parameter
+    however many values (an IN list renders a parameter per value on every execution)."""
+    if on_postgres(session):
+        return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(BigInteger)))
+    return column.in_(values)

@@ -13,12 +13,12 @@ from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
+from kiln.app.db import items as item_rows
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
     Ingest,
     Item,
-    ItemStatus,
     Job,
     PipelineObject,
     utcnow,
@@ -94,19 +94,11 @@ def insert_items(
     """One statement for a page's new items; returns how many chunks they fill."""
     if not objects:
         return 0
-    rows = [
-        {
-            "job_id": job_id,
-            "key": o.key,
-            "source": f"s3://{bucket}/{o.key}",
-            "etag": o.etag,
-            "chunk": first_chunk + i // size,
-            "status": ItemStatus.PENDING,
-            "attempts": 0,
-        }
+    items = [
+        item_rows.NewItem(o.key, first_chunk + i // size, f"s3://{bucket}/{o.key}", etag=o.etag)
         for i, o in enumerate(objects)
     ]
-    session.execute(dialect.insert(session, Item).values(rows).on_conflict_do_nothing())
+    item_rows.insert_items(session, job_id, items, skip_existing=True)
     return -(-len(objects) // size)
 
 

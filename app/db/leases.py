@@ -11,10 +11,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job, utcnow
+from kiln.app.db import dialect
+from kiln.app.db.models import (
+    OPEN_ITEM_STATUSES,
+    OPEN_JOB_STATUSES,
+    Ingest,
+    Item,
+    ItemStatus,
+    Job,
+    utcnow,
+)
+
+
+@dataclass(frozen=True)
+class LeasedItem:
+    """What a chunk run needs of an item it leased (a plain row: no ORM object to track)."""
+
+    id: int
+    job_id: str
+    key: str
+    source: str | None
+    text: str | None
+    chunk: int
+    attempts: int
 
 
 def _takeable(owner: str, now: datetime) -> ColumnElement[bool]:
@@ -33,17 +55,53 @@ def _takeable(owner: str, now: datetime) -> ColumnElement[bool]:
     )
 
 
+@dataclass(frozen=True)
+class JobFacts:
+    """What a chunk run needs of its job, read with the lease."""
+
+    id: str
+    tenant: str
+    model: str
+    status: str
+    chunk_count: int
+    output: str | None
+    bulk: bool  # items come from an ingest (the chunk count grows while it lists)
+    pipeline_id: int | None
+
+
+_FACTS = (  # JobFacts's fields, in order
+    Job.id,
+    Job.tenant,
+    Job.model,
+    Job.status,
+    Job.chunk_count,
+    Job.output,
+    Job.source.is_not(None),
+    Job.pipeline_id,
+)
+
+
 def take(
     session: Session, job_id: str, item_ids: Sequence[int], owner: str, lease_s: float
-) -> list[Item]:
-    """Lease the chunk's takeable items to `owner` and return them; others are left alone.
+) -> list[LeasedItem]:
+    """Lease the chunk's takeable items to `owner` and return them, in id order; others are
+    left alone.
 
-    Call with the job locked (`queries.lock_job`), so a cancel or a finishing chunk queues.
+    One statement, and no lock on the job row: the items are locked in id order, as a cancel
+    locks them, so the two queue instead of deadlocking; a cancel that wins leaves nothing
+    pending to take.
     """
     now = utcnow()
-    leased = session.scalars(
+    takeable = (
+        select(Item.id)
+        .where(Item.job_id == job_id, dialect.among(session, Item.id, item_ids))
+        .where(_takeable(owner, now))
+        .order_by(Item.id)
+        .with_for_update()
+    )
+    rows = session.execute(
         update(Item)
-        .where(Item.job_id == job_id, Item.id.in_(item_ids), _takeable(owner, now))
+        .where(Item.id.in_(takeable))
         .values(
             status=ItemStatus.RUNNING,
             attempts=Item.attempts + 1,
@@ -51,10 +109,18 @@ def take(
             lease_owner=owner,
             lease_expires_at=now + timedelta(seconds=lease_s),
         )
-        .returning(Item),
+        .returning(
+            Item.id, Item.job_id, Item.key, Item.source, Item.text, Item.chunk, Item.attempts
+        ),
         execution_options={"synchronize_session": False},
     )
-    return sorted(leased, key=lambda item: item.id)
+    return sorted((LeasedItem(*row) for row in rows), key=lambda item: item.id)
+
+
+def job_facts(session: Session, job_id: str) -> JobFacts | None:
+    """The job's facts a chunk run needs (a plain read: no lock)."""
+    row = session.execute(select(*_FACTS).where(Job.id == job_id)).one_or_none()
+    return JobFacts(*row) if row is not None else None
 
 
 def _running(session: Session, item_ids: Sequence[int], owned: ColumnElement[bool]) -> int:
@@ -85,9 +151,10 @@ def renew(session: Session, job_id: str, owner: str, lease_s: float) -> tuple[in
     return int(result.rowcount), status  # type: ignore[attr-defined]
 
 
-def holds(session: Session, item_ids: Sequence[int], owner: str) -> int:
-    """How many of these items `owner` still holds (0: its lease was taken over)."""
-    return _running(session, item_ids, Item.lease_owner == owner)
+def holds(session: Session, job_id: str, owner: str) -> int:
+    """How many of the job's items `owner` (one chunk run) still holds (0: its lease was
+    taken over)."""
+    return int(session.scalar(select(func.count()).where(_held_by(job_id, owner))) or 0)
 
 
 def release(session: Session, job_id: str, owner: str) -> int:
@@ -176,4 +243,18 @@ def mark_sent(session: Session, item_ids: Sequence[int]) -> None:
         update(Item)
         .where(Item.id.in_(item_ids), Item.status == ItemStatus.PENDING)
         .values(queued_at=utcnow())
+    )
+
+
+def ended_open_jobs(session: Session, limit: int = 100) -> list[str]:
+    """Open jobs with no open item and no listing under way: their last chunk stopped before
+    it closed them (a crash between two commits). Newest-first is not needed: all are due."""
+    open_items = exists().where(Item.job_id == Job.id, Item.status.in_(OPEN_ITEM_STATUSES))
+    listing = exists().where(Ingest.job_id == Job.id, Ingest.done.is_(False))
+    return list(
+        session.scalars(
+            select(Job.id)
+            .where(Job.status.in_(OPEN_JOB_STATUSES), ~open_items, ~listing)
+            .limit(limit)
+        )
     )

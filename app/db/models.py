@@ -125,9 +125,12 @@ class EngineReport(Base):
 
 
 class ContentCache(Base):
-    """A result keyed by model version and input bytes: the same input is never run twice."""
+    """A result keyed by scope (a tenant, or shared), model version and input bytes: the same
+    input is never run twice. `model_key` is "<scope>/<model cache key>"
+    (kiln.workers.chunk.content_cache.scope_key); entries expire and are purged oldest first."""
 
     __tablename__ = "content_cache"
+    __table_args__ = (Index("ix_content_cache_created", "created_at"),)  # expiry and eviction
 
     model_key: Mapped[str] = mapped_column(String(255), primary_key=True)
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -191,6 +194,29 @@ class Item(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(36))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class JobCounter(Base):
+    """Item counts of a job by final status, kept as it runs: `GET /v1/jobs/{id}` sums a few
+    rows instead of counting the job's items, whatever its size.
+
+    A job's counts are spread over `COUNTER_SLOTS` rows (a chunk adds to slot `chunk %
+    COUNTER_SLOTS`), so chunks finishing at once on many workers do not queue on one row.
+    Every change to an item's final status adds to its slot in the same transaction; open
+    items are `total` minus the rest. `kiln admin recount` compares them with the items.
+    """
+
+    __tablename__ = "job_counters"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    total: Mapped[int] = mapped_column(BigInteger, default=0)
+    succeeded: Mapped[int] = mapped_column(BigInteger, default=0)
+    failed: Mapped[int] = mapped_column(BigInteger, default=0)
+    cancelled: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+COUNTER_SLOTS = 16
 
 
 class Ingest(Base):

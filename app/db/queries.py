@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, or_, select, true, update
+from sqlalchemy import and_, case, exists, func, or_, select, text, true, update
 from sqlalchemy.orm import Session
 
-from kiln.app.db import dialect
+from kiln.app.db import counters, dialect
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
-    ContentCache,
     EngineReport,
     Ingest,
     Item,
@@ -41,22 +41,20 @@ class Counts:
         return self.succeeded + self.failed + self.cancelled
 
 
-def job_counts(session: Session, job_id: str) -> Counts:
-    """Counters derived from the items themselves, so they can never drift."""
-    rows = session.execute(
-        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
-    ).all()
-    by_status: dict[str, int] = {status: n for status, n in rows}
-    ingest = session.get(Ingest, job_id)
+def job_counts(session: Session, job_id: str, bulk: bool = True) -> Counts:
+    """The job's counters (a few rows, whatever the job's size; `counters` says why they
+    cannot drift) and, for a bulk job (`bulk`), its listing's progress."""
+    tally = counters.read(session, job_id)
+    ingest = session.get(Ingest, job_id) if bulk else None
     return Counts(
         skipped=ingest.skipped if ingest else 0,
         deleted=ingest.deleted if ingest else 0,
         listing=bool(ingest and not ingest.done),
-        total=sum(by_status.values()),
-        succeeded=by_status.get(ItemStatus.SUCCEEDED, 0),
-        failed=by_status.get(ItemStatus.FAILED, 0),
-        pending=sum(by_status.get(s, 0) for s in OPEN_ITEM_STATUSES),
-        cancelled=by_status.get(ItemStatus.CANCELLED, 0),
+        total=tally.total,
+        succeeded=tally.succeeded,
+        failed=tally.failed,
+        pending=tally.open,
+        cancelled=tally.cancelled,
     )
 
 
@@ -87,16 +85,57 @@ def mark_job_running(session: Session, job_id: str) -> None:
 
 
 def upsert_results(
-    session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None = None
+    session: Session,
+    job_id: str,
+    chunk: int,
+    results: Sequence[dict[str, Any]],
+    owner: str | None = None,
 ) -> None:
     """One statement for the whole chunk, keyed by (job_id, key): a replay changes nothing.
 
     Only a running item takes a result, so a cancelled item stays cancelled; with `owner`,
-    only one this run still leases (a run whose lease was taken over writes nothing).
+    only one this run still leases (a run whose lease was taken over writes nothing). The
+    rows that did change are added to the job's counters, in the same transaction.
     """
     if not results:
         return
-    rows = [{"job_id": job_id, **r} for r in results]
+    if dialect.on_postgres(session):
+        changed = _update_results_postgres(session, job_id, results, owner)
+    else:
+        changed = _upsert_results_sqlite(session, job_id, results, owner)
+    counters.add(session, job_id, counters.slot_of(chunk), counters.ended(changed))
+
+
+# The chunk's results as one JSON document, joined to the items in one UPDATE: the statement
+# text never changes (compiled and planned once), and one C-encoded string carries every row.
+_UPDATE_RESULTS = text(
+    """
+    UPDATE items SET status = v.status, error = v.error, outputs = v.outputs,
+           duration_ms = v.duration_ms, finished_at = :finished_at
+    FROM json_to_recordset(CAST(:rows AS json))
+         AS v(key text, status text, error text, outputs json, duration_ms float8)
+    WHERE items.job_id = :job_id AND items.key = v.key AND items.status = 'running'
+      AND (CAST(:owner AS text) IS NULL OR items.lease_owner = :owner)
+    RETURNING items.status
+    """
+)
+
+
+def _update_results_postgres(
+    session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None
+) -> list[str]:
+    rows = [
+        {k: r[k] for k in ("key", "status", "error", "outputs", "duration_ms")} for r in results
+    ]
+    params = {"job_id": job_id, "owner": owner, "finished_at": utcnow(), "rows": json.dumps(rows)}
+    return list(session.scalars(_UPDATE_RESULTS, params))
+
+
+def _upsert_results_sqlite(
+    session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None
+) -> list[str]:
+    now = utcnow()
+    rows = [{"job_id": job_id, "finished_at": now, **r} for r in results]
     statement = dialect.insert(session, Item).values(rows)
     excluded = statement.excluded
     statement = statement.on_conflict_do_update(
@@ -111,7 +150,7 @@ def upsert_results(
         where=(Item.status == ItemStatus.RUNNING)
         & (true() if owner is None else Item.lease_owner == owner),
     )
-    session.execute(statement)
+    return list(session.scalars(statement.returning(Item.status)))
 
 
 def finished_chunk_items(session: Session, job_id: str, chunk: int) -> list[Item]:
@@ -178,12 +217,23 @@ def finish_job_if_done(session: Session, job_id: str) -> str | None:
 
 
 def cancel_items(session: Session, job_id: str) -> int:
+    """Cancel the job's pending items (locked in id order, as a lease takes them, so the two
+    cannot deadlock) and count them."""
+    pending = (
+        select(Item.id)
+        .where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
+        .order_by(Item.id)
+        .with_for_update()
+    )
     result = session.execute(
         update(Item)
-        .where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
+        .where(Item.id.in_(pending))
         .values(status=ItemStatus.CANCELLED, finished_at=utcnow(), error="The job was cancelled.")
+        .execution_options(synchronize_session=False)
     )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    cancelled = int(result.rowcount)  # type: ignore[attr-defined]
+    counters.add(session, job_id, 0, counters.Tally(cancelled=cancelled))
+    return cancelled
 
 
 def list_items(
@@ -242,46 +292,6 @@ def item_outputs(session: Session, job_id: str) -> list[tuple[str, dict[str, Any
         .order_by(Item.id)
     )
     return [(key, outputs or {}) for key, outputs in rows]
-
-
-def cached_results(
-    session: Session, model_key: str, digests: Sequence[str]
-) -> dict[str, tuple[dict[str, Any], bytes | None, str | None]]:
-    """Stored results of `model_key` for these input digests (the ones it has)."""
-    if not digests:
-        return {}
-    rows = session.execute(
-        select(
-            ContentCache.sha256,
-            ContentCache.outputs,
-            ContentCache.vector,
-            ContentCache.vector_dtype,
-        ).where(ContentCache.model_key == model_key, ContentCache.sha256.in_(set(digests)))
-    )
-    return {sha: (outputs, vector, dtype) for sha, outputs, vector, dtype in rows}
-
-
-def cache_results(
-    session: Session,
-    model_key: str,
-    entries: Mapping[str, tuple[dict[str, Any], bytes | None, str | None]],
-) -> None:
-    """Remember results by input digest; the first writer of a digest wins (same result)."""
-    if not entries:
-        return
-    now = utcnow()
-    rows = [
-        {
-            "model_key": model_key,
-            "sha256": sha,
-            "outputs": outputs,
-            "vector": vector,
-            "vector_dtype": dtype,
-            "created_at": now,
-        }
-        for sha, (outputs, vector, dtype) in entries.items()
-    ]
-    session.execute(dialect.insert(session, ContentCache).values(rows).on_conflict_do_nothing())
 
 
 def is_open(job: Job) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from kiln.app.core.errors import InputError
+from kiln.app.families.embed import EmbedOptions
 from kiln.app.families.options import NoOptions, Options
 from kiln.app.families.phash import PhashOptions
 
@@ -31,11 +32,11 @@ class Family:
 FAMILIES: dict[str, Family] = {
     family.kind: family
     for family in (
-        Family("detect", "image"),
+        Family("detect", "image", registrable=True),
         Family("ocr", "image"),
         Family("classify", "image", registrable=True),
-        Family("embed", "image", registrable=True),
-        Family("text-embed", "text"),
+        Family("embed", "image", EmbedOptions, registrable=True),
+        Family("text-embed", "text", EmbedOptions),
         Family("phash", "image", PhashOptions),
     )
 }

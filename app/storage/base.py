@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    pass
+
+class NewObject(NamedTuple):
+    key: str
+    data: bytes
+    content_type: str | None = None
 
 
 class ObjectStore(Protocol):
     """Keys are `/`-separated paths relative to the store's root."""
 
     def put(self, key: str, data: bytes, content_type: str | None = None) -> None: ...
+
+    def put_new(self, objects: Sequence[NewObject]) -> None:
+        """Write objects no reader looks for yet (a job's uploads, before the job's row
+        exists): as fast as the store allows, without `put`'s guard against half-read ones."""
 
     def get(self, key: str) -> bytes: ...
 

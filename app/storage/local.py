@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from kiln.app.core.errors import ConflictError, NotFoundError
-from kiln.app.storage.base import check_key
+from kiln.app.storage.base import NewObject, check_key
 
 
 class LocalStore:
@@ -31,6 +31,17 @@ class LocalStore:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         Path(tmp).replace(path)
+
+    def put_new(self, objects: Sequence[NewObject]) -> None:
+        """Straight into place: nothing reads these keys until the job that names them
+        commits (a temporary file and a rename per object cost more than the write)."""
+        folders: set[Path] = set()
+        for key, data, _content_type in objects:
+            path = self._path(key)
+            if path.parent not in folders:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                folders.add(path.parent)
+            path.write_bytes(data)
 
     def get(self, key: str) -> bytes:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import IO, Any
@@ -11,6 +12,7 @@ import onnxruntime as ort
 from PIL import Image
 
 from bench.measure import Meter
+from bench.models import detector_boxes, detector_input, preprocessing
 from bench.results import CaseResult
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
@@ -29,15 +31,31 @@ def preprocess(source: Path | IO[bytes], size: int) -> np.ndarray:
     return x.transpose(2, 0, 1)[None]
 
 
+def prepare(kind: str, source: Path | bytes, size: int) -> tuple[np.ndarray, Any]:
+    """One image as a batch of one, and what `finish` needs. `kind` (bench.models.preprocessing):
+    "crop", the plain Pillow path above; "letterbox", Kiln's own steps for its detector."""
+    if kind == "letterbox":
+        data = source.read_bytes() if isinstance(source, Path) else source
+        return detector_input(data, size)
+    return preprocess(source if isinstance(source, Path) else io.BytesIO(source), size), None
+
+
+def finish(kind: str, output: np.ndarray, meta: Any) -> Any:
+    """One image's output row → its answer: boxes after NMS, or the top-5 classes."""
+    if kind == "letterbox":
+        return detector_boxes(output, meta)
+    return np.argsort(-output)[:5]
+
+
 def measure(args: dict[str, Any]) -> CaseResult:
     files = [Path(f) for f in args["files"]]
-    size = int(args["size"])
+    size, kind = int(args["size"]), str(args.get("preprocess", "crop"))
     sess = ort.InferenceSession(args["onnx"], providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name
     with Meter({"subject": [os.getpid()]}).window() as usage:
         for path in files:
-            logits = sess.run(None, {name: preprocess(path, size)})[0]
-            np.argsort(-logits[0])[:5]
+            x, meta = prepare(kind, path, size)
+            finish(kind, sess.run(None, {name: x})[0][0], meta)
     return CaseResult.from_usage("loop", args["model"], len(files), usage)
 
 
@@ -50,5 +68,6 @@ def run(ctx: Any, model: str) -> CaseResult:
         "onnx": str(info.onnx),
         "size": info.input_size,
         "files": [str(p) for p in ctx.images],
+        "preprocess": preprocessing(model),
     }
     return run_child("loop", args, ctx.log_dir)

@@ -7,11 +7,14 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from devstack.images import solid
+from kiln.app import jobs as jobs_module
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
+from kiln.app.db import counters
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.dispatch.stub import BrokenDispatcher, Enqueued, RecordingDispatcher
 from kiln.app.jobs import (
@@ -97,7 +100,9 @@ def test_submit_records_items_and_enqueues_one_message_per_chunk(
 def test_large_jobs_go_to_the_bulk_queue(
     session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
 ) -> None:
-    roomy = settings.model_copy(update={"max_files_per_job": 1000, "chunk_size": 100})
+    roomy = settings.model_copy(
+        update={"max_files_per_job": 1000, "chunk_size": 10, "bulk_chunk_size": 100}
+    )
     inputs = [InputRef(uri=f"s3://photos/{i:04d}.jpg") for i in range(INTERACTIVE_MAX_ITEMS + 1)]
     job = submit_job(
         session, store, dispatcher, roomy, JobRequest("acme", "detector", inputs=inputs)
@@ -414,6 +419,7 @@ def test_progress_counts_and_rate(
         strict=False,
     ):
         session.execute(update(Item).where(Item.id == item_id).values(status=status))
+    counters.repair(session, job.id)  # the edits above bypass the counters
     started = utcnow() - timedelta(seconds=30)
     job.status, job.started_at, job.finished_at = (
         JobStatus.RUNNING,
@@ -439,6 +445,7 @@ def test_progress_of_a_running_job_measures_against_now(
     job = submit(session, store, dispatcher, settings, n=4).job
     ids = [i.id for i in items_of(session, job.id)]
     session.execute(update(Item).where(Item.id.in_(ids)).values(status=ItemStatus.SUCCEEDED))
+    counters.repair(session, job.id)  # the edit above bypasses the counters
     job.status, job.started_at = JobStatus.RUNNING, utcnow() - timedelta(seconds=100)
     session.commit()
     rate = progress(session, job).items_per_second
@@ -454,7 +461,9 @@ def test_progress_of_a_running_job_measures_against_now(
         ("phash", {"max_distance": True}, "whole number"),
         ("phash", {"max_distnace": 8}, "no option 'max_distnace'; its options are 'max_distance'"),
         ("detector", {"max_distance": 4}, "no option 'max_distance'; it takes no options"),
-        ("text-embed", {"group": {}}, "'text-embed' has no option 'group'"),
+        ("text-embed", {"group": {"threshold": 0.3}}, "cosine similarity from 0.5 to 1"),
+        ("text-embed", {"group": {"treshold": 0.9}}, "no option 'group.treshold'"),
+        ("text-embed", {"grup": {}}, "'text-embed' has no option 'grup'"),
     ],
 )
 def test_bad_options_are_input_errors(
@@ -505,3 +514,20 @@ def test_text_for_the_text_model_and_not_images(
             session, store, dispatcher, settings,
             JobRequest(tenant="acme", model="text-embed", uploads=uploads(1)),
         )  # fmt: skip
+
+
+def test_uploads_of_a_job_the_database_refused_are_removed(
+    session: Session,
+    store: LocalStore,
+    dispatcher: RecordingDispatcher,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*_args: object) -> None:
+        raise OperationalError("INSERT INTO items", {}, Exception("the database went away"))
+
+    monkeypatch.setattr(jobs_module, "_insert_job", refuse)
+    with pytest.raises(OperationalError):
+        submit(session, store, dispatcher, settings, n=3)
+    assert list(store.list("jobs/")) == []  # the uploads stored before the insert are gone
+    assert dispatcher.calls == []

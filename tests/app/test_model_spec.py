@@ -13,8 +13,16 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import convert_model_to_external_data
 
 from kiln.app.core.errors import InputError
-from kiln.app.model_spec import ImageModelSpec, check_onnx
+from kiln.app.model_spec import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageModelSpec,
+    Preprocessing,
+    check_onnx,
+)
 from tests.models import colour_classifier
+from tests.workers.models.yolo import LABELS as YOLO_LABELS
+from tests.workers.models.yolo import SIZE, tiny_yolo
 
 Dims = Sequence[int | str | None]
 LABELS = ["red", "green", "blue", "dark"]
@@ -132,12 +140,10 @@ def test_a_layout_the_other_way_round() -> None:
     assert "laid out NCHW, but the spec's layout is NHWC" in refused(nchw, "embed", layout="NHWC")
 
 
-def test_a_classifier_is_fed_nchw_only() -> None:
+@pytest.mark.parametrize("kind", ["classify", "embed"])
+def test_every_image_family_may_be_fed_nhwc(kind: str) -> None:
     nhwc = image_model(("N", 32, 32, 3), layout="NHWC")
-    assert refused(nhwc, layout="NHWC") == (
-        "The spec's layout is NHWC, but Kiln feeds a classify model NCHW pixels; "
-        "export it channels-first, [N, 3, H, W]."
-    )
+    assert check_onnx(nhwc, kind, spec(layout="NHWC"))["layout"] == "NHWC"
 
 
 def test_channels_other_than_three() -> None:
@@ -149,7 +155,6 @@ def test_channels_other_than_three() -> None:
     ("kind", "in_type", "found"),
     [
         ("classify", TensorProto.UINT8, "uint8"),
-        ("classify", TensorProto.FLOAT16, "float16"),  # the classifier feeds float32 only
         ("embed", TensorProto.INT8, "int8"),
         ("embed", TensorProto.DOUBLE, "float64"),
     ],
@@ -159,9 +164,10 @@ def test_an_input_type_kiln_does_not_feed(kind: str, in_type: int, found: str) -
     assert message.startswith(f"The model's input is {found}, but Kiln feeds a {kind} model")
 
 
-def test_an_embedder_may_take_float16() -> None:
+def test_a_model_may_take_float16() -> None:
     data = image_model(in_type=TensorProto.FLOAT16)
     assert check_onnx(data, "embed", spec())["dim"] == 4
+    assert check_onnx(data, "classify", spec())["labels"] == LABELS
 
 
 def test_classifier_outputs_must_match_the_labels() -> None:
@@ -239,3 +245,151 @@ def test_two_image_inputs_are_refused() -> None:
 
 def test_not_onnx_at_all() -> None:
     assert refused(b"not a model").startswith("The file is not a readable ONNX model")
+
+
+# ---------------------------------------------------------------- declared preprocessing
+
+
+def test_a_spec_stored_before_declared_preprocessing_reads_back_as_before() -> None:
+    old = {"input_size": 224, "labels": LABELS, "mean": [0.5, 0.5, 0.5], "std": [0.2, 0.2, 0.2],
+           "layout": "NCHW", "top_k": 5, "max_batch": None, "fp16": False, "description": "",
+           "dim": 4}  # fmt: skip
+    for kind in ("classify", "embed"):
+        assert ImageModelSpec.from_dict(old).preprocessing(kind) == Preprocessing(
+            input_size=224,
+            fit="crop",
+            resize_filter="bilinear",
+            crop_ratio=0.875,
+            mean=(0.5, 0.5, 0.5),
+            std=(0.2, 0.2, 0.2),
+            channel_order="RGB",
+            pixel_range="0-1",
+            layout="NCHW",
+        )
+
+
+def test_the_stored_spec_fills_in_the_familys_defaults(tmp_path: Path) -> None:
+    colour_classifier(tmp_path / "c.onnx")
+    stored = check_onnx((tmp_path / "c.onnx").read_bytes(), "classify", spec())
+    assert {k: stored[k] for k in ("fit", "resize_filter", "crop_ratio", "mean", "std")} == {
+        "fit": "crop",
+        "resize_filter": "bilinear",
+        "crop_ratio": 0.875,
+        "mean": list(IMAGENET_MEAN),
+        "std": list(IMAGENET_STD),
+    }
+    assert (stored["channel_order"], stored["pixel_range"]) == ("RGB", "0-1")
+    assert "score_threshold" not in stored and "max_boxes" not in stored
+
+
+def test_declared_preprocessing_is_stored(tmp_path: Path) -> None:
+    colour_classifier(tmp_path / "c.onnx")
+    declared = spec(fit="squash", resize_filter="bicubic", channel_order="BGR",
+                    pixel_range="0-255", mean=(1.0, 2.0, 3.0), std=(50.0, 60.0, 70.0))  # fmt: skip
+    stored = check_onnx((tmp_path / "c.onnx").read_bytes(), "classify", declared)
+    assert ImageModelSpec.from_dict(stored).preprocessing("classify") == Preprocessing(
+        32, "squash", "bicubic", 0.875, (1.0, 2.0, 3.0), (50.0, 60.0, 70.0), "BGR", "0-255"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "sentence"),
+    [
+        ({"fit": "stretch"}, "fit must be crop, squash or letterbox, not 'stretch'."),
+        ({"resize_filter": "box"}, "resize_filter must be bilinear, bicubic, lanczos or nearest"),
+        ({"channel_order": "GBR"}, "channel_order must be RGB or BGR, not 'GBR'."),
+        ({"pixel_range": "0-65535"}, "pixel_range must be 0-1 or 0-255, not '0-65535'."),
+        ({"layout": "CHWN"}, "layout must be NCHW or NHWC, not 'CHWN'."),
+        ({"crop_ratio": 1.2}, "crop_ratio must be above 0 and at most 1"),
+        ({"crop_ratio": 0.0}, "crop_ratio must be above 0 and at most 1"),
+        (
+            {"mean": (123.675, 116.28, 103.53), "std": (58.4, 57.1, 57.4)},
+            "mean [123.675, 116.28, 103.53] is on the 0-255 scale, but pixel_range is 0-1; "
+            "set pixel_range to 0-255 or give mean and std divided by 255.",
+        ),
+        ({"pixel_range": "0-255"}, "pixel_range is 0-255 but mean and std are ImageNet's 0-1"),
+        ({"score_threshold": 0.5}, "score_threshold, iou_threshold and max_boxes are for detect"),
+    ],
+)
+def test_a_declared_choice_kiln_cannot_make(change: dict[str, Any], sentence: str) -> None:
+    assert sentence in refused(image_model(), **change)
+
+
+# ---------------------------------------------------------------- detectors
+
+
+def detect_spec(**change: Any) -> ImageModelSpec:
+    return ImageModelSpec(**{"input_size": SIZE, "labels": YOLO_LABELS, **change})
+
+
+def detect_refused(data: bytes, **change: Any) -> str:
+    with pytest.raises(InputError) as caught:
+        check_onnx(data, "detect", detect_spec(**change))
+    return str(caught.value)
+
+
+def test_a_detector_is_stored_with_yolo_defaults(tmp_path: Path) -> None:
+    stored = check_onnx(tiny_yolo(tmp_path / "y.onnx").read_bytes(), "detect", detect_spec())
+    assert stored["fit"] == "letterbox" and stored["labels"] == YOLO_LABELS
+    assert (stored["mean"], stored["std"]) == ([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+    assert (stored["score_threshold"], stored["iou_threshold"], stored["max_boxes"]) == (
+        0.25, 0.45, 300
+    )  # fmt: skip
+
+
+def test_a_detectors_labels_must_match_its_class_scores(tmp_path: Path) -> None:
+    data = tiny_yolo(tmp_path / "y.onnx").read_bytes()
+    assert detect_refused(data, labels=["a", "b", "c"]) == (
+        "The model's output has 6 values per anchor (4 for the box, 2 class scores), "
+        "but 3 labels were given."
+    )
+    assert detect_refused(data, labels=[]) == (
+        "A detector needs labels: one per class score, in order."
+    )
+
+
+def test_a_detector_with_anchors_first_is_refused(tmp_path: Path) -> None:
+    data = tiny_yolo(tmp_path / "y.onnx", anchors_first=True).read_bytes()
+    assert detect_refused(data) == (
+        "The model's output is [?, 3, 6], anchors first; Kiln reads "
+        "[N, 4 + classes, anchors]: transpose the output in the graph."
+    )
+
+
+def test_a_detector_output_of_another_rank(tmp_path: Path) -> None:
+    colour_classifier(tmp_path / "c.onnx")
+    assert detect_refused((tmp_path / "c.onnx").read_bytes(), input_size=32) == (
+        "A detector must output [N, 4 + classes, anchors] (YOLOv8 style); the model's "
+        "output shape is [?, 4]."
+    )
+
+
+def test_a_detector_input_size_and_layout(tmp_path: Path) -> None:
+    data = tiny_yolo(tmp_path / "y.onnx").read_bytes()
+    assert "input is 32 pixels a side, but input_size is 640" in detect_refused(
+        data, input_size=640
+    )
+    assert "laid out NCHW, but the spec's layout is NHWC" in detect_refused(data, layout="NHWC")
+    nhwc = tiny_yolo(tmp_path / "n.onnx", layout="NHWC").read_bytes()
+    assert check_onnx(nhwc, "detect", detect_spec(layout="NHWC"))["layout"] == "NHWC"
+
+
+@pytest.mark.parametrize(
+    ("change", "sentence"),
+    [
+        ({"fit": "crop"}, "its fit must be letterbox or squash; crop would cut"),
+        ({"score_threshold": 1.5}, "score_threshold must be between 0 and 1."),
+        ({"iou_threshold": -0.1}, "iou_threshold must be between 0 and 1."),
+        ({"max_boxes": 0}, "max_boxes must be between 1 and 10000."),
+    ],
+)
+def test_a_detector_setting_out_of_range(
+    tmp_path: Path, change: dict[str, Any], sentence: str
+) -> None:
+    assert sentence in detect_refused(tiny_yolo(tmp_path / "y.onnx").read_bytes(), **change)
+
+
+def test_a_detector_may_squash(tmp_path: Path) -> None:
+    data = tiny_yolo(tmp_path / "y.onnx").read_bytes()
+    stored = check_onnx(data, "detect", detect_spec(fit="squash", max_boxes=5))
+    assert (stored["fit"], stored["max_boxes"]) == ("squash", 5)

@@ -22,6 +22,7 @@ from kiln.app.results import (
     results_prefix,
     shard_key,
     shard_keys,
+    stream_parquet,
     write_groups,
     write_manifest,
     write_shard,
@@ -194,3 +195,24 @@ def test_groups_join_the_combined_results_in_order(store: LocalStore) -> None:
         shard_key(P(store, "job1"), 0),
         shard_key(P(store, "job1"), 1),
     ]
+
+
+def test_results_stream_shard_by_shard(store: LocalStore) -> None:
+    """One piece per shard, then the footer: the API never holds more than one shard."""
+    for chunk in range(20):
+        rows = [classified(f"k{chunk}-{i}") for i in range(5)]
+        write_shard(P(store, "big"), chunk, rows, LABEL_FIELDS)
+
+    pieces = list(stream_parquet(P(store, "big")))
+
+    assert len(pieces) == 21 and all(pieces)
+    table = pq.read_table(io.BytesIO(b"".join(pieces)))
+    assert table.num_rows == 100
+    assert table.column("key").to_pylist()[:2] == ["k0-0", "k0-1"]
+    assert table.column("labels").to_pylist()[0] == [{"label": "cat", "score": 0.75}]
+
+
+def test_results_of_a_job_without_shards_stream_as_an_empty_file(store: LocalStore) -> None:
+    table = pq.read_table(io.BytesIO(b"".join(stream_parquet(P(store, "none")))))
+    assert table.num_rows == 0
+    assert table.column_names == ["key", "status", "error", "duration_ms"]

@@ -191,6 +191,12 @@ def test_one_gpu_per_worker_pod(target: str) -> None:
     assert container["readinessProbe"]["exec"]["command"] == ["test", "-f", ready_file]
     mounts = [m["mountPath"] for m in container["volumeMounts"]]
     assert any(ready_file.startswith(m + "/") for m in mounts), "ready file on a writable volume"
+    live_file = next(a.split("=", 1)[1] for a in container["command"] if "--live-file" in a)
+    assert any(live_file.startswith(m + "/") for m in mounts), "live file on a writable volume"
+    probe = container["livenessProbe"]
+    [script] = probe["exec"]["command"][2:]
+    assert live_file in script and "-lt 60" in script  # the age LIVE_MAX_AGE_S allows
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= 60
 
 
 def test_dev_worker_needs_no_gpu() -> None:

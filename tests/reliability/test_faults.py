@@ -90,6 +90,7 @@ def stack(
         storage_url=f"s3://{BUCKET}/faults-{secrets.token_hex(3)}",
         s3_endpoint=proxy.url,
         chunk_size="8",
+        bulk_chunk_size="8",
         max_batch="8",
         max_delay_ms="20",
         worker_concurrency="4",

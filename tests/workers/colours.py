@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kiln.app.catalog import register_model
+from kiln.app.core.config import Settings
 from kiln.app.model_spec import ImageModelSpec
 from kiln.workers.runtime import WorkerRuntime
 from tests.models import colour_classifier
@@ -33,3 +36,14 @@ def register_colours(runtime: WorkerRuntime, tmp_path: Path) -> None:
             spec=spec,
         )
         session.commit()
+
+
+@contextmanager
+def colours_runtime(settings: Settings, tmp_path: Path) -> Iterator[WorkerRuntime]:
+    """A worker runtime with `colours` registered, closed after the block."""
+    runtime = WorkerRuntime(settings)
+    try:
+        register_colours(runtime, tmp_path)
+        yield runtime
+    finally:
+        runtime.close()

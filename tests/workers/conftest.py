@@ -11,7 +11,7 @@ import pytest
 from kiln.app.core.config import Settings
 from kiln.workers.runtime import WorkerRuntime
 from tests.support import migrated_settings
-from tests.workers.colours import register_colours
+from tests.workers.colours import colours_runtime
 
 
 @pytest.fixture
@@ -21,9 +21,5 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 @pytest.fixture
 def runtime(settings: Settings, tmp_path: Path) -> Iterator[WorkerRuntime]:
-    runtime = WorkerRuntime(settings)
-    try:
-        register_colours(runtime, tmp_path)
+    with colours_runtime(settings, tmp_path) as runtime:
         yield runtime
-    finally:
-        runtime.close()

@@ -34,7 +34,12 @@ KEYS = [f"2026/{name}.jpg" for name in "abcde"]  # pages of 2: [a b] [c d] [e]
 @pytest.fixture
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     return migrated_settings(
-        tmp_path, monkeypatch, chunk_size=3, ingest_page_size=2, ingest_pages_per_step=2
+        tmp_path,
+        monkeypatch,
+        chunk_size=3,
+        bulk_chunk_size=3,
+        ingest_page_size=2,
+        ingest_pages_per_step=2,
     )
 
 

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kiln.workers.batching import SECONDS_BOUNDS, Batcher, BatchStats, seconds_bound
 from kiln.workers.chunk.stats import ChunkTotals
+from kiln.workers.health import EngineHealth
 from kiln.workers.metrics import batch_size_histogram, size_buckets, worker_registry
 
 
@@ -18,6 +19,7 @@ class View:
     stats: dict[str, BatchStats]
     engines: dict[str, str]
     chunks: dict[str, ChunkTotals] = field(default_factory=dict)
+    health: EngineHealth = field(default_factory=EngineHealth)
 
     def batch_stats(self) -> dict[str, BatchStats]:
         return self.stats
@@ -27,6 +29,9 @@ class View:
 
     def chunk_totals(self) -> dict[str, ChunkTotals]:
         return self.chunks
+
+    def engine_health(self) -> EngineHealth:
+        return self.health
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -106,3 +111,23 @@ def test_engine_and_queue_wait_histograms_count_batches_and_rows() -> None:
     buckets = [v for (name, labels), v in got.items() if name == f"{wait}_bucket"]
     assert len(buckets) == len(SECONDS_BOUNDS) + 1
     assert got[(f"{wait}_bucket", (("le", "+Inf"), ("model", "m")))] == 10
+
+
+def test_health_memory_and_failed_builds_are_exported() -> None:
+    health = EngineHealth(
+        problems=["batcher-ocr: a batch of 4 has run for more than 300 s; the engine looks stuck."],
+        memory={"resnet:1": 100 * 2**20},
+        budget=2**30,
+        unloaded=3,
+        build_failures={("resnet:1", "tensorrt"): 2},
+    )
+    got = samples(generate_latest(worker_registry(View({}, {}, health=health))).decode())
+    assert got[("kiln_worker_healthy", ())] == 0.0
+    assert got[("kiln_model_memory_bytes", (("model", "resnet:1"),))] == 100 * 2**20
+    assert got[("kiln_memory_budget_bytes", ())] == 2**30
+    assert got[("kiln_models_unloaded_total", ())] == 3
+    key = ("kiln_engine_build_failures", (("backend", "tensorrt"), ("model", "resnet:1")))
+    assert got[key] == 2
+    healthy = samples(generate_latest(worker_registry(View({}, {}))).decode())
+    assert healthy[("kiln_worker_healthy", ())] == 1.0
+    assert ("kiln_memory_budget_bytes", ()) not in healthy  # no model loaded yet

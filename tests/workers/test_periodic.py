@@ -1,18 +1,21 @@
-"""What `kiln beat` runs (workers/periodic.py): the reconciler resuming a silent ingest, and the
-schedule tick. The reconciler's chunk side (expired leases, lost messages) is tested with the
-leases, in tests/workers/chunk/test_lease.py."""
+"""What `kiln beat` runs (workers/periodic.py): the reconciler resuming a silent ingest and
+purging the content cache, and the schedule tick. The reconciler's chunk side (expired leases,
+lost messages) is tested with the leases, in tests/workers/chunk/test_lease.py."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import update
+import pytest
+from sqlalchemy import select, update
 
-from kiln.app.db.models import Ingest, Job, Schedule, utcnow
+from kiln.app.db import content_cache
+from kiln.app.db.models import ContentCache, Ingest, Job, Schedule, utcnow
 from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.schedules import ScheduleRequest, add_schedule
 from kiln.app.tenants import allow_bucket
+from kiln.workers import periodic
 from kiln.workers.periodic import reconcile, run_due_schedules
 from kiln.workers.runtime import WorkerRuntime
 
@@ -44,7 +47,13 @@ def test_a_silent_ingest_gets_a_new_step_and_a_live_one_does_not(runtime: Worker
 
     report = reconcile(runtime, dispatcher, lambda: set())
 
-    assert report == {"ingests_resumed": 1, "chunks_expired": 0, "chunks_resent": 0}
+    assert report == {
+        "ingests_resumed": 1,
+        "chunks_expired": 0,
+        "chunks_resent": 0,
+        "jobs_closed": 0,
+        "cache_purged": 0,
+    }
     assert dispatcher.ingests == [IngestStep(silent, None, 0)]  # a new owner will claim it
     assert dispatcher.calls == []
 
@@ -59,7 +68,13 @@ def test_nothing_to_reconcile_sends_nothing_and_reads_no_broker(runtime: WorkerR
 
     report = reconcile(runtime, dispatcher, in_flight)
 
-    assert report == {"ingests_resumed": 0, "chunks_expired": 0, "chunks_resent": 0}
+    assert report == {
+        "ingests_resumed": 0,
+        "chunks_expired": 0,
+        "chunks_resent": 0,
+        "jobs_closed": 0,
+        "cache_purged": 0,
+    }
     assert asked == [] and dispatcher.ingests == [] and dispatcher.calls == []
 
 
@@ -86,3 +101,44 @@ def test_the_schedule_tick_starts_the_due_runs(runtime: WorkerRuntime) -> None:
             "exclude": [],
         }
     assert run_due_schedules(runtime, RecordingDispatcher()) == {"started": []}  # not due again
+
+
+def cache_rows(runtime: WorkerRuntime, ages_s: list[float]) -> None:
+    """Content-cache entries `d0`, `d1`, … written `ages_s` seconds ago."""
+    now = utcnow()
+    with runtime.sessions() as session:
+        session.add_all(
+            ContentCache(
+                model_key="t:acme/classify:abc",
+                sha256=f"d{i}",
+                outputs={},
+                created_at=now - timedelta(seconds=age),
+            )
+            for i, age in enumerate(ages_s)
+        )
+        session.commit()
+
+
+def cached(runtime: WorkerRuntime) -> set[str]:
+    with runtime.sessions() as session:
+        return set(session.scalars(select(ContentCache.sha256)))
+
+
+def test_the_reconciler_purges_the_content_cache_in_steps(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ttl_s = 3600.0
+    runtime.settings = runtime.settings.model_copy(
+        update={"content_cache_ttl_s": ttl_s, "content_cache_max_entries": 2}
+    )
+    cache_rows(runtime, [2 * ttl_s, 2 * ttl_s, 50, 40, 30, 20])  # d0, d1 expired; d2 oldest
+    monkeypatch.setattr(content_cache, "PURGE_BATCH", 2)
+    monkeypatch.setattr(periodic, "PURGE_STEPS", 1)
+
+    first = reconcile(runtime, RecordingDispatcher(), lambda: set())
+    assert first["cache_purged"] == 2 and cached(runtime) == {"d2", "d3", "d4", "d5"}
+
+    monkeypatch.setattr(periodic, "PURGE_STEPS", 100)
+    second = reconcile(runtime, RecordingDispatcher(), lambda: set())
+    assert second["cache_purged"] == 2 and cached(runtime) == {"d4", "d5"}
+    assert reconcile(runtime, RecordingDispatcher(), lambda: set())["cache_purged"] == 0

@@ -12,13 +12,18 @@ import pytest
 from PIL import Image, ImageDraw
 
 from kiln.app.core.errors import InputError
+from kiln.app.model_spec import Preprocessing
 from kiln.workers.preprocess import (
     Decoded,
     Letterbox,
+    Squash,
     center_crop,
     decode_image,
+    fit_image,
+    fit_size,
     letterbox,
     normalize,
+    squash,
     stack,
 )
 
@@ -329,6 +334,48 @@ def test_center_crop_ratio_resizes_the_short_side_first() -> None:
     assert (crop[2:-2, 2:-2] > 240).all()
 
 
+@pytest.mark.parametrize("resample", [Image.Resampling.BICUBIC, Image.Resampling.LANCZOS])
+def test_center_crop_with_another_filter_is_pillows(resample: Image.Resampling) -> None:
+    image = picture((300, 200), seed=3)
+    crop = center_crop(Decoded(image, 300, 200), 64, crop_ratio=0.8, resample=resample)
+    # Short side 200 → 80, long 300 → 120: the centre 64 of 120×80.
+    reference = image.resize((120, 80), resample).crop((28, 8, 92, 72))
+    assert np.array_equal(crop, np.asarray(reference))
+
+
+# ---------------------------------------------------------------- squash and fit
+
+
+def test_squash_stretches_to_the_square_and_maps_back_per_axis() -> None:
+    image = picture((200, 50), seed=4)
+    pixels, placed = squash(Decoded(image, 200, 50), 40, Image.Resampling.BICUBIC)
+    assert np.array_equal(pixels, np.asarray(image.resize((40, 40), Image.Resampling.BICUBIC)))
+    assert placed == Squash(scale_x=0.2, scale_y=0.8, width=200, height=50)
+    assert placed.scales == (0.2, 0.8)
+    assert Letterbox(0.5, 10, 10).scales == (0.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("fit", "resized"), [("crop", (146, 73)), ("letterbox", (64, 32)), ("squash", (64, 64))]
+)
+def test_fit_size_is_what_each_fit_resizes_to(fit: str, resized: tuple[int, int]) -> None:
+    """What a JPEG may be drafted to: a 400×200 image for a 64 input (crop: 64/0.875 = 73)."""
+    pre = Preprocessing(input_size=64, fit=fit)  # type: ignore[arg-type]
+    assert fit_size(pre, 400, 200) == resized
+
+
+def test_fit_image_uses_the_declared_fit_and_filter() -> None:
+    image = picture((120, 90), seed=5)
+    decoded = Decoded(image, 120, 90)
+    cropped, nothing = fit_image(decoded, Preprocessing(32, "crop", "nearest", crop_ratio=1.0))
+    assert nothing is None
+    assert np.array_equal(cropped, center_crop(decoded, 32, 1.0, Image.Resampling.NEAREST))
+    boxed, placed = fit_image(decoded, Preprocessing(32, "letterbox", "bicubic"))
+    assert placed == Letterbox(32 / 120, 120, 90)
+    expected = np.asarray(image.resize((32, 24), Image.Resampling.BICUBIC))
+    assert np.array_equal(boxed[:24], expected) and (boxed[24:] == 0).all()
+
+
 # ---------------------------------------------------------------- normalize
 
 
@@ -384,6 +431,21 @@ def test_normalize_defaults_scale_to_unit_range(batch: np.ndarray) -> None:
 def test_normalize_custom_scale(batch: np.ndarray) -> None:
     out = normalize(np, batch, mean=(127.5,) * 3, std=(127.5,) * 3, scale=1.0, layout="NHWC")
     np.testing.assert_allclose(out, batch / 127.5 - 1.0, rtol=1e-6, atol=1e-6)
+
+
+def test_normalize_bgr_reverses_the_channels(batch: np.ndarray) -> None:
+    """The pixels go in reversed; mean and std are already in the model's (BGR) order."""
+    out = normalize(np, batch, mean=MEAN[::-1], std=STD[::-1], channel_order="BGR")
+    expected = reference_nchw(batch[..., ::-1], MEAN[::-1], STD[::-1], 1 / 255)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert out.flags.c_contiguous
+    rgb = normalize(np, batch, mean=MEAN, std=STD)
+    np.testing.assert_allclose(out, rgb[:, ::-1], rtol=1e-5, atol=1e-5)
+
+
+def test_normalize_rejects_unknown_channel_orders(batch: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="Unknown channel order 'GBR'"):
+        normalize(np, batch, channel_order="GBR")
 
 
 def test_normalize_does_not_modify_its_input(batch: np.ndarray) -> None:

@@ -11,6 +11,7 @@ from kiln.app.core.config import Settings
 from kiln.app.dispatch.contract import CONTROL, RECONCILE_TASK, SCHEDULES_TASK
 from kiln.app.dispatch.producer import configure
 from kiln.workers.celery import tasks
+from kiln.workers.health import EngineHealth
 
 if TYPE_CHECKING:
     from kiln.workers.batching import BatchStats
@@ -53,6 +54,19 @@ class KilnCelery(Celery):  # type: ignore[misc]
         with self._runtime_lock:
             runtime = self._runtime
         return runtime.backends() if runtime else {}
+
+    def engine_health(self) -> EngineHealth:
+        """Problems, memory and failed builds; empty until the runtime exists."""
+        with self._runtime_lock:
+            runtime = self._runtime
+        return runtime.engine_health() if runtime else EngineHealth()
+
+    def health_problems(self) -> list[str]:
+        """What keeps this worker from working (a stuck engine, an overlong run); empty until
+        the runtime exists."""
+        with self._runtime_lock:
+            runtime = self._runtime
+        return runtime.health.problems() if runtime else []
 
     def close_runtime(self) -> None:
         with self._runtime_lock:

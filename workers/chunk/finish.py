@@ -19,8 +19,10 @@ from sqlalchemy.orm import Session
 
 from kiln.app import results
 from kiln.app.catalog import ModelInfo
+from kiln.app.db import content_cache as cache_rows
 from kiln.app.db import ingest, leases, queries
-from kiln.app.db.models import Item, ItemStatus, Job, aware, utcnow
+from kiln.app.db.leases import LeasedItem
+from kiln.app.db.models import ItemStatus, Job, aware
 from kiln.app.db.session import unit_of_work
 from kiln.app.results import Result, ResultRow
 from kiln.workers.chunk import content_cache
@@ -41,12 +43,13 @@ class Lease:
     chunk_count: int
     was_open: bool  # the job was open when leased (else this is a replay of a closed job)
     model: ModelInfo
-    items: list[Item]
+    items: list[LeasedItem]
     place: results.Place  # where the job's results go
     bulk: bool = False  # items come from an ingest (the chunk count grows while it lists)
     pipeline_id: int | None = None  # bulk, incremental: remember what succeeded
     owner: str = ""  # the run holding the items' lease: only its results are written
     held_elsewhere: bool = False  # nothing leased because another live run holds the chunk
+    tenant: str = ""
 
 
 def finish_chunk(
@@ -59,27 +62,28 @@ def finish_chunk(
     if nothing is open. Returns the final status if this call closed the job."""
     fields = output_fields(lease.model)
     with runtime.sessions() as session:
-        # Reads (and the shard) only: ended before the next unit waits for the job row, so no
-        # lock is held meanwhile.
-        with unit_of_work(session):
-            if lease.items and not leases.holds(session, lease.item_ids, lease.owner):
+        with unit_of_work(session):  # reads only
+            if lease.items and not leases.holds(session, lease.job_id, lease.owner):
                 log.warning("chunk %s/%d: lease taken over; not writing", lease.job_id, lease.chunk)
                 return None
             shard = _shard_rows(session, lease, rows)
-            if shard:
-                results.write_shard(lease.place, lease.chunk, shard, fields)
+        if shard:  # before the results commit: whoever sees an item finished can read its row
+            results.write_shard(lease.place, lease.chunk, shard, fields)
         with unit_of_work(session):
-            # Chunks of one job finish one at a time (job row first, then items, like a lease):
-            # each then sees the others' results, so the last one always closes the job.
-            queries.lock_job(session, lease.job_id)
             queries.upsert_results(
-                session, lease.job_id, [_upsert_row(r) for r in rows], owner=lease.owner
+                session, lease.job_id, lease.chunk, [_upsert_row(r) for r in rows], lease.owner
             )
-            queries.cache_results(session, lease.model.cache_key, fresh or {})
+            scope = content_cache.scope_key(runtime.settings, lease.tenant, lease.model)
+            ttl_s = runtime.settings.content_cache_ttl_s
+            cache_rows.cache_results(session, scope, fresh or {}, ttl_s)
             if lease.pipeline_id is not None:
                 done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
                 ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
-            final, shards = _close_if_done(runtime, session, lease, bool(shard), fields)
+        # Closing is its own unit, after the results commit, and takes no lock shared by the
+        # job's chunks: whichever chunk commits last sees every other chunk's results, so it
+        # closes the job (two seeing it at once race on one conditional update, and one wins).
+        with unit_of_work(session):
+            final, shards = _close_if_done(session, lease, bool(shard), fields)
         if final is not None or not lease.was_open:
             ensure_manifest(runtime, session, lease.job_id, lease.model, final is not None, shards)
     return final
@@ -108,21 +112,46 @@ def _upsert_row(row: ResultRow) -> dict[str, Any]:
         "error": row.error,
         "outputs": outputs,
         "duration_ms": row.duration_ms,
-        "finished_at": utcnow(),
     }
 
 
 def _close_if_done(
-    runtime: WorkerRuntime, session: Session, lease: Lease, wrote: bool, fields: list[pa.Field]
+    session: Session, lease: Lease, wrote: bool, fields: list[pa.Field]
 ) -> tuple[str | None, list[str] | None]:
     """Close the job if no item is open: the final status and the shard keys (if known)."""
     if lease.chunk_count <= 1 and not lease.bulk:  # a bulk job may gain chunks as it lists
         shards = [results.shard_key(lease.place, lease.chunk)] if wrote else []
-    else:
-        if queries.has_open_items(session, lease.job_id) or ingest.listing(session, lease.job_id):
-            return None, None
-        shards = write_missing_shards(session, lease.place, lease.job_id, fields)
-    return queries.finish_job_if_done(session, lease.job_id), shards
+        return queries.finish_job_if_done(session, lease.job_id), shards
+    return close_if_done(session, lease.place, lease.job_id, fields)
+
+
+def close_if_done(
+    session: Session, place: results.Place, job_id: str, fields: list[pa.Field]
+) -> tuple[str | None, list[str] | None]:
+    """Close a job of many chunks once none has open items: its missing shards first, so a
+    closed job always has every shard. The final status and the shard keys, or (None, None)."""
+    if queries.has_open_items(session, job_id) or ingest.listing(session, job_id):
+        return None, None
+    shards = write_missing_shards(session, place, job_id, fields)
+    return queries.finish_job_if_done(session, job_id), shards
+
+
+def close_finished_job(runtime: WorkerRuntime, job_id: str) -> str | None:
+    """The reconciler's close of an open job whose items have all ended (its last chunk's run
+    stopped between committing its results and closing the job); returns the final status if
+    this call closed it."""
+    with runtime.sessions() as session:
+        job = leases.job_facts(session, job_id)
+        if job is None:
+            return None
+        model = runtime.model_info(session, job.model, job.tenant)
+        with unit_of_work(session):
+            final, shards = close_if_done(
+                session, runtime.place(job_id, job.output), job_id, output_fields(model)
+            )
+        if final is not None:
+            ensure_manifest(runtime, session, job_id, model, True, shards)
+    return final
 
 
 def write_missing_shards(

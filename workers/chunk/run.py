@@ -11,14 +11,16 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import Future
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.app.catalog import ModelInfo
 from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import KilnError, TransientError
+from kiln.app.db import content_cache as cache_rows
 from kiln.app.db import leases, queries
-from kiln.app.db.models import Item, ItemStatus, JobStatus
+from kiln.app.db.leases import LeasedItem
+from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, JobStatus
 from kiln.app.db.session import unit_of_work
 from kiln.app.observability.tracing import annotate
 from kiln.app.results import ResultRow
@@ -50,7 +52,7 @@ class ChunkReport:
 
 @dataclass
 class _Work:
-    item: Item
+    item: LeasedItem
     started: float
     data: bytes | str | None = None
     digest: str | None = None
@@ -80,7 +82,7 @@ def process_chunk(
     still running elsewhere finds the items held and drops out)."""
     report = ChunkReport(job_id, chunk)
     owner = owner or str(uuid.uuid4())
-    lease = _lease(runtime, job_id, chunk, item_ids, owner)
+    lease = lease_chunk(runtime, job_id, chunk, item_ids, owner)
     where = {"job_id": job_id, "chunk": chunk, "items": len(item_ids)}  # for log lines
     if lease is None:
         log.warning("chunk %s/%d: job no longer exists; dropping", job_id, chunk, extra=where)
@@ -92,7 +94,10 @@ def process_chunk(
         )
         return report
     settings = runtime.settings
-    keeper = LeaseKeeper(runtime.sessions, job_id, owner, settings.lease_s, settings.lease_renew_s)
+    keeper = LeaseKeeper(
+        runtime.sessions, job_id, owner, settings.lease_s, settings.lease_renew_s,
+        max_s=settings.run_max_s, health=runtime.health,
+    )  # fmt: skip
     try:
         with keeper:
             work = _run(runtime, lease, report, urgent, keeper) if lease.items else []
@@ -132,36 +137,38 @@ def _release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
         )  # fmt: skip
 
 
-def _lease(
+def lease_chunk(
     runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], owner: str
 ) -> Lease | None:
-    """One unit of work: lock the job, take the chunk's open items, mark the job running."""
+    """Take the chunk's open items and read the job (no lock on its row), then mark the job
+    running if it was queued."""
     settings = runtime.settings
     with runtime.sessions() as session:
         with unit_of_work(session):
-            job = queries.lock_job(session, job_id)
+            leased = leases.take(session, job_id, item_ids, owner, settings.lease_s)
+            job = leases.job_facts(session, job_id)
             if job is None:
                 return None
-            leased = leases.take(session, job_id, item_ids, owner, settings.lease_s)
             elsewhere = not leased and leases.held_elsewhere(session, item_ids, owner)
-            was_open = queries.is_open(job)
-            if leased and job.status == JobStatus.QUEUED:
+        if leased and job.status == JobStatus.QUEUED:
+            with unit_of_work(session):
                 queries.mark_job_running(session, job_id)
         model = runtime.model_info(session, job.model, job.tenant)
-        return Lease(
-            job_id,
-            chunk,
-            item_ids,
-            job.chunk_count,
-            was_open,
-            model,
-            leased,
-            place=runtime.place(job.id, job.output),
-            bulk=job.source is not None,
-            pipeline_id=job.pipeline_id,
-            owner=owner,
-            held_elsewhere=elsewhere,
-        )
+    return Lease(
+        job_id,
+        chunk,
+        item_ids,
+        job.chunk_count,
+        job.status in OPEN_JOB_STATUSES,
+        model,
+        leased,
+        place=runtime.place(job.id, job.output),
+        bulk=job.bulk,
+        pipeline_id=job.pipeline_id,
+        owner=owner,
+        held_elsewhere=elsewhere,
+        tenant=job.tenant,
+    )
 
 
 def _run(
@@ -171,29 +178,45 @@ def _run(
     urgent: bool,
     keeper: LeaseKeeper,
 ) -> list[_Work]:
-    """Fetch, consult the content cache and decode on this thread, feeding the shared Batcher
-    as rows become ready; then collect. Inputs are fetched a few at a time so a chunk of large
-    images never sits in memory whole. A cancel seen between groups stops the rest."""
+    """Load the model (kept loaded while this runs), then run the work through its engine; a
+    model that cannot load fails the work with the reason."""
     model = lease.model
     work = [_Work(item, time.monotonic()) for item in lease.items]
     _give_up_on_retried(work, runtime.settings.max_attempts)
-    try:
-        runner = runtime.runner(model)
-    except TransientError:
-        raise
-    except Exception as error:
-        where = {"job_id": lease.job_id, "chunk": lease.chunk, "model": model.ref}
-        log.exception("model %s failed to load", model.ref, extra=where)
-        for w in work:
-            w.error = w.error or f"Model {model.ref!r} could not be loaded: {error}."
-        return work
+    with ExitStack() as stack:
+        try:
+            runner = stack.enter_context(runtime.using(model))  # not unloaded while in use
+        except TransientError:
+            raise
+        except Exception as error:
+            where = {"job_id": lease.job_id, "chunk": lease.chunk, "model": model.ref}
+            log.exception("model %s failed to load", model.ref, extra=where)
+            for w in work:
+                w.error = w.error or f"Model {model.ref!r} could not be loaded: {error}."
+            return work
+        _through_engine(runtime, runner, lease, work, report, urgent, keeper)
+    return work
+
+
+def _through_engine(
+    runtime: WorkerRuntime,
+    runner: ModelRunner,
+    lease: Lease,
+    work: list[_Work],
+    report: ChunkReport,
+    urgent: bool,
+    keeper: LeaseKeeper,
+) -> None:
+    """Fetch, consult the content cache and decode on this thread, feeding the shared Batcher
+    as rows become ready; then collect. Inputs are fetched a few at a time so a chunk of large
+    images never sits in memory whole. A cancel seen between groups stops the rest."""
     with runner.batcher.expect(len(work), urgent) as announced:  # so the Batcher waits for these
         for start in range(0, len(work), FETCH_GROUP):
             group = work[start : start + FETCH_GROUP]
             if keeper.cancelled.is_set() or keeper.lost.is_set():
                 _cancel(group, announced)
             else:
-                report.cached += _feed(runtime, runner, model, group, announced, report)
+                report.cached += _feed(runtime, runner, lease, group, announced, report)
     timer = time.monotonic()
     for w in work:
         _collect(runner, w)
@@ -201,13 +224,12 @@ def _run(
     report.processed = sum(1 for w in work if not w.cancelled)
     report.failed = sum(1 for w in work if w.error and not w.cancelled)
     report.succeeded = report.processed - report.failed
-    return work
 
 
 def _feed(
     runtime: WorkerRuntime,
     runner: ModelRunner,
-    model: ModelInfo,
+    lease: Lease,
     group: list[_Work],
     announced: Announcement[Prepared, Any],
     report: ChunkReport,
@@ -218,7 +240,7 @@ def _feed(
     for w in group:
         if w.waiting:
             _fetch(runtime, w)
-    hits = _use_cache(runtime, model, group)
+    hits = _use_cache(runtime, lease, group)
     report.seconds["fetch"] += time.monotonic() - timer
     for w in group:
         _submit(runner, announced, w, report)
@@ -259,13 +281,19 @@ def _fetch(runtime: WorkerRuntime, w: _Work) -> None:
         w.digest = sha256_hex(w.data)
 
 
-def _use_cache(runtime: WorkerRuntime, model: ModelInfo, group: list[_Work]) -> int:
-    """Answer the inputs this model version has already seen; returns how many."""
+def _use_cache(runtime: WorkerRuntime, lease: Lease, group: list[_Work]) -> int:
+    """Answer the inputs this model version has already seen for this tenant (or any tenant,
+    when the cache is shared); returns how many."""
     digests = [w.digest for w in group if w.digest and w.waiting]
     if not digests:
         return 0
     with runtime.sessions() as session:
-        known = queries.cached_results(session, model.cache_key, digests)
+        known = cache_rows.cached_results(
+            session,
+            content_cache.scope_key(runtime.settings, lease.tenant, lease.model),
+            digests,
+            runtime.settings.content_cache_ttl_s,
+        )
     hits = 0
     for w in group:
         entry = known.get(w.digest or "")
@@ -304,6 +332,10 @@ def _collect(runner: ModelRunner, w: _Work) -> None:
         return
     try:
         w.outputs = runner.pipeline.finish(w.prepared, w.future.result())
+    except TransientError:
+        raise  # a stuck engine (past its batch deadline): the whole chunk runs again
+    except KilnError as error:  # the input itself (an image that did not decode on the GPU)
+        w.error = str(error)
     except Exception as error:
         where = {"job_id": w.item.job_id, "chunk": w.item.chunk, "item": w.item.key}
         log.warning("inference failed for %s: %s", w.item.key, error, extra=where)

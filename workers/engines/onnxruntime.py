@@ -51,6 +51,8 @@ class OnnxRuntimeEngine:
         reason: str = "",
     ) -> None:
         providers = providers or ["CPUExecutionProvider"]
+        if "CUDAExecutionProvider" in providers:
+            _preload_cuda()
         options = session_options(threads or default_threads(runners))
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.backend = f"onnxruntime:{self.session.get_providers()[0]}"
@@ -65,6 +67,19 @@ class OnnxRuntimeEngine:
     ) -> dict[str, np.ndarray]:
         results = self.session.run(self._output_names, prepared(feeds, prepare))
         return dict(zip(self._output_names, results, strict=True))
+
+
+def _preload_cuda() -> None:
+    """Load the CUDA and cuDNN libraries from the `nvidia-*` wheels (`kiln[gpu-libs]`), which
+    the dynamic loader does not search; without them the CUDA provider silently falls back to
+    the CPU. A no-op where the host has them, and before ONNX Runtime 1.21 (no preload)."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as error:  # the host's own libraries may still do: the session will say
+        log.warning("onnxruntime.preload_dlls failed: %s", error)
 
 
 def _spec(node: ort.NodeArg) -> TensorSpec:

@@ -1,24 +1,33 @@
-"""Choose an engine backend for this host, say why, and build engines with it.
+"""Choose engine backends for this host, say why, and build each model's engine with the best
+one that can build it.
 
-`auto` takes TensorRT when `tensorrt` imports and a CUDA device is visible, else ONNX Runtime's
-CUDA provider, else ONNX Runtime on the CPU. The probe is a value, so the rule is tested here
-without a GPU.
+`auto` ranks what this host could run — TensorRT when `tensorrt` imports and a CUDA device is
+visible, ONNX Runtime's CUDA provider, PyTorch on CUDA, ONNX Runtime on the CPU — and each model
+gets the first that builds it: a model TensorRT cannot build (an unsupported op, output shapes
+that depend on the data) falls back to the next, with the reason kept. A failed build is
+remembered per model version and backend (`failures.BuildFailures`), so it is retried with
+backoff, not on every chunk. The probe is a value, so the rules are tested without a GPU.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnxruntime as ort
 
+from kiln.app.core.errors import TransientError
 from kiln.workers.device import Gpu, list_gpus
 from kiln.workers.engines.base import BackendUnavailableError, Choice, Engine, EngineRequest
+from kiln.workers.engines.failures import BuildFailures
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
+from kiln.workers.engines.tensorrt_logic import EngineBuildError
 
 if TYPE_CHECKING:
     from kiln.app.core.config import Settings
@@ -26,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu")
+BACKENDS = ("auto", "tensorrt", "onnxruntime-cuda", "torch-cuda", "onnxruntime-cpu")
 GPU_RUNNERS = 2  # two batches in flight: one copies while the other computes
 
 
@@ -38,14 +47,17 @@ class Host:
     gpus: tuple[Gpu, ...]
     ort_providers: tuple[str, ...]
     cpus: int
+    torch_cuda: bool = False  # torch imports and sees CUDA (probed only when a GPU is visible)
 
     @classmethod
     def probe(cls) -> Host:
+        gpus = tuple(list_gpus())
         return cls(
             tensorrt=_tensorrt_importable(),
-            gpus=tuple(list_gpus()),
+            gpus=gpus,
             ort_providers=tuple(ort.get_available_providers()),
             cpus=os.cpu_count() or 1,
+            torch_cuda=bool(gpus) and _torch_cuda(),
         )
 
 
@@ -61,6 +73,39 @@ def _tensorrt_importable() -> bool:
         log.warning("tensorrt is installed but does not import: %s", error)
         return False
     return hasattr(tensorrt, "Builder")
+
+
+def _torch_cuda() -> bool:
+    """torch sees CUDA and onnx2fx (ONNX → torch) is there: the PyTorch backend can run."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("onnx2fx") is None:
+        return False
+    try:
+        import torch
+    except Exception as error:  # a broken install is "not available"
+        log.warning("torch is installed but does not import: %s", error)
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def candidates(host: Host, preference: str = "auto") -> list[Choice]:
+    """The backends a model may be built with, best first: every one this host could run for
+    `auto`, else just the one configured (which must be possible here)."""
+    if preference != "auto":
+        return [choose(host, preference)]
+    gpu = f"{len(host.gpus)} GPU(s) visible ({', '.join(g.name for g in host.gpus)})"
+    found = []
+    if host.tensorrt and host.gpus:
+        found.append(Choice("tensorrt", f"tensorrt imports and {gpu}"))
+    if "CUDAExecutionProvider" in host.ort_providers and host.gpus:
+        why = "tensorrt is not installed" if not host.tensorrt else "after tensorrt"
+        found.append(
+            Choice("onnxruntime-cuda", f"{why}; ONNX Runtime has the CUDA provider and {gpu}")
+        )
+    if host.torch_cuda and host.gpus:
+        found.append(Choice("torch-cuda", f"torch sees CUDA and {gpu}"))
+    last = Choice("onnxruntime-cpu", "the last resort: ONNX Runtime on the CPU")
+    found.append(last if found else choose(host))
+    return found
 
 
 def choose(host: Host, preference: str = "auto") -> Choice:
@@ -79,6 +124,11 @@ def choose(host: Host, preference: str = "auto") -> Choice:
     if preference == "onnxruntime-cuda":
         missing = "no GPU is visible" if cuda_ort else "onnxruntime-gpu is not installed"
         raise BackendUnavailableError(f"ONNX Runtime CUDA was asked for, but {missing}.")
+    if preference in ("auto", "torch-cuda") and host.torch_cuda and host.gpus:
+        return Choice("torch-cuda", f"torch sees CUDA and {gpu}")
+    if preference == "torch-cuda":
+        missing = "no GPU is visible" if host.torch_cuda else "torch does not see CUDA"
+        raise BackendUnavailableError(f"PyTorch CUDA was asked for, but {missing}.")
     if preference == "onnxruntime-cpu":
         return Choice("onnxruntime-cpu", "configured (KILN_ENGINE=onnxruntime-cpu)")
     return Choice(
@@ -95,17 +145,58 @@ def runner_count(configured: int, choice: Choice, host: Host) -> int:
     return GPU_RUNNERS if choice.on_gpu else host.cpus
 
 
-class EngineFactory:
-    """Builds every engine of one worker process, all with the same backend choice."""
+# Builds one model's engine with one backend; raises with a sentence when it cannot.
+Builder = Callable[[EngineRequest, Choice], Engine]
 
-    def __init__(self, settings: Settings, store: ObjectStore, host: Host | None = None) -> None:
+
+@dataclass(frozen=True)
+class Built:
+    """One engine a factory built, for reports and the memory budget."""
+
+    name: str
+    engine: Engine
+    onnx_path: Path
+
+
+class EngineFactory:
+    """Builds the engines of one worker process: each with the best backend that builds it.
+
+    `choice` is the host's best backend (it sizes runner threads and OCR's batches); a model
+    whose build fails with it gets the next one. `scoped()` gives a view that records the
+    engines one model's pipeline builds (`built`), sharing everything else.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ObjectStore,
+        host: Host | None = None,
+        builders: Mapping[str, Builder] | None = None,
+        failures: BuildFailures | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.host = host or Host.probe()
-        self.choice = choose(self.host, settings.engine)
+        self.candidates = candidates(self.host, settings.engine)
+        self.choice = self.candidates[0]
         self.runners = runner_count(settings.runners, self.choice, self.host)
-        log.info("engine backend %s (%s), %d runner(s) per model", self.choice.backend,
-                 self.choice.reason, self.runners)  # fmt: skip
+        self.failures = failures or BuildFailures(settings.engine_retry_s)
+        self.builders: Mapping[str, Builder] = builders or {
+            "tensorrt": self._tensorrt,
+            "onnxruntime-cuda": self._onnxruntime,
+            "torch-cuda": self._torch,
+            "onnxruntime-cpu": self._onnxruntime,
+        }
+        self.built: list[Built] = []
+        log.info("engine backends %s (%s), %d runner(s) per model",
+                 ", ".join(c.backend for c in self.candidates), self.choice.reason,
+                 self.runners)  # fmt: skip
+
+    def scoped(self) -> EngineFactory:
+        """The same factory, recording into its own `built` (one model's load)."""
+        view = copy.copy(self)
+        view.built = []
+        return view
 
     def build(
         self,
@@ -114,24 +205,58 @@ class EngineFactory:
         max_batch: int,
         axes: tuple[tuple[int, int, int, int], ...] = (),
     ) -> Engine:
+        """The engine for `name` (a model version) with the first backend that builds it."""
         request = EngineRequest(name, onnx_path, max_batch, axes)
-        if self.choice.backend == "tensorrt":
-            from kiln.workers.engines.tensorrt import build_tensorrt_engine
+        passed: list[str] = []  # why better backends were not used, for the report
+        for choice in self.candidates:
+            held = self.failures.waiting(name, choice.backend)
+            if held is not None:
+                left = self.failures.seconds_left(held)
+                passed.append(f"{choice.backend} failed ({held.reason}; next try in {left:.0f} s)")
+                continue
+            try:
+                engine = self.builders[choice.backend](request, choice)
+            except TransientError:
+                raise  # a store or database hiccup says nothing about the backend
+            except Exception as error:
+                failure = self.failures.record(name, choice.backend, _sentence(error))
+                log.warning("engine for %s: %s failed to build (attempt %d): %s", name,
+                            choice.backend, failure.attempts, failure.reason)  # fmt: skip
+                passed.append(f"{choice.backend} failed ({failure.reason})")
+                continue
+            self.failures.forget(name, choice.backend)
+            if passed:
+                engine.reason = f"{engine.reason}; fell back: {'; '.join(passed)}"
+            self.built.append(Built(name, engine, onnx_path))
+            log.info("engine for %s: %s (%s)", name, engine.backend, engine.reason)
+            return engine
+        raise EngineBuildError(f"No engine backend could build {name}: {'; '.join(passed)}.")
 
-            engine: Engine = build_tensorrt_engine(
-                request, self.settings, self.store, self.host.gpus[0], self.runners, self.choice
-            )
-        else:
-            providers = (
-                ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.choice.on_gpu else None
-            )
-            engine = OnnxRuntimeEngine(
-                onnx_path,
-                max_batch=max_batch,
-                providers=providers,
-                threads=self.settings.engine_threads,
-                runners=self.runners,
-                reason=self.choice.reason,
-            )
-        log.info("engine for %s: %s (%s)", name, engine.backend, engine.reason)
-        return engine
+    def _tensorrt(self, request: EngineRequest, choice: Choice) -> Engine:
+        from kiln.workers.engines.tensorrt import build_tensorrt_engine
+
+        gpu = self.host.gpus[0]
+        return build_tensorrt_engine(request, self.settings, self.store, gpu, self.runners, choice)
+
+    def _onnxruntime(self, request: EngineRequest, choice: Choice) -> Engine:
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if choice.on_gpu else None
+        return OnnxRuntimeEngine(
+            request.onnx_path,
+            max_batch=request.max_batch,
+            providers=providers,
+            threads=self.settings.engine_threads,
+            runners=self.runners,
+            reason=choice.reason,
+        )
+
+    def _torch(self, request: EngineRequest, choice: Choice) -> Engine:
+        from kiln.workers.engines.torch_engine import build_torch_engine
+
+        return build_torch_engine(
+            request, "cuda", self.runners, choice.reason, self.settings.precision
+        )
+
+
+def _sentence(error: BaseException) -> str:
+    text = str(error).strip().rstrip(".") or type(error).__name__
+    return text.splitlines()[0][:300]

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -251,6 +252,7 @@ def build_tensorrt_engine(
         reason=choice.reason,
         max_batch=request.max_batch,
         plan_source=loaded.obtained.source,
+        weights_bytes=Path(request.onnx_path).stat().st_size,
     )
     log.info("TensorRT engine for %s ready in %.1f s (plan %s, %d slot(s))", loaded.spec.model,
              time.perf_counter() - started, loaded.obtained.source, runners)  # fmt: skip
@@ -409,6 +411,7 @@ class TensorRTEngine:
         reason: str,
         max_batch: int,
         plan_source: str,
+        weights_bytes: int = 0,
     ) -> None:
         import cupy
 
@@ -425,7 +428,13 @@ class TensorRTEngine:
         self.outputs = [spec_of(t) for t in tensors if not t.is_input]
         ranges = [t.range for t in tensors if t.range is not None]
         self.max_batch = engine_max_batch(ranges, max_batch)
-        self._slots = SlotPool(new_slot(cupy, engine, tensors) for _ in range(max(1, runners)))
+        slots = [new_slot(cupy, engine, tensors) for _ in range(max(1, runners))]
+        self._slots = SlotPool(slots)
+        # For the memory budget: each slot's buffers and context scratch, and the weights (the
+        # ONNX file's size: FP16 plans hold about half, so this errs high).
+        scratch = engine.device_memory_size_v2
+        buffers = sum(a.nbytes for slot in slots for a in slot.device.values())
+        self.memory_bytes = int(buffers + len(slots) * scratch + weights_bytes)
 
     def infer(
         self, feeds: Mapping[str, np.ndarray], prepare: Mapping[str, Prepare] | None = None

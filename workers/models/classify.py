@@ -1,4 +1,4 @@
-"""Any registered ONNX image classifier: centre crop, mean/std, softmax top-k with labels."""
+"""Any registered ONNX image classifier: its declared preprocessing, softmax top-k with labels."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def top_k(probabilities: np.ndarray, labels: Sequence[str], k: int) -> list[dict
 
 
 class ClassifyPipeline(ImageModelPipeline):
+    kind = "classify"
+
     def __init__(self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int):
         super().__init__(name, engine, spec, max_pixels=max_pixels)
         self.labels: list[str] = list(spec["labels"])
@@ -46,4 +48,5 @@ class ClassifyPipeline(ImageModelPipeline):
         return list(softmax(self._run(rows)))
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
+        self._raise_if_failed(row)
         return {"labels": top_k(raw, self.labels, self.k)}

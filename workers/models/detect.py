@@ -1,6 +1,9 @@
-"""The built-in `detector`: NudeNet's YOLOv8n (320 px) body-part/nudity detector, with NMS in NumPy.
+"""YOLOv8-style detectors: the built-in `detector` and any registered `detect` model.
 
-Not a general object detector: its labels are NudeNet's (FACE_FEMALE, BUTTOCKS_EXPOSED, …)."""
+The built-in is NudeNet's YOLOv8n (320 px) body-part/nudity detector, not a general object
+detector: its labels are NudeNet's (FACE_FEMALE, BUTTOCKS_EXPOSED, …). A registered detector
+brings its own labels, preprocessing and NMS settings; both decode boxes and run NMS here, in
+NumPy."""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.core.errors import InputError
+from kiln.app.model_spec import Detection
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Prepared
-from kiln.workers.preprocess import Letterbox, decode_image, letterbox, normalize, stack
+from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.preprocess import Placement
 
 LABELS = (
     "FEMALE_GENITALIA_COVERED", "FACE_FEMALE", "BUTTOCKS_EXPOSED", "FEMALE_BREAST_EXPOSED",
@@ -55,35 +59,75 @@ def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> list[int
 
 
 def decode_yolo(
-    raw: np.ndarray, fit: Letterbox, *, score_threshold: float, iou_threshold: float
+    raw: np.ndarray,
+    fit: Placement,
+    *,
+    score_threshold: float,
+    iou_threshold: float,
+    labels: Sequence[str] = LABELS,
+    max_boxes: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One image's YOLOv8 output [4 + classes, anchors] → boxes in original pixels."""
+    """One image's YOLOv8 output [4 + classes, anchors] → boxes in original pixels, best
+    first, at most `max_boxes` of them."""
     predictions = raw.T
     class_scores = predictions[:, 4:]
     class_ids = class_scores.argmax(axis=1)
     scores = class_scores[np.arange(len(class_ids)), class_ids]
     mask = scores >= score_threshold
     cx, cy, w, h = (predictions[mask, i] for i in range(4))
-    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1) / fit.scale
+    scale_x, scale_y = fit.scales
+    scales = np.asarray([scale_x, scale_y, scale_x, scale_y], dtype=predictions.dtype)
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1) / scales
     boxes = np.clip(boxes, 0, [fit.width, fit.height, fit.width, fit.height])
     scores, class_ids = scores[mask], class_ids[mask]
-    detections = []
-    for i in nms(boxes, scores, iou_threshold):
-        detections.append(
-            {
-                "label": LABELS[int(class_ids[i])]
-                if class_ids[i] < len(LABELS)
-                else str(class_ids[i]),
-                "score": round(float(scores[i]), 4),
-                "box": [round(float(v), 1) for v in boxes[i]],
-            }
+    kept = nms(boxes, scores, iou_threshold)
+    return [
+        {
+            "label": labels[int(class_ids[i])] if class_ids[i] < len(labels) else str(class_ids[i]),
+            "score": round(float(scores[i]), 4),
+            "box": [round(float(v), 1) for v in boxes[i]],
+        }
+        for i in (kept if max_boxes is None else kept[:max_boxes])
+    ]
+
+
+class YoloPipeline(ImageModelPipeline):
+    """A registered detector: output [N, 4 + classes, anchors], boxes as centre and size in
+    model pixels, one score per label; letterboxed unless its spec says squash."""
+
+    kind = "detect"
+
+    def __init__(self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int):
+        super().__init__(name, engine, spec, max_pixels=max_pixels)
+        self.labels = tuple(self.declared.labels)
+        self.detection = self.declared.detection()
+
+    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
+        output = self._output(rows)
+        if output.ndim != 3 or output.shape[1] != 4 + len(self.labels):
+            raise ValueError(
+                f"Model {self.name!r} returned shape {list(output.shape)}, not "
+                f"[N, {4 + len(self.labels)}, anchors] (4 box values and {len(self.labels)} "
+                f"class scores per anchor)."
+            )
+        return list(output)
+
+    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
+        self._raise_if_failed(row)
+        found = self.detection
+        detections = decode_yolo(
+            raw,
+            row.meta["fit"],
+            score_threshold=found.score_threshold,
+            iou_threshold=found.iou_threshold,
+            labels=self.labels,
+            max_boxes=found.max_boxes,
         )
-    return detections
+        return {"detections": detections}
 
 
-class DetectorPipeline:
-    name = "detector"
-    max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
+class DetectorPipeline(YoloPipeline):
+    """The built-in detector: NudeNet's labels, letterboxed to `size`, pixels scaled to 0–1."""
 
     def __init__(
         self,
@@ -94,37 +138,7 @@ class DetectorPipeline:
         score_threshold: float = 0.25,
         iou_threshold: float = 0.45,
     ) -> None:
-        self.engine = engine
-        self.backend = engine.backend
-        self.max_batch = engine.max_batch
-        self.size = size
-        self.max_pixels = max_pixels
-        self.score_threshold = score_threshold
-        self.iou_threshold = iou_threshold
-        self.input_name = engine.inputs[0].name
-
-    def prepare(self, data: bytes | str) -> Prepared:
-        if isinstance(data, str):
-            raise InputError("This model takes images, not text.")
-        image = decode_image(data, max_pixels=self.max_pixels, draft_to=self.size)
-        pixels, fit = letterbox(image, self.size)
-        return Prepared(pixels, {"fit": fit})
-
-    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
-        pixels = stack([r.pixels for r in rows])
-        (output,) = self.engine.infer(
-            {self.input_name: pixels}, {self.input_name: normalize}
-        ).values()
-        return list(output)
-
-    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        detections = decode_yolo(
-            raw,
-            row.meta["fit"],
-            score_threshold=self.score_threshold,
-            iou_threshold=self.iou_threshold,
-        )
-        return {"detections": detections}
-
-    def close(self) -> None:
-        """Nothing beyond the engine to release."""
+        spec = {"input_size": size, "labels": list(LABELS), "fit": "letterbox"}
+        super().__init__("detector", engine, spec, max_pixels=max_pixels)
+        # NudeNet's answer keeps every box NMS keeps.
+        self.detection = Detection(score_threshold, iou_threshold, max_boxes=None)

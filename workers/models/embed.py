@@ -1,4 +1,5 @@
-"""Any registered ONNX image embedder: centre crop, mean/std, one unit-length vector per image."""
+"""Any registered ONNX image embedder: its declared preprocessing, one unit-length vector per
+image."""
 
 from __future__ import annotations
 
@@ -8,15 +9,26 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from kiln.app.core.errors import InputError
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Prepared
 from kiln.workers.models.image_model import ImageModelPipeline
 
 
 def fields(spec: dict[str, Any]) -> list[pa.Field]:
-    """Parquet columns, named like `finish`'s keys: the vector as a fixed-size list."""
+    """Parquet columns, named like `finish`'s keys: the vector, and its length in `dim`.
+
+    A list, not a fixed-size list: a failed item's vector is null, and pyarrow (25) cannot read
+    back a Parquet fixed-size list column holding a null ("Expected all lists to be of size=N"),
+    so one failed item made the whole job's results unreadable."""
     item = pa.float16() if spec.get("fp16") else pa.float32()
-    return [pa.field("embedding", pa.list_(item, int(spec["dim"]))), pa.field("dim", pa.int32())]
+    return [pa.field("embedding", pa.list_(item)), pa.field("dim", pa.int32())]
+
+
+def require_finite(vector: np.ndarray) -> None:
+    """A vector with NaN or infinity cannot be compared or searched: the item fails."""
+    if not np.isfinite(vector).all():
+        raise InputError("The model returned NaN or infinity for this input; no vector kept.")
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
@@ -27,13 +39,12 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 class EmbedPipeline(ImageModelPipeline):
+    kind = "embed"
+
     def __init__(self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int):
         super().__init__(name, engine, spec, max_pixels=max_pixels)
-        self.layout = str(spec.get("layout", "NCHW"))
         self.dim = int(spec["dim"])
         self.dtype = np.float16 if spec.get("fp16") else np.float32
-        # A model that takes half-precision input gets it straight from `normalize`.
-        self.input_dtype = "float16" if engine.inputs[0].dtype == "float16" else "float32"
         self._check_output()
 
     def _check_output(self) -> None:
@@ -53,4 +64,6 @@ class EmbedPipeline(ImageModelPipeline):
         return list(l2_normalize(vectors).astype(self.dtype))
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
+        self._raise_if_failed(row)
+        require_finite(raw)
         return {"embedding": raw, "dim": self.dim}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,13 +12,20 @@ from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.storage import ObjectStore
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed
+from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed, vector_groups
 from kiln.workers.models.base import JobClosed, Pipeline
+
+# Registered families: an ONNX file from Kiln's store, fed as its spec declares.
+_REGISTERED: dict[str, Callable[..., Pipeline]] = {
+    "classify": classify.ClassifyPipeline,
+    "embed": embed.EmbedPipeline,
+    "detect": detect.YoloPipeline,
+}
 
 
 def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
     settings, store = engines.settings, engines.store
-    if info.kind == "detect":
+    if info.kind == "detect" and info.builtin:
         engine = engines.build(info.name, detect.model_path(), settings.max_batch)
         return detect.DetectorPipeline(engine, max_pixels=settings.max_image_pixels)
     if info.kind == "ocr":
@@ -26,10 +34,10 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
         return text_embed.load_text_embed(engines, info.name)
     if info.kind == "phash":
         return phash.PhashPipeline(max_pixels=settings.max_image_pixels)
-    if info.kind in ("classify", "embed"):
+    if info.kind in _REGISTERED:
         max_batch = min(settings.max_batch, info.spec.get("max_batch") or settings.max_batch)
         engine = engines.build(info.ref, fetch_onnx(info, settings, store), max_batch)
-        family = classify.ClassifyPipeline if info.kind == "classify" else embed.EmbedPipeline
+        family = _REGISTERED[info.kind]
         return family(info.ref, engine, info.spec, max_pixels=settings.max_image_pixels)
     raise ValueError(f"Model {info.name!r} has kind {info.kind!r}, which this worker cannot run.")
 
@@ -65,7 +73,11 @@ def fetch_onnx(info: ModelInfo, settings: Settings, store: ObjectStore) -> Path:
 
 
 # Families with a step when one of their jobs closes.
-_JOB_CLOSED: dict[str, JobClosed] = {"phash": phash.close_job}
+_JOB_CLOSED: dict[str, JobClosed] = {
+    "phash": phash.close_job,
+    "embed": vector_groups.close_job,
+    "text-embed": vector_groups.close_job,
+}
 
 
 def job_closed(info: ModelInfo) -> JobClosed | None:

@@ -20,6 +20,7 @@ from PIL import Image
 from kiln.app import results
 from kiln.app.core.errors import InputError
 from kiln.app.families.phash import DEFAULT_MAX_DISTANCE, MAX_DISTANCE_LIMIT, PhashOptions
+from kiln.workers.grouping import components, groups_of
 from kiln.workers.models.base import ClosedJob, Prepared
 from kiln.workers.models.hamming import close_pairs
 from kiln.workers.preprocess import decode_image
@@ -91,10 +92,8 @@ def near_duplicate_groups(
     if not 0 <= max_distance <= MAX_DISTANCE_LIMIT:
         raise ValueError(f"max_distance must be between 0 and {MAX_DISTANCE_LIMIT} bits.")
     values, owner = np.unique(parse_hashes(hashes), return_inverse=True)
-    parents = _UnionFind(len(values))
-    for i, j in close_pairs(values, max_distance).tolist():
-        parents.union(i, j)
-    return _groups(keys, [parents.find(u) for u in owner.tolist()])
+    roots = components(len(values), close_pairs(values, max_distance).tolist())
+    return groups_of(keys, [roots[u] for u in owner.tolist()])
 
 
 def parse_hashes(hashes: Sequence[str]) -> np.ndarray:
@@ -103,28 +102,3 @@ def parse_hashes(hashes: Sequence[str]) -> np.ndarray:
     if bad is not None:
         raise ValueError(f"{bad!r} is not a 64-bit hash of 16 hex digits.")
     return np.frombuffer(bytes.fromhex("".join(hashes)), dtype=">u8").astype(np.uint64)
-
-
-class _UnionFind:
-    def __init__(self, size: int) -> None:
-        self.parent = list(range(size))
-
-    def find(self, i: int) -> int:
-        parent = self.parent
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]  # path halving keeps later finds short
-            i = parent[i]
-        return i
-
-    def union(self, i: int, j: int) -> None:
-        a, b = self.find(i), self.find(j)
-        if a != b:
-            self.parent[max(a, b)] = min(a, b)
-
-
-def _groups(keys: Sequence[str], roots: list[int]) -> list[list[str]]:
-    members: dict[int, list[str]] = {}
-    for key, root in zip(keys, roots, strict=True):
-        members.setdefault(root, []).append(key)
-    # dicts keep insertion order: groups come in the order of their first key
-    return [group for group in members.values() if len(group) > 1]

@@ -27,6 +27,7 @@ from kiln.app.core.digest import file_sha256, sha256_hex
 from kiln.app.core.errors import InputError, KilnError
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Prepared
+from kiln.workers.models.embed import require_finite
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -52,7 +53,8 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OPSET = 17
 MAX_IR_VERSION = 10  # onnxruntime refuses the IR versions newer onnx writes
 
-FIELDS = [pa.field("embedding", pa.list_(pa.float32(), DIM)), pa.field("tokens", pa.int32())]
+# A list, not a fixed-size list: see embed.fields (a failed item's null vector).
+FIELDS = [pa.field("embedding", pa.list_(pa.float32())), pa.field("tokens", pa.int32())]
 
 
 class TextEmbedUnavailableError(KilnError):
@@ -115,6 +117,7 @@ class TextEmbedPipeline:
         return [np.array(vector, dtype=np.float32) for vector in vectors]
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
+        require_finite(raw)
         return {"embedding": raw, "tokens": len(row.pixels)}
 
     def close(self) -> None:

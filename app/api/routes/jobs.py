@@ -8,12 +8,13 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.concurrency import run_in_threadpool
+from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
+from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from kiln.app import jobs, quotas, results
+from kiln.app import jobs, results
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (
@@ -115,17 +116,17 @@ async def create_job(
 
     def submit() -> JobOut:
         with context.sessions() as session:
-            quotas.check_open_jobs(
-                session,
-                tenant,
-                context.settings.tenant_max_open_jobs,
-                job_request.idempotency_key,
-            )
+            most_open = context.settings.tenant_max_open_jobs
             if isinstance(job_request, BulkRequest):
-                submitted = submit_bulk(session, context.dispatcher, job_request)
+                submitted = submit_bulk(session, context.dispatcher, job_request, most_open)
             else:
                 submitted = jobs.submit_job(
-                    session, context.store, context.dispatcher, context.settings, job_request
+                    session,
+                    context.store,
+                    context.dispatcher,
+                    context.settings,
+                    job_request,
+                    most_open,
                 )
             if not submitted.created:
                 response.status_code = status.HTTP_200_OK
@@ -305,12 +306,12 @@ def list_items(
 def get_results(
     job_id: str, session: SessionDep, context: ContextDep, s3: S3Dep, tenant: TenantDep
 ) -> Response:
-    """All results so far as one Parquet file (`key`, `status`, `error`, model outputs)."""
+    """All results so far as one Parquet file (`key`, `status`, `error`, model outputs),
+    streamed shard by shard: the API holds one shard at a time, whatever the job's size."""
     job = jobs.get_job(session, tenant, job_id)
     place = results.place_for(context.store, job.id, job.output, s3)
-    table = results.combined_table(place)
-    return Response(
-        results.to_parquet(table),
+    return StreamingResponse(
+        iterate_in_threadpool(results.stream_parquet(place)),
         media_type="application/vnd.apache.parquet",
         headers={
             "Content-Disposition": f'attachment; filename="{job_id}.parquet"',

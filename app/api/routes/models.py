@@ -13,7 +13,14 @@ from starlette.datastructures import FormData, UploadFile
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import EngineOut, ModelCreate, ModelOut, ModelSpecIn
-from kiln.app.catalog import ModelInfo, get_model, list_models, model_versions, register_model
+from kiln.app.catalog import (
+    REGISTRABLE_KINDS,
+    ModelInfo,
+    get_model,
+    list_models,
+    model_versions,
+    register_model,
+)
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.db import queries
@@ -81,7 +88,7 @@ def get_one(ref: str, session: SessionDep, tenant: TenantDep) -> ModelOut:
                         "required": ["name", "kind", "spec", "file"],
                         "properties": {
                             "name": {"type": "string"},
-                            "kind": {"type": "string", "enum": ["classify", "embed"]},
+                            "kind": {"type": "string", "enum": list(REGISTRABLE_KINDS)},
                             "spec": {"type": "string", "description": "A JSON object."},
                             "file": {"type": "string", "format": "binary"},
                         },
@@ -157,8 +164,9 @@ async def _from_form(
     form: FormData, settings: Settings
 ) -> tuple[str, str, ImageModelSpec, bytes | None, str | None]:
     name, kind, upload = form.get("name"), form.get("kind"), form.get("file")
-    if not isinstance(name, str) or not name or kind not in ("classify", "embed"):
-        raise InputError("The form needs 'name' and 'kind' (classify or embed).")
+    if not isinstance(name, str) or not name or kind not in REGISTRABLE_KINDS:
+        kinds = ", ".join(REGISTRABLE_KINDS)
+        raise InputError(f"The form needs 'name' and 'kind' (one of {kinds}).")
     if not isinstance(upload, UploadFile):
         raise InputError("The form needs the ONNX file as 'file'.")
     try:

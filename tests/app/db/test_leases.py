@@ -56,12 +56,12 @@ def test_an_expired_lease_is_taken_over_and_the_old_run_writes_nothing(session: 
     _expire(session, job.id)
 
     assert [i.id for i in leases.take(session, job.id, ids, "run-b", 60)] == ids
-    assert leases.holds(session, ids, "run-a") == 0
-    assert leases.holds(session, ids, "run-b") == 1
+    assert leases.holds(session, job.id, "run-a") == 0
+    assert leases.holds(session, job.id, "run-b") == 1
     late = result_row("k0", ItemStatus.FAILED, error="From the stale run.", outputs=None)
-    queries.upsert_results(session, job.id, [late], owner="run-a")
+    queries.upsert_results(session, job.id, 0, [late], owner="run-a")
     assert items_of(session, job.id)[0].status == ItemStatus.RUNNING
-    queries.upsert_results(session, job.id, [result_row("k0")], owner="run-b")
+    queries.upsert_results(session, job.id, 0, [result_row("k0")], owner="run-b")
     session.commit()
     session.expire_all()
     assert items_of(session, job.id)[0].status == ItemStatus.SUCCEEDED

@@ -12,7 +12,7 @@ from kiln.app.families.phash import DEFAULT_MAX_DISTANCE, MAX_DISTANCE_LIMIT, Ph
 
 def test_every_kind_is_a_family() -> None:
     assert {builtin.kind for builtin in BUILTINS.values()} | {"classify", "embed"} == set(FAMILIES)
-    assert REGISTRABLE_KINDS == ("classify", "embed")
+    assert REGISTRABLE_KINDS == ("detect", "classify", "embed")
     assert {kind: f.input for kind, f in FAMILIES.items()}["text-embed"] == "text"
 
 
@@ -44,7 +44,7 @@ def test_a_typo_names_the_key_and_the_options() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["detect", "ocr", "classify", "embed", "text-embed"])
+@pytest.mark.parametrize("kind", ["detect", "ocr", "classify"])
 def test_families_without_options_refuse_any(kind: str) -> None:
     assert check_options(kind, "m", {}) == {}
     with pytest.raises(InputError, match="Model 'm' has no option 'max_distance'; it takes no"):

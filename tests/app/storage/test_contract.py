@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.app.core.errors import KilnError, NotFoundError
-from kiln.app.storage.base import ObjectStore
+from kiln.app.storage.base import NewObject, ObjectStore
 from tests.app.storage.test_base import INVALID_KEYS
 
 
@@ -119,3 +119,13 @@ def test_listing_is_in_whole_key_order(any_store) -> None:
     for key in ("a/b", "a-c", "a.d/e", "a0"):
         any_store.put(key, b"x")
     assert list(any_store.list("")) == ["a-c", "a.d/e", "a/b", "a0"]
+
+
+def test_put_new_writes_every_object(any_store: ObjectStore) -> None:
+    objects = [
+        NewObject(f"jobs/j/inputs/{i:06d}", bytes([i]) * (i + 1), "image/png") for i in range(12)
+    ]
+    any_store.put_new(objects)
+    any_store.put_new([])
+    assert list(any_store.list("jobs/j/")) == [o.key for o in objects]
+    assert [any_store.get(o.key) for o in objects] == [o.data for o in objects]

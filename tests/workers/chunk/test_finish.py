@@ -14,12 +14,15 @@ import pytest
 from sqlalchemy import update
 
 from kiln.app import results
-from kiln.app.db import leases, queries
+from kiln.app.db import queries
 from kiln.app.db.models import Ingest, Item, ItemStatus, JobStatus, utcnow
+from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import cancel_job
 from kiln.app.results import ResultRow
 from kiln.workers.chunk.finish import Lease, ensure_manifest, finish_chunk, write_missing_shards
+from kiln.workers.chunk.run import lease_chunk
 from kiln.workers.models.loader import output_fields
+from kiln.workers.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.chunk.test_run import FILES, items_by_key, job_row, shard_rows, submit
 
@@ -29,20 +32,10 @@ LEASE_S = 60.0
 def take(
     runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], owner: str = "run-a"
 ) -> Lease:
-    """What `process_chunk` learns when it leases a chunk (as its `_lease` does)."""
-    with runtime.sessions() as session:
-        job = queries.lock_job(session, job_id)
-        assert job is not None
-        was_open = queries.is_open(job)
-        taken = leases.take(session, job_id, item_ids, owner, LEASE_S)
-        if taken and job.status == JobStatus.QUEUED:
-            queries.mark_job_running(session, job_id)
-        session.commit()
-        return Lease(
-            job_id, chunk, item_ids, job.chunk_count, was_open,
-            runtime.model_info(session, job.model, job.tenant), taken,
-            place=runtime.place(job.id, job.output), bulk=job.source is not None, owner=owner,
-        )  # fmt: skip
+    """What `process_chunk` learns when it leases a chunk."""
+    lease = lease_chunk(runtime, job_id, chunk, item_ids, owner)
+    assert lease is not None
+    return lease
 
 
 def red(lease: Lease) -> list[ResultRow]:
@@ -231,3 +224,32 @@ def test_missing_shards_are_written_from_the_database(runtime: WorkerRuntime) ->
 
     assert keys == [results.shard_key(lease.place, 0), lost]
     assert shard_rows(runtime, job_id, 1) == before
+
+
+def test_the_reconciler_closes_a_job_whose_last_chunk_stopped_before_closing(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last chunk committed its results, then its worker died before the close: the
+    job's items have all ended, and the reconciler closes it and writes its manifest."""
+    job_id, calls = submit(runtime)
+    first = take(runtime, job_id, 0, calls[0].item_ids)
+    finish_chunk(runtime, first, red(first))
+    last = take(runtime, job_id, 1, calls[1].item_ids)
+    with monkeypatch.context() as patch:
+        patch.setattr(queries, "has_open_items", _die)
+        with pytest.raises(SystemExit):
+            finish_chunk(runtime, last, red(last))
+    assert job_row(runtime, job_id).status == JobStatus.RUNNING
+    assert {i.status for i in items_by_key(runtime, job_id).values()} == {ItemStatus.SUCCEEDED}
+
+    report = reconcile(runtime, RecordingDispatcher(), lambda: set())
+
+    assert report["jobs_closed"] == 1
+    assert job_row(runtime, job_id).status == JobStatus.COMPLETED
+    written = manifest(runtime, last)
+    assert written is not None and written["counts"]["succeeded"] == len(FILES)
+    assert reconcile(runtime, RecordingDispatcher(), lambda: set())["jobs_closed"] == 0
+
+
+def _die(*_args: object) -> bool:
+    raise SystemExit("the worker died between its two commits")

@@ -124,7 +124,13 @@ def test_the_reconciler_resends_a_dead_runs_chunk_and_the_job_completes(
 
     _expire(runtime, job_id)
     report = reconcile(runtime, dispatcher, lambda: None)  # broker unreadable: still re-sent
-    assert report == {"ingests_resumed": 0, "chunks_expired": 1, "chunks_resent": 1}
+    assert report == {
+        "ingests_resumed": 0,
+        "chunks_expired": 1,
+        "chunks_resent": 1,
+        "jobs_closed": 0,
+        "cache_purged": 0,
+    }
     [resent] = dispatcher.calls
     assert (resent.chunk, resent.item_ids, resent.queue) == (0, calls[0].item_ids, "interactive")
 

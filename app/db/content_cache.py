@@ -1,0 +1,128 @@
+"""The content cache's rows: a result by (scope, model version, input sha256), where the scope
+is a tenant or "shared" and is part of `model_key` (kiln.workers.chunk.content_cache.scope_key).
+
+Entries are used for `ttl_s` after they were written, then ignored, and `purge` deletes them —
+and the oldest beyond a cap — in small steps, so it never holds many row locks for long. Like
+every query helper here, nothing commits: the caller owns the transaction (one per step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy.orm import Session
+
+from kiln.app.db import dialect
+from kiln.app.db.models import ContentCache, utcnow
+
+Entry = tuple[dict[str, Any], bytes | None, str | None]  # outputs, vector bytes, vector dtype
+
+PURGE_BATCH = 1000  # rows deleted per step (one short transaction each)
+
+
+@dataclass(frozen=True)
+class Purged:
+    expired: int = 0  # older than the time to live
+    evicted: int = 0  # the oldest, above the cap on entries
+
+    @property
+    def total(self) -> int:
+        return self.expired + self.evicted
+
+
+def _cutoff(ttl_s: float) -> datetime:
+    return utcnow() - timedelta(seconds=ttl_s)
+
+
+def cached_results(
+    session: Session, model_key: str, digests: Sequence[str], ttl_s: float
+) -> dict[str, Entry]:
+    """Stored results of `model_key` for these input digests (the ones it has, written less
+    than `ttl_s` ago)."""
+    if not digests:
+        return {}
+    rows = session.execute(
+        select(
+            ContentCache.sha256,
+            ContentCache.outputs,
+            ContentCache.vector,
+            ContentCache.vector_dtype,
+        ).where(
+            ContentCache.model_key == model_key,
+            ContentCache.sha256.in_(set(digests)),
+            ContentCache.created_at >= _cutoff(ttl_s),
+        )
+    )
+    return {sha: (outputs, vector, dtype) for sha, outputs, vector, dtype in rows}
+
+
+def cache_results(
+    session: Session, model_key: str, entries: Mapping[str, Entry], ttl_s: float
+) -> None:
+    """Remember results by input digest; the first writer of a digest wins (same result), but
+    an expired entry not purged yet is replaced, so the input is cached again at once."""
+    if not entries:
+        return
+    now = utcnow()
+    rows = [
+        {
+            "model_key": model_key,
+            "sha256": sha,
+            "outputs": outputs,
+            "vector": vector,
+            "vector_dtype": dtype,
+            "created_at": now,
+        }
+        for sha, (outputs, vector, dtype) in sorted(entries.items())  # one lock order
+    ]
+    insert = dialect.insert(session, ContentCache).values(rows)
+    fresh = insert.excluded
+    session.execute(
+        insert.on_conflict_do_update(
+            index_elements=[ContentCache.model_key, ContentCache.sha256],
+            set_={
+                "outputs": fresh.outputs,
+                "vector": fresh.vector,
+                "vector_dtype": fresh.vector_dtype,
+                "created_at": fresh.created_at,
+            },
+            where=ContentCache.created_at < _cutoff(ttl_s),
+        )
+    )
+
+
+def purge(session: Session, ttl_s: float, max_entries: int, batch: int = PURGE_BATCH) -> Purged:
+    """One step: delete up to `batch` entries, the expired ones first, then the oldest while
+    more than `max_entries` remain. Call again (in a new transaction) while `total == batch`."""
+    expired = _delete_oldest(session, batch, before=_cutoff(ttl_s))
+    room = batch - expired
+    if room <= 0:
+        return Purged(expired=expired)
+    count = session.scalar(select(func.count()).select_from(ContentCache)) or 0
+    over = count - max_entries
+    evicted = _delete_oldest(session, min(over, room)) if over > 0 else 0
+    return Purged(expired=expired, evicted=evicted)
+
+
+def _delete_oldest(session: Session, limit: int, before: datetime | None = None) -> int:
+    """Delete the `limit` oldest entries (written before `before`, if given). On Postgres rows
+    another transaction holds are skipped: a purge never waits on a writer or another purge,
+    so it can be in no deadlock (SQLite has one writer at a time and no row locks)."""
+    oldest = (
+        select(ContentCache.model_key, ContentCache.sha256)
+        .order_by(ContentCache.created_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    if before is not None:
+        oldest = oldest.where(ContentCache.created_at < before)
+    result = session.execute(
+        delete(ContentCache)
+        .where(tuple_(ContentCache.model_key, ContentCache.sha256).in_(oldest))
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]

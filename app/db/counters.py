@@ -1,0 +1,131 @@
+"""A job's item counts, kept as it runs (the `job_counters` table) and checked against its items.
+
+Counting a job's items on every poll grows with the job; adding to a counter as items change
+does not. Each change to an item's final status is added in the same transaction as the
+change itself, to slot `chunk % COUNTER_SLOTS` of the job, so workers finishing chunks of one
+job at once rarely touch the same row. `recount` counts the items themselves: the check that
+counters never drift (`kiln admin recount`, and the tests). Never commits: the caller owns the
+transaction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kiln.app.db import dialect
+from kiln.app.db.models import COUNTER_SLOTS, Item, ItemStatus, JobCounter
+
+FINAL = (ItemStatus.SUCCEEDED, ItemStatus.FAILED, ItemStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A job's items: how many in all, and how many ended each way (the rest are open)."""
+
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+    @property
+    def open(self) -> int:
+        return self.total - self.succeeded - self.failed - self.cancelled
+
+
+def slot_of(chunk: int) -> int:
+    return chunk % COUNTER_SLOTS
+
+
+def add(session: Session, job_id: str, slot: int, delta: Tally) -> None:
+    """Add `delta` to one slot of the job's counters (creating the row on first use)."""
+    if delta == Tally():
+        return
+    values = {"job_id": job_id, "slot": slot, **_columns(delta)}
+    statement = dialect.insert(session, JobCounter).values(values)
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[JobCounter.job_id, JobCounter.slot],
+            set_={
+                name: getattr(JobCounter, name) + statement.excluded[name]
+                for name in ("total", "succeeded", "failed", "cancelled")
+            },
+        )
+    )
+
+
+def ended(statuses: Iterable[str]) -> Tally:
+    """The counter change for items that just reached these final statuses."""
+    by_status = Counter(str(s) for s in statuses)
+    return Tally(
+        succeeded=by_status[ItemStatus.SUCCEEDED],
+        failed=by_status[ItemStatus.FAILED],
+        cancelled=by_status[ItemStatus.CANCELLED],
+    )
+
+
+def read(session: Session, job_id: str) -> Tally:
+    """The job's counts: a sum over at most COUNTER_SLOTS rows."""
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(JobCounter.total), 0),
+            func.coalesce(func.sum(JobCounter.succeeded), 0),
+            func.coalesce(func.sum(JobCounter.failed), 0),
+            func.coalesce(func.sum(JobCounter.cancelled), 0),
+        ).where(JobCounter.job_id == job_id)
+    ).one()
+    return Tally(*(int(n) for n in row))
+
+
+def recount(session: Session, job_id: str) -> Tally:
+    """The job's counts from its items (a scan of the job): what the counters must equal."""
+    rows = session.execute(
+        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
+    ).all()
+    by_status = {str(status): int(n) for status, n in rows}
+    return Tally(
+        total=sum(by_status.values()),
+        succeeded=by_status.get(ItemStatus.SUCCEEDED, 0),
+        failed=by_status.get(ItemStatus.FAILED, 0),
+        cancelled=by_status.get(ItemStatus.CANCELLED, 0),
+    )
+
+
+def difference(session: Session, job_id: str) -> Tally:
+    """What the counters lack against the items (all zero when they agree)."""
+    truth, kept = recount(session, job_id), read(session, job_id)
+    return Tally(
+        total=truth.total - kept.total,
+        succeeded=truth.succeeded - kept.succeeded,
+        failed=truth.failed - kept.failed,
+        cancelled=truth.cancelled - kept.cancelled,
+    )
+
+
+def repair(session: Session, job_id: str) -> Tally:
+    """Make the counters equal the items again (slot 0 takes the difference); returns what
+    was added. Both reads must see one snapshot (`snapshot`), or a chunk finishing between
+    them looks like drift."""
+    missing = difference(session, job_id)
+    add(session, job_id, 0, missing)
+    return missing
+
+
+def snapshot(session: Session) -> None:
+    """Make the session's transaction read one snapshot (Postgres: REPEATABLE READ; SQLite's
+    transactions already do). Call first in the transaction."""
+    if dialect.on_postgres(session):
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+
+
+def _columns(tally: Tally) -> dict[str, int]:
+    return {
+        "total": tally.total,
+        "succeeded": tally.succeeded,
+        "failed": tally.failed,
+        "cancelled": tally.cancelled,
+    }

@@ -1,0 +1,98 @@
+"""Adding a job's items: one statement however many, their counters in the same transaction.
+
+Never commits: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert, text
+from sqlalchemy.orm import Session
+
+from kiln.app.db import counters, dialect
+from kiln.app.db.models import Item, ItemStatus, utcnow
+
+
+@dataclass(frozen=True)
+class NewItem:
+    key: str
+    chunk: int
+    source: str | None = None
+    text: str | None = None
+    etag: str | None = None  # of a listed object (bulk jobs)
+
+
+# Postgres takes the items as one JSON document: the statement text never changes (parsed
+# and planned once per connection), and one C-encoded string carries every row.
+_COLUMNS = "(job_id, key, source, text, etag, chunk, status, attempts, queued_at)"
+_FROM_JSON = """
+    SELECT :job_id, v.key, v.source, v.text, v.etag, v.chunk, 'pending', 0, :now
+    FROM json_to_recordset(CAST(:items AS json))
+         AS v(key text, source text, text text, etag text, chunk integer)
+"""
+_INSERT = text(f"INSERT INTO items {_COLUMNS} {_FROM_JSON} RETURNING id, chunk")
+_INSERT_NEW = text(
+    f"INSERT INTO items {_COLUMNS} {_FROM_JSON}"
+    " ON CONFLICT (job_id, key) DO NOTHING RETURNING id, chunk"
+)
+
+
+def insert_items(
+    session: Session, job_id: str, items: Sequence[NewItem], *, skip_existing: bool = False
+) -> dict[int, list[int]]:
+    """Add pending items to the job (with `skip_existing`, keys it has already are left as
+    they are) and count them; returns the ids of those added, by chunk, in order."""
+    if not items:
+        return {}
+    if dialect.on_postgres(session):
+        rows = _insert_postgres(session, job_id, items, skip_existing)
+    else:
+        rows = _insert_sqlite(session, job_id, items, skip_existing)
+    chunks: dict[int, list[int]] = {}
+    for item_id, chunk in sorted(rows):
+        chunks.setdefault(chunk, []).append(item_id)
+    added = counters.Tally(total=len(rows))
+    counters.add(session, job_id, counters.slot_of(items[0].chunk), added)
+    return chunks
+
+
+def _insert_postgres(
+    session: Session, job_id: str, items: Sequence[NewItem], skip_existing: bool
+) -> list[tuple[int, int]]:
+    rows = [
+        {"key": i.key, "source": i.source, "text": i.text, "etag": i.etag, "chunk": i.chunk}
+        for i in items
+    ]
+    params = {"job_id": job_id, "now": utcnow(), "items": json.dumps(rows)}
+    statement = _INSERT_NEW if skip_existing else _INSERT
+    return [(int(a), int(b)) for a, b in session.execute(statement, params)]
+
+
+def _insert_sqlite(
+    session: Session, job_id: str, items: Sequence[NewItem], skip_existing: bool
+) -> list[tuple[int, int]]:
+    now = utcnow()
+    rows: list[dict[str, Any]] = [
+        {
+            "job_id": job_id,
+            "key": i.key,
+            "source": i.source,
+            "text": i.text,
+            "etag": i.etag,
+            "chunk": i.chunk,
+            "status": ItemStatus.PENDING,
+            "attempts": 0,
+            "queued_at": now,
+        }
+        for i in items
+    ]
+    if skip_existing:
+        statement = dialect.insert(session, Item).values(rows).on_conflict_do_nothing()
+        inserted = session.execute(statement.returning(Item.id, Item.chunk))
+    else:
+        inserted = session.execute(insert(Item).returning(Item.id, Item.chunk), rows)
+    return [(int(a), int(b)) for a, b in inserted]

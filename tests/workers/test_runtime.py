@@ -1,0 +1,202 @@
+"""The worker runtime's model loading: builds isolated per model, load failures remembered,
+loaded models bounded by the memory budget. Pipelines are fakes with declared sizes; the
+database and store are real (SQLite, local)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kiln.app.catalog import ModelInfo
+from kiln.app.db import queries
+from kiln.workers import runtime as runtime_module
+from kiln.workers.engines.base import Choice, EngineRequest, TensorSpec
+from kiln.workers.engines.select import EngineFactory, Host
+from kiln.workers.memory import MemoryBudgetFullError
+from kiln.workers.models.base import Prepared
+from kiln.workers.runtime import ModelUnavailableError, WorkerRuntime
+from tests.support import migrated_settings
+
+CPU = Host(tensorrt=False, gpus=(), ort_providers=("CPUExecutionProvider",), cpus=2)
+MiB = 2**20
+
+
+class SizedEngine:
+    def __init__(self, memory_bytes: int, reason: str) -> None:
+        self.memory_bytes = memory_bytes
+        self.backend, self.reason, self.max_batch = "onnxruntime:CPUExecutionProvider", reason, 4
+        self.inputs: list[TensorSpec] = []
+        self.outputs: list[TensorSpec] = []
+
+    def infer(self, feeds: Any, prepare: Any = None) -> dict[str, np.ndarray]:
+        raise AssertionError("not called: the fake pipeline answers itself")
+
+
+class FakePipeline:
+    max_batch = 4
+    max_runners = 1
+
+    def __init__(self, name: str, engines: EngineFactory) -> None:
+        self.name = name
+        self.engine = engines.build(name, Path(f"{name}.onnx"), 4)
+        self.backend = self.engine.backend
+        self.closed = False
+
+    def prepare(self, data: bytes | str) -> Prepared:
+        return Prepared(np.zeros(1))
+
+    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
+        return [self.name for _ in rows]
+
+    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
+        return {"model": raw}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def info(name: str) -> ModelInfo:
+    return ModelInfo(name, "classify", "image", "", builtin=True, version="1")
+
+
+class Loads:
+    """The fake `load_pipeline`: sizes per model, a gate that holds one model's build, and
+    models that fail to load."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.gates: dict[str, threading.Event] = {}
+        self.broken: set[str] = set()
+        self.calls: Counter[str] = Counter()
+        self.building = threading.Event()
+
+    def __call__(self, model: ModelInfo, engines: EngineFactory) -> FakePipeline:
+        self.calls[model.name] += 1
+        if model.name in self.broken:
+            raise ValueError(f"{model.name}.onnx is not a valid model")
+        gate = self.gates.get(model.name)
+        if gate is not None:
+            self.building.set()
+            assert gate.wait(10)
+        return FakePipeline(model.name, engines)
+
+    def builder(self, request: EngineRequest, choice: Choice) -> SizedEngine:
+        return SizedEngine(self.sizes.get(request.name, MiB), choice.reason)
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> Loads:
+    fake = Loads()
+    monkeypatch.setattr(runtime_module, "load_pipeline", fake)
+    return fake
+
+
+@pytest.fixture
+def runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loads: Loads
+) -> Iterator[WorkerRuntime]:
+    settings = migrated_settings(tmp_path, monkeypatch, device_memory_budget="300MiB")
+    runtime = WorkerRuntime(settings)
+    factory = EngineFactory(settings, runtime.store, host=CPU, builders={
+        "onnxruntime-cpu": loads.builder})  # type: ignore[dict-item]  # fmt: skip
+    runtime._engines = factory
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def test_a_slow_build_does_not_hold_other_models(runtime: WorkerRuntime, loads: Loads) -> None:
+    loads.gates["slow"] = threading.Event()
+    slow = threading.Thread(target=runtime.runner, args=(info("slow"),))
+    slow.start()
+    assert loads.building.wait(5)
+    started = time.monotonic()
+    fast = runtime.runner(info("fast"))  # loads while "slow" is still building
+    rows = [fast.batcher.submit(Prepared(np.zeros(1))) for _ in range(3)]
+    assert [row.result(timeout=5) for row in rows] == ["fast"] * 3
+    assert time.monotonic() - started < 2
+    assert slow.is_alive()  # still building all along
+    loads.gates["slow"].set()
+    slow.join(5)
+    assert runtime.runner(info("slow")).pipeline.name == "slow"
+    assert loads.calls == Counter({"slow": 1, "fast": 1})
+
+
+def test_two_chunks_of_one_model_share_one_build(runtime: WorkerRuntime, loads: Loads) -> None:
+    loads.gates["m"] = threading.Event()
+    threads = [threading.Thread(target=runtime.runner, args=(info("m"),)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    assert loads.building.wait(5)
+    loads.gates["m"].set()
+    for thread in threads:
+        thread.join(5)
+    assert loads.calls["m"] == 1
+
+
+def test_a_load_failure_is_remembered_and_reported(runtime: WorkerRuntime, loads: Loads) -> None:
+    loads.broken.add("bad")
+    with pytest.raises(ValueError, match="not a valid model"):
+        runtime.runner(info("bad"))
+    for _ in range(3):  # the next chunks fail fast with the reason, without a rebuild
+        with pytest.raises(ModelUnavailableError, match=r"not a valid model \(next try in 600 s\)"):
+            runtime.runner(info("bad"))
+    assert loads.calls["bad"] == 1
+    with runtime.sessions() as session:
+        [report] = queries.engine_reports(session, ["bad"])
+    assert report.backend == "none"
+    assert report.reason.startswith("failed to load: bad.onnx is not a valid model (attempt 1")
+    assert runtime.engine_health().build_failures == {("bad@1", "load"): 1}
+
+
+def test_idle_models_are_unloaded_to_stay_within_the_budget(
+    runtime: WorkerRuntime, loads: Loads
+) -> None:
+    loads.sizes = {"a": 200 * MiB, "b": 100 * MiB, "c": 150 * MiB}
+    a = runtime.runner(info("a"))
+    runtime.runner(info("b"))
+    assert runtime.memory().used() == 300 * MiB
+    runtime.runner(info("c"))  # 150 more: a (least recently used) goes
+    assert set(runtime.runners()) == {"b@1", "c@1"}
+    assert a.pipeline.closed  # type: ignore[attr-defined]
+    assert runtime.engine_health().unloaded == 1
+    assert runtime.engine_health().memory == {"b": 100 * MiB, "c": 150 * MiB}
+    with runtime.sessions() as session:
+        [report] = queries.engine_reports(session, ["c"])
+    assert report.device == "cpu"
+
+
+def test_a_model_in_use_is_kept_and_a_newcomer_waits(runtime: WorkerRuntime, loads: Loads) -> None:
+    loads.sizes = {"a": 200 * MiB, "b": 200 * MiB}
+    with runtime.using(info("a")):
+        runtime.runner(info("b"))  # over budget: a is in use, b loads beside it (warned)
+        assert set(runtime.runners()) == {"a@1", "b@1"}
+    runtime._unload(["b@1"])
+    with (
+        runtime.using(info("a")),
+        runtime.using(info("b")),
+        pytest.raises(MemoryBudgetFullError, match="the chunk will be retried"),
+    ):
+        runtime.runner(info("c"))  # over budget already, and nothing idle to unload
+
+
+def test_unloading_skips_a_model_a_chunk_took_up_meanwhile(
+    runtime: WorkerRuntime, loads: Loads
+) -> None:
+    runtime.runner(info("a"))
+    with runtime.using(info("a")) as held:
+        runtime._unload(["a@1"])  # chosen while idle, taken up since: it stays
+        assert runtime.runners()["a@1"] is held
+    runtime._unload(["a@1"])
+    assert "a@1" not in runtime.runners()
+    assert runtime.engine_health().unloaded == 1
+    with runtime.using(info("a")) as again:  # loads it again
+        assert again is not held and loads.calls["a"] == 2

@@ -1,0 +1,107 @@
+"""Near-duplicate groups: pairs of items that are close, joined transitively (connected
+components). One mechanism for every family that groups: phash pairs hashes within a Hamming
+distance (`hamming.close_pairs`); embedders pair vectors above a cosine similarity
+(`cosine_pairs`: exact, in blocks, for the sizes a job holds in memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from kiln.app.core.errors import InputError
+
+BLOCK = 2048  # rows of the similarity matrix computed at once: 2048 × n float32 in memory
+
+
+class UnionFind:
+    def __init__(self, size: int) -> None:
+        self.parent = list(range(size))
+
+    def find(self, i: int) -> int:
+        parent = self.parent
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]  # path halving keeps later finds short
+            i = parent[i]
+        return i
+
+    def union(self, i: int, j: int) -> None:
+        a, b = self.find(i), self.find(j)
+        if a != b:
+            self.parent[max(a, b)] = min(a, b)
+
+
+def components(size: int, pairs: Iterable[Sequence[int]]) -> list[int]:
+    """Each of `size` items' component: the smallest index joined to it through `pairs`."""
+    parents = UnionFind(size)
+    for i, j in pairs:
+        parents.union(int(i), int(j))
+    return [parents.find(i) for i in range(size)]
+
+
+def groups_of(keys: Sequence[str], roots: Sequence[int]) -> list[list[str]]:
+    """Keys by component, groups of two or more only (a key alone is no duplicate of
+    anything), each in input order, groups in the order of their first key."""
+    members: dict[int, list[str]] = {}
+    for key, root in zip(keys, roots, strict=True):
+        members.setdefault(root, []).append(key)
+    return [group for group in members.values() if len(group) > 1]
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to length 1 (float32), for cosine similarity as a dot product. A row with
+    NaN or infinity, or of length 0, has no direction: refused with a sentence."""
+    rows = np.asarray(vectors, dtype=np.float32)
+    if rows.ndim != 2:
+        raise ValueError(f"Vectors must be a 2-D array, not {rows.ndim}-D.")
+    bad = ~np.isfinite(rows).all(axis=1)
+    if bad.any():
+        raise InputError(
+            f"{int(bad.sum())} vector(s) hold NaN or infinity; they have no direction."
+        )
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    if (norms == 0).any():
+        raise InputError("A vector of length 0 has no direction to compare.")
+    unit: np.ndarray = rows / norms
+    return unit
+
+
+def cosine_pairs(vectors: np.ndarray, threshold: float, block: int = BLOCK) -> np.ndarray:
+    """Every pair (i < j) whose cosine similarity is at least `threshold`, as an [m, 2] int64
+    array, computed exactly a block of rows at a time (memory: block × n floats)."""
+    if not -1.0 <= threshold <= 1.0:
+        raise ValueError("A cosine threshold lies between -1 and 1.")
+    rows = unit_rows(vectors)
+    found: list[np.ndarray] = []
+    for start in range(0, len(rows), block):
+        sims = rows[start : start + block] @ rows.T
+        i, j = np.nonzero(sims >= threshold - 1e-6)  # float32 rounding at the threshold
+        i += start
+        keep = i < j
+        found.append(np.stack([i[keep], j[keep]], axis=1))
+    return np.concatenate(found).astype(np.int64) if found else np.empty((0, 2), np.int64)
+
+
+def cosine_groups(
+    keys: Sequence[str], vectors: np.ndarray, threshold: float
+) -> list[list[tuple[str, float]]]:
+    """Groups of keys whose vectors are at least `threshold` alike, joined transitively; each
+    member with its cosine similarity to the group's first member (1.0 for that one)."""
+    if len(keys) != len(vectors):
+        raise ValueError(f"{len(keys)} keys but {len(vectors)} vectors; they must pair up.")
+    if not keys:
+        return []
+    rows = unit_rows(vectors)
+    roots = components(len(keys), cosine_pairs(rows, threshold).tolist())
+    members: dict[int, list[int]] = {}
+    for index, root in enumerate(roots):
+        members.setdefault(root, []).append(index)
+    groups = []
+    for indices in members.values():
+        if len(indices) < 2:
+            continue
+        first = rows[indices[0]]
+        sims = rows[indices] @ first
+        groups.append([(keys[i], round(float(s), 6)) for i, s in zip(indices, sims, strict=True)])
+    return groups

@@ -1,0 +1,274 @@
+"""Decode, fit and normalise a batch of images on the torch engine's device.
+
+The device twin of `preprocess`: on CUDA, JPEGs decode in one batched nvJPEG call
+(`torchvision.io.decode_jpeg(device="cuda")`); every other image (PNG, a JPEG nvJPEG refuses,
+a host without torchvision) decodes on the CPU with Kiln's own `decode_image` (its pixel cap,
+EXIF orientation and mode handling) and is uploaded. Resizing and normalising then run as torch
+ops on whatever device the images are on, so the same code runs on the CPU in the tests.
+
+A bad image is reported per image (an `InputError` in its place), never by failing the batch:
+a pipeline fails that item alone. `torch` and `torchvision` are imported inside functions, so
+this module imports without them and a process that never calls it stays torch-free.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image, JpegImagePlugin
+
+from kiln.app.core.errors import InputError
+from kiln.app.model_spec import Preprocessing
+from kiln.workers.preprocess import (
+    Letterbox,
+    Squash,
+    crop_resize_size,
+    decode_image,
+    letterbox_size,
+    open_image,
+)
+
+# Filters torch resamples as Pillow does: bilinear and bicubic through the antialiased kernels
+# (Pillow's own, with its a = -0.5 cubic, in both directions), nearest as "nearest-exact"
+# (Pillow samples pixel centres). Lanczos has no torch kernel: such a model stays on the CPU.
+DEVICE_FILTERS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest-exact"}
+
+# Modes nvJPEG turns into RGB as libjpeg does; CMYK/YCCK JPEGs go through Pillow.
+_NVJPEG_MODES = {"RGB", "L"}
+_ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
+# What torchvision's decoders raise (TORCH_CHECK: RuntimeError; TORCH_CHECK_VALUE: ValueError).
+_NVJPEG_ERRORS = (RuntimeError, ValueError)
+
+
+def supports(pre: Preprocessing) -> bool:
+    """Whether `fit_batch` can make this model's input (its resize filter has a torch kernel)."""
+    return pre.resize_filter in DEVICE_FILTERS
+
+
+# --- decoding -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the header says, read without decoding a pixel: the upright size, the EXIF
+    orientation (1: as stored), and whether nvJPEG may decode it."""
+
+    width: int
+    height: int
+    orientation: int
+    nvjpeg: bool
+
+
+def read_header(data: bytes, *, max_pixels: int) -> Header:
+    """The cheap checks a task thread can make before a batch decodes: an image Kiln reads,
+    under the pixel cap. Bad input raises `InputError` with `decode_image`'s sentences."""
+    image = open_image(data, max_pixels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pillow warns on odd EXIF; the CPU path ignores it too
+        orientation = int(image.getexif().get(0x0112) or 1)
+    width, height = image.size
+    if orientation in _ROTATED:
+        width, height = height, width
+    jpeg = isinstance(image, JpegImagePlugin.JpegImageFile) and image.mode in _NVJPEG_MODES
+    return Header(width, height, orientation, jpeg)
+
+
+def decode_batch(
+    datas: Sequence[bytes], device: Any, *, max_pixels: int, nvjpeg: bool | None = None
+) -> list[Any]:
+    """Each image as an upright CHW uint8 RGB tensor on `device`, or the `InputError` that
+    says why it could not be decoded, in the order given. `nvjpeg` (default: on a CUDA
+    device) sends JPEGs through torchvision's `decode_jpeg` on `device`."""
+    import torch
+
+    where = torch.device(device)
+    headers = [_header_or_error(data, max_pixels) for data in datas]
+    results: list[Any] = list(headers)  # errors stay; headers are replaced by pixels
+    on_device = [i for i, h in enumerate(headers) if isinstance(h, Header) and h.nvjpeg]
+    if (where.type == "cuda" if nvjpeg is None else nvjpeg) and on_device:
+        decoded = _nvjpeg([datas[i] for i in on_device], where)
+        for i, tensor in zip(on_device, decoded, strict=True):
+            header = headers[i]
+            if tensor is not None and isinstance(header, Header):
+                results[i] = orient(tensor, header.orientation)  # decode_jpeg leaves EXIF be
+    for i, result in enumerate(results):
+        if isinstance(result, Header):  # not decoded on the device: Pillow, then upload
+            results[i] = _on_cpu(datas[i], where, max_pixels)
+    return results
+
+
+def _header_or_error(data: bytes, max_pixels: int) -> Header | InputError:
+    try:
+        return read_header(data, max_pixels=max_pixels)
+    except InputError as error:
+        return error
+
+
+def _nvjpeg(datas: list[bytes], device: Any) -> list[Any]:
+    """One batched nvJPEG call; it gives no partial results, so after a failure each image is
+    tried alone and those nvJPEG refuses come back None (for Pillow)."""
+    import torch
+
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except (ImportError, OSError):  # no torchvision, or one built without its image library
+        return [None] * len(datas)
+    encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+    try:
+        return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
+    except _NVJPEG_ERRORS:
+        pass
+    alone: list[Any] = []
+    for tensor in encoded:
+        try:
+            alone.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=device))
+        except _NVJPEG_ERRORS:
+            alone.append(None)
+    return alone
+
+
+def _on_cpu(data: bytes, device: Any, max_pixels: int) -> Any:
+    """Kiln's CPU decode (no draft: the device resizes from full size), uploaded as CHW."""
+    import torch
+
+    try:
+        decoded = decode_image(data, max_pixels=max_pixels)
+    except InputError as error:
+        return error
+    pixels = np.array(decoded.image, dtype=np.uint8)  # a writable copy torch may share
+    return torch.from_numpy(pixels).permute(2, 0, 1).to(device)
+
+
+def orient(image: Any, orientation: int) -> Any:
+    """A CHW tensor as stored → upright, as Pillow's `exif_transpose` turns it."""
+    import torch
+
+    if orientation == 2:
+        return image.flip(-1)
+    if orientation == 3:
+        return image.flip(-1, -2)
+    if orientation == 4:
+        return image.flip(-2)
+    if orientation == 5:
+        return image.transpose(-1, -2)
+    if orientation == 6:
+        return torch.rot90(image, -1, dims=(-2, -1))  # 90° clockwise
+    if orientation == 7:
+        return image.transpose(-1, -2).flip(-1, -2)
+    if orientation == 8:
+        return torch.rot90(image, 1, dims=(-2, -1))  # 90° counter-clockwise
+    return image
+
+
+# --- fitting and normalising --------------------------------------------------------------
+
+
+def fit_batch(
+    images: Sequence[Any], pre: Preprocessing, *, dtype: str = "float32"
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The model's input for upright CHW uint8 `images` (all on one device), normalised as
+    `preprocess.normalize` does, and per image the `Prepared.meta` the CPU path gives."""
+    import torch
+
+    if not supports(pre):
+        raise ValueError(f"The {pre.resize_filter} filter has no torch kernel; fit on the CPU.")
+    size = pre.input_size
+    fitted = [fit_image(image, pre) for image in images]
+    if fitted:
+        pixels = torch.stack([pixels for pixels, _ in fitted])
+    else:
+        pixels = torch.empty((0, 3, size, size), dtype=torch.float32)
+    return normalize_batch(pixels, pre, dtype=dtype), [meta for _, meta in fitted]
+
+
+def fit_image(image: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
+    """One image's `input_size` square (float32 CHW holding whole pixel values, as the CPU
+    path's uint8) and its meta: `{"fit": Letterbox | Squash}`, or `{}` for a crop."""
+    import torch
+
+    size, height, width = pre.input_size, int(image.shape[-2]), int(image.shape[-1])
+    if pre.fit == "crop":
+        resized_w, resized_h = crop_resize_size(width, height, size, pre.crop_ratio)
+        left, top = (resized_w - size) // 2, (resized_h - size) // 2
+        resized = resize(image, resized_w, resized_h, pre.resize_filter)
+        return resized[:, top : top + size, left : left + size], {}
+    if pre.fit == "letterbox":
+        new_w, new_h = letterbox_size(width, height, size)
+        canvas = image.new_zeros((3, size, size), dtype=torch.float32)
+        canvas[:, :new_h, :new_w] = resize(image, new_w, new_h, pre.resize_filter)
+        return canvas, {"fit": Letterbox(size / max(width, height), width, height)}
+    squashed = resize(image, size, size, pre.resize_filter)
+    return squashed, {"fit": Squash(size / width, size / height, width, height)}
+
+
+def resize(image: Any, width: int, height: int, filter_name: str) -> Any:
+    """CHW uint8 → `width` × `height` float32 holding whole pixel values. As Pillow does:
+    across first, then down, each pass rounded and clipped to uint8 (bicubic overshoots, and
+    Pillow clips the first pass before the second reads it)."""
+    import torch
+
+    pixels = image.to(torch.float32).unsqueeze(0)
+    in_h, in_w = int(image.shape[-2]), int(image.shape[-1])
+    if in_w != width:
+        pixels = _pass(pixels, in_h, width, filter_name)
+    if in_h != height:
+        pixels = _pass(pixels, height, width, filter_name)
+    return pixels[0]
+
+
+def _pass(pixels: Any, height: int, width: int, filter_name: str) -> Any:
+    """One resampling pass (one axis keeps its size: the kernel is the identity there)."""
+    import torch.nn.functional as F
+
+    mode = DEVICE_FILTERS[filter_name]
+    if mode == "nearest-exact":
+        return F.interpolate(pixels, size=(height, width), mode=mode)
+    out = F.interpolate(
+        pixels, size=(height, width), mode=mode, align_corners=False, antialias=True
+    )
+    return out.round_().clamp_(0, 255)
+
+
+def normalize_batch(pixels: Any, pre: Preprocessing, *, dtype: str = "float32") -> Any:
+    """NCHW RGB pixel values → (x·scale − mean) / std in the model's channel order, layout and
+    dtype: `preprocess.normalize`'s arithmetic, in float32, step for step."""
+    import torch
+
+    if pre.channel_order == "BGR":
+        pixels = pixels.flip(1)
+    f32 = torch.float32
+    mean = torch.tensor(pre.mean, dtype=f32, device=pixels.device).view(1, 3, 1, 1)
+    inv_std = 1.0 / torch.tensor(pre.std, dtype=f32, device=pixels.device).view(1, 3, 1, 1)
+    scale = torch.tensor(pre.scale, dtype=f32, device=pixels.device)
+    out = (pixels.to(f32) * scale - mean) * inv_std
+    if pre.layout == "NHWC":
+        out = out.permute(0, 2, 3, 1)
+    return out.to(getattr(torch, dtype)).contiguous()
+
+
+# --- availability -------------------------------------------------------------------------
+
+
+def nvjpeg_available(device: str = "cuda") -> bool:
+    """Whether torchvision decodes JPEGs on `device` here: a tiny JPEG through nvJPEG."""
+    import io
+
+    try:
+        import torch
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except (ImportError, OSError):
+        return False
+    if not torch.cuda.is_available():
+        return False
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 100, 50)).save(buffer, "JPEG")
+    encoded = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    try:
+        decoded = decode_jpeg([encoded], mode=ImageReadMode.RGB, device=device)
+    except _NVJPEG_ERRORS:
+        return False
+    return bool(decoded[0].shape == (3, 8, 8))

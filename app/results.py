@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ BASE_FIELDS = [
     pa.field("status", pa.string(), nullable=False),
     pa.field("error", pa.string()),
     pa.field("duration_ms", pa.float32()),
+    pa.field("sha256", pa.string()),  # of the input's bytes (a text's UTF-8); null if unread
 ]
 
 
@@ -37,6 +38,8 @@ class Result(Protocol):
     def duration_ms(self) -> float | None: ...
     @property
     def outputs(self) -> dict[str, Any] | None: ...
+    @property
+    def sha256(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class ResultRow:
     error: str | None
     duration_ms: float | None
     outputs: dict[str, Any] | None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ def items_table(items: Sequence[Result], output_fields: Sequence[pa.Field]) -> p
             "status": item.status,
             "error": item.error,
             "duration_ms": item.duration_ms,
+            "sha256": item.sha256,
         }
         row.update({name: outputs.get(name) for name in names})
         rows.append(row)
@@ -133,6 +138,8 @@ GROUP_FIELDS = [
     pa.field("key", pa.string(), nullable=False),
     # cosine similarity to the group's first member (embeddings); null for phash's groups
     pa.field("similarity", pa.float32()),
+    # set only where another item of the job has the same bytes (byte-identical inputs)
+    pa.field("sha256", pa.string()),
 ]
 
 
@@ -151,13 +158,16 @@ def write_keys(place: Place, name: str, keys: Sequence[str]) -> str:
 def write_groups(
     place: Place,
     groups: Sequence[Sequence[str]],
-    similarities: Sequence[Sequence[float]] | None = None,
+    similarities: Sequence[Sequence[float | None]] | None = None,
+    identical: Mapping[str, str] | None = None,
 ) -> str:
     """Near-duplicate groups of a job: one row per member, groups numbered from 0, with each
-    member's similarity to its group's first member when the grouping has one."""
-    sims = similarities or [[None] * len(keys) for keys in groups]  # type: ignore[list-item]
+    member's similarity to its group's first member when the grouping has one, and the sha256
+    of members whose bytes another item shares (`identical`: key → sha256)."""
+    sims = similarities or [[None] * len(keys) for keys in groups]
+    same = identical or {}
     rows = [
-        {"group": number, "key": key, "similarity": sim}
+        {"group": number, "key": key, "similarity": sim, "sha256": same.get(key)}
         for number, (keys, scores) in enumerate(zip(groups, sims, strict=True))
         for key, sim in zip(keys, scores, strict=True)
     ]
@@ -211,6 +221,13 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         for f in schema
     ]
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def read_groups(place: Place) -> pa.Table | None:
+    """The job's groups.parquet, if it has one."""
+    if not place.store.exists(groups_key(place)):
+        return None
+    return pq.read_table(io.BytesIO(place.store.get(groups_key(place))))
 
 
 def _groups(place: Place) -> dict[str, int] | None:

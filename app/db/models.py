@@ -181,6 +181,8 @@ class Item(Base):
     source: Mapped[str | None] = mapped_column(String(2048))
     etag: Mapped[str | None] = mapped_column(String(128))  # of a listed object (bulk jobs)
     text: Mapped[str | None] = mapped_column(Text)
+    # The input's sha256 once a worker has read it (results' `sha256`, exact-duplicate groups).
+    sha256: Mapped[str | None] = mapped_column(String(64))
     chunk: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.PENDING)
     error: Mapped[str | None] = mapped_column(Text)

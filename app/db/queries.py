@@ -111,9 +111,9 @@ def upsert_results(
 _UPDATE_RESULTS = text(
     """
     UPDATE items SET status = v.status, error = v.error, outputs = v.outputs,
-           duration_ms = v.duration_ms, finished_at = :finished_at
+           duration_ms = v.duration_ms, sha256 = v.sha256, finished_at = :finished_at
     FROM json_to_recordset(CAST(:rows AS json))
-         AS v(key text, status text, error text, outputs json, duration_ms float8)
+         AS v(key text, status text, error text, outputs json, duration_ms float8, sha256 text)
     WHERE items.job_id = :job_id AND items.key = v.key AND items.status = 'running'
       AND (CAST(:owner AS text) IS NULL OR items.lease_owner = :owner)
     RETURNING items.status
@@ -125,7 +125,8 @@ def _update_results_postgres(
     session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None
 ) -> list[str]:
     rows = [
-        {k: r[k] for k in ("key", "status", "error", "outputs", "duration_ms")} for r in results
+        {k: r.get(k) for k in ("key", "status", "error", "outputs", "duration_ms", "sha256")}
+        for r in results
     ]
     params = {"job_id": job_id, "owner": owner, "finished_at": utcnow(), "rows": json.dumps(rows)}
     return list(session.scalars(_UPDATE_RESULTS, params))
@@ -145,6 +146,7 @@ def _upsert_results_sqlite(
             "error": excluded.error,
             "outputs": excluded.outputs,
             "duration_ms": excluded.duration_ms,
+            "sha256": excluded.sha256,
             "finished_at": excluded.finished_at,
         },
         where=(Item.status == ItemStatus.RUNNING)
@@ -292,6 +294,23 @@ def item_outputs(session: Session, job_id: str) -> list[tuple[str, dict[str, Any
         .order_by(Item.id)
     )
     return [(key, outputs or {}) for key, outputs in rows]
+
+
+def identical_inputs(session: Session, job_id: str) -> list[tuple[str, str]]:
+    """(sha256, key) of the job's items whose bytes another item of the job shares, by digest
+    then submission order: one query at close, returning only the duplicates."""
+    shared = (
+        select(Item.sha256)
+        .where(Item.job_id == job_id, Item.sha256.is_not(None))
+        .group_by(Item.sha256)
+        .having(func.count() > 1)
+    )
+    rows = session.execute(
+        select(Item.sha256, Item.key)
+        .where(Item.job_id == job_id, Item.sha256.in_(shared))
+        .order_by(Item.sha256, Item.id)
+    )
+    return [(digest, key) for digest, key in rows if digest is not None]
 
 
 def is_open(job: Job) -> bool:

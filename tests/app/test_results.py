@@ -39,6 +39,7 @@ class FakeItem:
     error: str | None = None
     duration_ms: float | None = None
     outputs: dict[str, Any] | None = None
+    sha256: str | None = None
 
 
 LABEL = pa.struct([("label", pa.string()), ("score", pa.float32())])
@@ -74,7 +75,7 @@ def detected(key: str) -> FakeItem:
 
 def test_items_table_columns_and_rows() -> None:
     table = items_table([classified("a.jpg"), failed("b.jpg")], LABEL_FIELDS)
-    assert table.column_names == ["key", "status", "error", "duration_ms", "labels"]
+    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256", "labels"]
     assert table.schema == pa.schema([*BASE_FIELDS, *LABEL_FIELDS])
     assert table.to_pylist() == [
         {
@@ -82,6 +83,7 @@ def test_items_table_columns_and_rows() -> None:
             "status": "succeeded",
             "error": None,
             "duration_ms": 12.5,
+            "sha256": None,
             "labels": [{"label": "cat", "score": 0.75}],
         },
         {
@@ -89,6 +91,7 @@ def test_items_table_columns_and_rows() -> None:
             "status": "failed",
             "error": "The file is empty.",
             "duration_ms": 1.0,
+            "sha256": None,
             "labels": None,
         },
     ]
@@ -96,14 +99,14 @@ def test_items_table_columns_and_rows() -> None:
 
 def test_items_table_without_output_fields() -> None:
     table = items_table([failed("x")], [])
-    assert table.column_names == ["key", "status", "error", "duration_ms"]
+    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
     assert table.num_rows == 1
 
 
 def test_items_table_empty() -> None:
     table = items_table([], LABEL_FIELDS)
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms", "labels"]
+    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256", "labels"]
 
 
 def test_items_table_missing_output_is_null() -> None:
@@ -141,6 +144,7 @@ def test_combined_table_across_shards_with_different_fields(store: LocalStore) -
         "status",
         "error",
         "duration_ms",
+        "sha256",
         "labels",
         "detections",
     }
@@ -167,7 +171,7 @@ def test_redelivered_chunk_overwrites_its_shard(store: LocalStore) -> None:
 def test_combined_table_of_a_job_without_shards(store: LocalStore) -> None:
     table = combined_table(P(store, "nothing"))
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms"]
+    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
 
 
 def test_manifest_lists_the_shards(store: LocalStore) -> None:
@@ -215,4 +219,4 @@ def test_results_stream_shard_by_shard(store: LocalStore) -> None:
 def test_results_of_a_job_without_shards_stream_as_an_empty_file(store: LocalStore) -> None:
     table = pq.read_table(io.BytesIO(b"".join(stream_parquet(P(store, "none")))))
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms"]
+    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]

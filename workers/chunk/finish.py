@@ -25,6 +25,7 @@ from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus, Job, aware
 from kiln.app.db.session import unit_of_work
 from kiln.app.results import Result, ResultRow
+from kiln.workers import identical
 from kiln.workers.chunk import content_cache
 from kiln.workers.models.base import VECTOR_OUTPUTS, ClosedJob
 from kiln.workers.models.loader import job_closed, output_fields
@@ -112,6 +113,7 @@ def _upsert_row(row: ResultRow) -> dict[str, Any]:
         "error": row.error,
         "outputs": outputs,
         "duration_ms": row.duration_ms,
+        "sha256": row.sha256,
     }
 
 
@@ -208,10 +210,20 @@ def ensure_manifest(
     }
     if counts.deleted and place.store.exists(results.deleted_key(place)):
         manifest["deleted_keys"] = results.deleted_key(place)
-    if (step := job_closed(model)) is not None:
-        manifest |= step(ClosedJob(job, lambda: queries.item_outputs(session, job.id), place))
+    manifest |= _close_steps(session, job, model, place)
     results.write_manifest(place, manifest, shards)
     log.info("job %s %s: %s", job.id, job.status, counts)
+
+
+def _close_steps(
+    session: Session, job: Job, model: ModelInfo, place: results.Place
+) -> dict[str, Any]:
+    """The family's job-closed step (its near-duplicate groups), then byte-identical inputs
+    joined into them, for every model; what they add to the manifest."""
+    summary: dict[str, Any] = {}
+    if (step := job_closed(model)) is not None:
+        summary = step(ClosedJob(job, lambda: queries.item_outputs(session, job.id), place))
+    return identical.close_job(place, queries.identical_inputs(session, job.id), summary)
 
 
 def _seconds(job: Job) -> float | None:

@@ -108,7 +108,8 @@ def process_chunk(
                 )  # fmt: skip
                 return report
             timer = time.monotonic()
-            report.job_status = finish_chunk(runtime, lease, _result_rows(work), _fresh(work))
+            fresh = _fresh(work) if settings.content_cache else {}
+            report.job_status = finish_chunk(runtime, lease, _result_rows(work), fresh)
             report.seconds["write"] = time.monotonic() - timer
             _tally(runtime, lease, work, report)
     except BaseException:
@@ -277,15 +278,14 @@ def _fetch(runtime: WorkerRuntime, w: _Work) -> None:
     except KilnError as error:
         w.error = str(error)
         return
-    if runtime.settings.content_cache:
-        w.digest = sha256_hex(w.data)
+    w.digest = sha256_hex(w.data)  # the results' sha256 column, and the content cache's key
 
 
 def _use_cache(runtime: WorkerRuntime, lease: Lease, group: list[_Work]) -> int:
     """Answer the inputs this model version has already seen for this tenant (or any tenant,
     when the cache is shared); returns how many."""
     digests = [w.digest for w in group if w.digest and w.waiting]
-    if not digests:
+    if not digests or not runtime.settings.content_cache:
         return 0
     with runtime.sessions() as session:
         known = cache_rows.cached_results(
@@ -356,6 +356,7 @@ def _result_rows(work: list[_Work]) -> list[ResultRow]:
             error="The job was cancelled." if w.cancelled else w.error,
             duration_ms=round((time.monotonic() - w.started) * 1000, 2),
             outputs=None if w.error or w.cancelled else w.outputs,
+            sha256=w.digest,
         )
         for w in work
     ]

@@ -367,7 +367,7 @@ def test_results_before_any_shard_is_an_empty_parquet_file(client: TestClient) -
     assert f'filename="{job_id}.parquet"' in response.headers["Content-Disposition"]
     table = pq.read_table(io.BytesIO(response.content))
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms"]
+    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
 
 
 def test_cancel_then_cancel_again(client: TestClient) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import select, update
 from devstack.images import solid, truncated_jpeg
 from kiln.app import results
 from kiln.app.core.config import Settings
+from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import TransientError
 from kiln.app.db import leases
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Model
@@ -419,3 +420,27 @@ def test_the_cache_can_be_turned_off(settings: Settings, tmp_path: Path) -> None
         assert engine_rows(runtime) == 2
     finally:
         runtime.close()
+
+
+def test_every_row_keeps_its_input_sha256_and_identical_inputs_are_grouped(
+    runtime: WorkerRuntime,
+) -> None:
+    """Any model: the results carry each input's sha256, and byte-identical inputs form
+    groups (groups.parquet, the results' `group` column, the manifest)."""
+    red, blue = solid(RED), solid(BLUE)
+    files = [("a.png", red), ("b.png", blue), ("c.png", red), ("d.png", solid(GREEN))]
+    job_id, calls = submit(runtime, [*files, ("e.txt", b"not pixels"), ("f.txt", b"not pixels")])
+    run_all(runtime, calls)
+
+    items = items_by_key(runtime, job_id)
+    assert items["a.png"].sha256 == items["c.png"].sha256 == sha256_hex(red)
+    assert items["b.png"].sha256 == sha256_hex(blue)
+    table = results.combined_table(_place(runtime, job_id)).to_pylist()
+    by_key = {row["key"]: row for row in table}
+    assert by_key["a.png"]["sha256"] == sha256_hex(red)
+    assert by_key["a.png"]["group"] == by_key["c.png"]["group"] == 0
+    assert by_key["e.txt"]["group"] == by_key["f.txt"]["group"] == 1  # failed, but the same bytes
+    assert by_key["b.png"]["group"] is None and by_key["d.png"]["group"] is None
+    summary = manifest(runtime, job_id)
+    assert summary["identical"] == {"groups": 2, "items": 4}
+    assert summary["groups"]["groups"] == 2

@@ -7,6 +7,7 @@ Incremental reruns, a missing bucket, and interactive work finishing fast during
 from __future__ import annotations
 
 import io
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,12 +15,13 @@ from typing import Any
 import httpx
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 from sqlalchemy import func, select
 
 from devstack.images import photo
 from kiln.app.db.models import Item
 from kiln.app.tenants import allow_bucket
-from tests.stack import SOURCE_BUCKET
+from tests.stack import BUCKET, SOURCE_BUCKET
 
 CLOSED = ("completed", "failed", "cancelled")
 
@@ -104,6 +106,85 @@ def test_incremental_pipeline_processes_only_what_changed(
     pruned = run_pipeline(client, prefix, "nightly")
     c = pruned["counts"]
     assert (c["total"], c["skipped"], c["deleted"]) == (0, 5095, 5)  # 5000 + 100 - 5
+
+
+def stored(s3: Any, settings: Any, key: str) -> bytes:
+    """An object in Kiln's own store (the session's S3 prefix)."""
+    prefix = settings.storage_url.removeprefix(f"s3://{BUCKET}/")
+    body: bytes = s3.get_object(Bucket=BUCKET, Key=f"{prefix}/{key}")["Body"].read()
+    return body
+
+
+def manifest_of(s3: Any, settings: Any, job_id: str) -> dict[str, Any]:
+    """The closed job's manifest (written just after the job's status closes: waited for)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            body = stored(s3, settings, f"results/{job_id}/manifest.json")
+        except s3.exceptions.NoSuchKey:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+            continue
+        manifest: dict[str, Any] = json.loads(body)
+        return manifest
+
+
+def groups_of(s3: Any, settings: Any, job_id: str) -> list[set[str]]:
+    rows = pq.read_table(io.BytesIO(stored(s3, settings, f"results/{job_id}/groups.parquet")))
+    found: dict[int, set[str]] = {}
+    for row in rows.to_pylist():
+        found.setdefault(row["group"], set()).add(row["key"])
+    return list(found.values())
+
+
+def smaller(data: bytes) -> bytes:
+    """The picture at two thirds of its size, re-encoded: a near-duplicate, other bytes."""
+    image = Image.open(io.BytesIO(data))
+    buffer = io.BytesIO()
+    image.resize((image.width * 2 // 3, image.height * 2 // 3)).save(buffer, "JPEG", quality=70)
+    return buffer.getvalue()
+
+
+def test_a_pipeline_run_groups_new_objects_with_the_whole_library(
+    client: httpx.Client, s3: Any, settings: Any
+) -> None:
+    """A rerun processes only what is new, yet its groups compare the new objects with every
+    object the pipeline has processed: a resized copy joins last run's original, and a byte
+    copy is grouped as identical; deleted objects leave the library."""
+    prefix = "bulk-library/"
+    originals = {f"{prefix}img-{i}.jpg": photo(500 + i, (96, 72)) for i in range(4)}
+    for key, body in originals.items():
+        s3.put_object(Bucket=SOURCE_BUCKET, Key=key, Body=body)
+    first = run_pipeline(client, prefix, "library")
+    assert manifest_of(s3, settings, first["id"])["library"]["objects"] == 4
+
+    s3.put_object(
+        Bucket=SOURCE_BUCKET,
+        Key=f"{prefix}new-0.jpg",
+        Body=smaller(originals[f"{prefix}img-0.jpg"]),
+    )
+    s3.put_object(
+        Bucket=SOURCE_BUCKET, Key=f"{prefix}copy-1.jpg", Body=originals[f"{prefix}img-1.jpg"]
+    )
+    second = run_pipeline(client, prefix, "library")
+    assert (second["counts"]["total"], second["counts"]["skipped"]) == (2, 4)
+    manifest = manifest_of(s3, settings, second["id"])
+    assert manifest["library"] == {
+        "key": manifest["library"]["key"],
+        "objects": 6,
+        "added": 2,
+    }
+    assert manifest["identical"] == {"groups": 1, "items": 2}
+    groups = groups_of(s3, settings, second["id"])
+    assert {f"{prefix}img-0.jpg", f"{prefix}new-0.jpg"} in groups
+    assert {f"{prefix}img-1.jpg", f"{prefix}copy-1.jpg"} in groups
+
+    s3.delete_object(Bucket=SOURCE_BUCKET, Key=f"{prefix}new-0.jpg")
+    third = run_pipeline(client, prefix, "library")
+    assert third["counts"]["deleted"] == 1
+    assert manifest_of(s3, settings, third["id"])["library"]["objects"] == 5
+    assert groups_of(s3, settings, third["id"]) == [{f"{prefix}img-1.jpg", f"{prefix}copy-1.jpg"}]
 
 
 def test_a_pipeline_name_is_bound_to_its_source(client: httpx.Client) -> None:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -27,8 +28,10 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.results import Result, ResultRow
 from kiln.workers import identical
 from kiln.workers.chunk import content_cache
+from kiln.workers.library import library_place
+from kiln.workers.library import update as update_library
 from kiln.workers.models.base import VECTOR_OUTPUTS, ClosedJob
-from kiln.workers.models.loader import job_closed, output_fields
+from kiln.workers.models.loader import job_closed, library_columns, output_fields
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -180,7 +183,9 @@ def ensure_manifest(
     shards: list[str] | None,
 ) -> None:
     """The closed job's manifest: written by whoever closed it, or healed by a later replay."""
-    job = session.get(Job, job_id)
+    # Fresh from the database: the caller's session may hold the job as it was before it closed
+    # (the ingest's close of a rerun with nothing to process).
+    job = session.get(Job, job_id, populate_existing=True)
     if job is None or queries.is_open(job):
         return
     place = runtime.place(job.id, job.output)
@@ -210,20 +215,28 @@ def ensure_manifest(
     }
     if counts.deleted and place.store.exists(results.deleted_key(place)):
         manifest["deleted_keys"] = results.deleted_key(place)
-    manifest |= _close_steps(session, job, model, place)
+    manifest |= _close_steps(runtime, session, job, model, place)
     results.write_manifest(place, manifest, shards)
     log.info("job %s %s: %s", job.id, job.status, counts)
 
 
 def _close_steps(
-    session: Session, job: Job, model: ModelInfo, place: results.Place
+    runtime: WorkerRuntime, session: Session, job: Job, model: ModelInfo, place: results.Place
 ) -> dict[str, Any]:
-    """The family's job-closed step (its near-duplicate groups), then byte-identical inputs
-    joined into them, for every model; what they add to the manifest."""
+    """A pipeline run's library update, the family's job-closed step (its near-duplicate
+    groups), then byte-identical inputs joined into them, for every model — over the whole
+    library for a pipeline run; what they add to the manifest."""
+    library = None
+    if job.pipeline_id is not None:
+        where = library_place(runtime.store, job.pipeline_id, model.ref)
+        library = update_library(where, place, library_columns(model))
     summary: dict[str, Any] = {}
     if (step := job_closed(model)) is not None:
-        summary = step(ClosedJob(job, lambda: queries.item_outputs(session, job.id), place))
-    return identical.close_job(place, queries.identical_inputs(session, job.id), summary)
+        outputs = partial(queries.item_outputs, session, job.id)
+        summary = step(ClosedJob(job, outputs, place, library))
+    same = library.identical() if library else queries.identical_inputs(session, job.id)
+    summary = identical.close_job(place, same, summary)
+    return summary | ({"library": library.summary()} if library else {})
 
 
 def _seconds(job: Job) -> float | None:

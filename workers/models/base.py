@@ -10,6 +10,7 @@ import numpy as np
 
 from kiln.app.db.models import Job
 from kiln.app.results import Place
+from kiln.workers.library import Library
 
 # Outputs too large for a database row (embeddings go to storage, not rows): they
 # reach the Parquet shard and the content cache, and are left out of `items.outputs`.
@@ -57,6 +58,8 @@ class ClosedJob:
     job: Job
     outputs: Callable[[], Iterable[tuple[str, dict[str, Any]]]]  # (key, outputs), in order
     place: Place
+    # A pipeline run's library, already holding this run's rows: groups cover all of it.
+    library: Library | None = None
 
 
 # A family's step when one of its jobs closes (phash: near-duplicate groups); what it returns

@@ -80,6 +80,14 @@ _JOB_CLOSED: dict[str, JobClosed] = {
 }
 
 
+# What a pipeline's library keeps of each object besides key and sha256 (workers/library.py).
+_LIBRARY_COLUMNS: dict[str, list[str]] = {"phash": ["phash"]}
+
+
+def library_columns(info: ModelInfo) -> list[str]:
+    return list(_LIBRARY_COLUMNS.get(info.kind, []))
+
+
 def job_closed(info: ModelInfo) -> JobClosed | None:
     """The family's job-closed step, if it has one."""
     return _JOB_CLOSED.get(info.kind)

@@ -67,7 +67,7 @@ def close_job(closed: ClosedJob) -> dict[str, Any]:
     """The job-closed step: near-duplicate groups over all the job's items, written beside the
     shards (`groups.parquet`); their summary goes into the manifest."""
     distance = PhashOptions.stored(closed.job.options).max_distance
-    hashed = [(key, out["phash"]) for key, out in closed.outputs() if out.get("phash")]
+    hashed = _hashes(closed)
     groups = near_duplicate_groups([k for k, _h in hashed], [h for _k, h in hashed], distance)
     return {
         "groups": {
@@ -77,6 +77,15 @@ def close_job(closed: ClosedJob) -> dict[str, Any]:
             "items_in_groups": sum(len(g) for g in groups),
         }
     }
+
+
+def _hashes(closed: ClosedJob) -> list[tuple[str, str]]:
+    """(key, phash) of the job's items, or of its pipeline's whole library."""
+    if closed.library is not None:
+        table = closed.library.table
+        keys, hashes = table.column("key").to_pylist(), table.column("phash").to_pylist()
+        return [(k, h) for k, h in zip(keys, hashes, strict=True) if h]
+    return [(key, out["phash"]) for key, out in closed.outputs() if out.get("phash")]
 
 
 def near_duplicate_groups(

@@ -86,10 +86,11 @@ class KilnClient:
         result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
         return result
 
-    def download_results(self, job_id: str, path: Path) -> None:
-        """The job's results into `path`, written as they arrive (never whole in memory)."""
+    def download_results(self, job_id: str, path: Path, name: str = "results") -> None:
+        """The job's results (or `name`: "groups") into `path`, written as they arrive (never
+        whole in memory)."""
         try:
-            with self.http.stream("GET", f"/v1/jobs/{job_id}/results") as response:
+            with self.http.stream("GET", f"/v1/jobs/{job_id}/{name}") as response:
                 if response.is_error:
                     response.read()
                     self._raise_for(response)

@@ -223,6 +223,14 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def groups_parquet(place: Place) -> bytes:
+    """The job's groups.parquet, or an empty one with its columns (a closed job that found
+    no duplicates, or that closed before groups existed)."""
+    if place.store.exists(groups_key(place)):
+        return place.store.get(groups_key(place))
+    return to_parquet(pa.schema(GROUP_FIELDS).empty_table())
+
+
 def read_groups(place: Place) -> pa.Table | None:
     """The job's groups.parquet, if it has one."""
     if not place.store.exists(groups_key(place)):

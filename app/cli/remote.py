@@ -51,8 +51,12 @@ def results_cmd(
         bool, typer.Option("--urls", help="Print presigned URLs instead (S3 storage only).")
     ] = False,
     expires: Annotated[int, typer.Option(help="Seconds the --urls stay valid (≤ 3600).")] = 900,
+    groups: Annotated[
+        bool, typer.Option("--groups", help="Download the closed job's duplicate groups instead.")
+    ] = False,
 ) -> None:
-    """Download a job's results as one Parquet file, or print presigned URLs of its files."""
+    """Download a job's results (or its duplicate groups) as one Parquet file, or print
+    presigned URLs of its files."""
     if not urls and output is None:
         raise fail(KilnError("Give -o FILE to download the results, or --urls for links."))
     with ApiClient() as client:
@@ -62,8 +66,8 @@ def results_cmd(
                 typer.echo(f"{entry['key']}\t{entry['url']}")  # plain: for scripts, no wrapping
             return
         assert output is not None
-        client.download_results(job_id, output)
-    console.print(f"results of {job_id} written to {output}")
+        client.download_results(job_id, output, "groups" if groups else "results")
+    console.print(f"{'groups' if groups else 'results'} of {job_id} written to {output}")
 
 
 def cancel(job_id: str) -> None:

@@ -102,6 +102,9 @@ def test_cli_client_commands(
     out = tmp_path / "r.parquet"
     assert run_kiln(env, "results", job_id, "-o", str(out)).returncode == 0
     assert pq.read_table(out).num_rows == 1
+    groups = tmp_path / "g.parquet"
+    assert run_kiln(env, "results", job_id, "--groups", "-o", str(groups)).returncode == 0
+    assert pq.read_table(groups).column_names == ["group", "key", "similarity", "sha256"]
     status = run_kiln(env, "status", "not-a-job")
     assert status.returncode == 1 and "There is no job not-a-job." in status.stderr
     nokey = run_kiln({**env, "KILN_API_KEY": "kiln_wrong"}, "status", job_id)

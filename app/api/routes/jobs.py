@@ -320,6 +320,30 @@ def get_results(
     )
 
 
+@router.get(
+    "/{job_id}/groups",
+    responses={**ERRORS, 200: {"content": {"application/vnd.apache.parquet": {}}}},
+    response_class=Response,
+)
+def get_groups(
+    job_id: str, session: SessionDep, context: ContextDep, s3: S3Dep, tenant: TenantDep
+) -> Response:
+    """The closed job's duplicate groups as Parquet (`group`, `key`, `similarity`, `sha256`):
+    byte-identical inputs for every model, near-duplicates for phash and embedders asked to
+    group; empty when it found none. 409 while the job runs: groups are made when it closes."""
+    job = jobs.get_job(session, tenant, job_id)
+    if queries.is_open(job):
+        raise ConflictError(
+            f"Job {job_id} is still {job.status}; its groups are made when it closes."
+        )
+    place = results.place_for(context.store, job.id, job.output, s3)
+    return Response(
+        results.groups_parquet(place),
+        media_type="application/vnd.apache.parquet",
+        headers={"Content-Disposition": f'attachment; filename="{job_id}-groups.parquet"'},
+    )
+
+
 @router.get("/{job_id}/results/urls", response_model=ResultUrlsOut, responses=ERRORS)
 def get_result_urls(
     job_id: str,

@@ -314,6 +314,7 @@ def test_another_tenant_gets_404_everywhere(client: TestClient, other: dict[str,
         ("GET", f"/v1/jobs/{job_id}"),
         ("GET", f"/v1/jobs/{job_id}/items"),
         ("GET", f"/v1/jobs/{job_id}/results"),
+        ("GET", f"/v1/jobs/{job_id}/groups"),
         ("POST", f"/v1/jobs/{job_id}/cancel"),
     ]:
         response = client.request(method, path, headers=other)
@@ -368,6 +369,18 @@ def test_results_before_any_shard_is_an_empty_parquet_file(client: TestClient) -
     table = pq.read_table(io.BytesIO(response.content))
     assert table.num_rows == 0
     assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
+
+
+def test_groups_answer_once_the_job_has_closed(client: TestClient) -> None:
+    job_id = submit(client, n=2)["id"]
+    assert_sentence(client.get(f"/v1/jobs/{job_id}/groups"), 409, "still queued", "closes")
+
+    client.post(f"/v1/jobs/{job_id}/cancel")
+    response = client.get(f"/v1/jobs/{job_id}/groups")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/vnd.apache.parquet"
+    table = pq.read_table(io.BytesIO(response.content))  # none found: empty, with its columns
+    assert (table.num_rows, table.column_names) == (0, ["group", "key", "similarity", "sha256"])
 
 
 def test_cancel_then_cancel_again(client: TestClient) -> None:

@@ -99,14 +99,14 @@ def submit_bulk(
 def stage_bulk(session: Session, request: BulkRequest) -> Job:
     """Add the job and its ingest state to the caller's unit of work, uncommitted. Every check
     runs before a row is added, so a refusal leaves the unit as it was."""
-    model = _check(session, request)
+    model, options = _check(session, request)
     pipeline = _pipeline(session, request) if request.pipeline else None
     job = Job(
         id=str(uuid.uuid4()),
         tenant=request.tenant,
         model=model.ref,
         status=JobStatus.QUEUED,
-        options=request.options,
+        options=options,  # the fallback, if any, pinned to its exact version too
         idempotency_key=request.idempotency_key,
         chunk_count=0,
         queue=BULK,
@@ -127,7 +127,7 @@ def start_ingest(session: Session, dispatcher: Dispatcher, job: Job) -> None:
         dispatcher.enqueue_ingest(job.id)
 
 
-def _check(session: Session, request: BulkRequest) -> ModelInfo:
+def _check(session: Session, request: BulkRequest) -> tuple[ModelInfo, dict[str, Any]]:
     try:
         model = get_model(session, request.model, request.tenant)
     except NotFoundError as error:
@@ -137,9 +137,9 @@ def _check(session: Session, request: BulkRequest) -> ModelInfo:
     request.source.check()
     if request.output:
         parse_s3_uri(request.output)
-    check_options(model, request.options)
+    options = check_options(session, request.tenant, model, request.options)
     check_places(session, request.tenant, request.source, request.output)
-    return model
+    return model, options
 
 
 def check_places(session: Session, tenant: str, source: Source, output: str | None) -> None:

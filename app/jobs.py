@@ -26,6 +26,7 @@ from kiln.app.db.items import NewItem, insert_items
 from kiln.app.db.models import Job, JobStatus, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
+from kiln.app.fallback import check_fallback
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.base import NewObject
@@ -86,7 +87,7 @@ def submit_job(
         existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
         if existing is not None:
             return Submitted(existing, created=False)
-    model = _check_request(session, settings, request)
+    model, options = _check_request(session, settings, request)
     job_id = str(uuid.uuid4())
     count = len(request.uploads) + len(request.inputs)
     size = settings.bulk_chunk_size if queue_for(count) == BULK else settings.chunk_size
@@ -96,7 +97,7 @@ def submit_job(
         tenant=request.tenant,
         model=model.ref,  # the exact version, even if a newer one is registered meanwhile
         status=JobStatus.QUEUED,
-        options=request.options or {},
+        options=options,  # the fallback, if any, pinned to its exact version too
         idempotency_key=request.idempotency_key,
         chunk_count=-(-len(rows) // size),
         queue=queue_for(len(rows)),
@@ -164,7 +165,10 @@ def by_idempotency_key(session: Session, tenant: str, key: str) -> Job | None:
     return session.scalar(select(Job).where(Job.tenant == tenant, Job.idempotency_key == key))
 
 
-def _check_request(session: Session, settings: Settings, request: JobRequest) -> ModelInfo:
+def _check_request(
+    session: Session, settings: Settings, request: JobRequest
+) -> tuple[ModelInfo, dict[str, Any]]:
+    """The job's model and the options to store, or an InputError with a sentence."""
     try:
         model = get_model(session, request.model, request.tenant)
     except NotFoundError as error:
@@ -185,10 +189,10 @@ def _check_request(session: Session, settings: Settings, request: JobRequest) ->
             raise InputError(f"Model {model.name!r} takes text, not images.")
     if request.uploads and model.input != "image":
         raise InputError(f"Model {model.name!r} takes text, not files.")
-    check_options(model, request.options or {})
+    options = check_options(session, request.tenant, model, request.options or {})
     _item_keys(request)  # a bad request is a 422 before any bucket is judged
     _check_s3_inputs(session, request)
-    return model
+    return model, options
 
 
 def _check_s3_inputs(session: Session, request: JobRequest) -> None:
@@ -199,9 +203,14 @@ def _check_s3_inputs(session: Session, request: JobRequest) -> None:
     tenants.check_buckets(session, request.tenant, uris)
 
 
-def check_options(model: ModelInfo, options: dict[str, Any]) -> None:
-    """The job's options against the model family's declared options (`kiln.app.families`)."""
+def check_options(
+    session: Session, tenant: str, model: ModelInfo, options: dict[str, Any]
+) -> dict[str, Any]:
+    """The job's options against the model family's declared options (`kiln.app.families`)
+    and its fallback against the catalog (`kiln.app.fallback`); returns them with the fallback
+    pinned to its exact version."""
     families.check_options(model.kind, model.name, options)
+    return check_fallback(session, tenant, model, options)
 
 
 def _is_local(uri: str, request: JobRequest) -> bool:

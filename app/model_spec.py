@@ -96,6 +96,9 @@ class ImageModelSpec:
     score_threshold: float | None = None  # this and the next two: detect only
     iou_threshold: float | None = None
     max_boxes: int | None = None
+    # classify only: an input whose top score is below it is refused ("no answer"), which a
+    # job's fallback may take; None: every answer stands.
+    refuse_below: float | None = None
 
     @classmethod
     def from_dict(cls, given: Mapping[str, Any]) -> ImageModelSpec:
@@ -148,14 +151,17 @@ class ImageModelSpec:
             "channel_order": self.channel_order,
             "pixel_range": self.pixel_range,
             **{name: getattr(self, name) for name in DETECTION_FIELDS},
+            "refuse_below": self.refuse_below,
         }
 
     def stored(self, kind: str) -> dict[str, Any]:
-        """What registration stores: the spec with its family's defaults filled in, and the
-        detection settings for a detector only."""
+        """What registration stores: the spec with its family's defaults filled in, the
+        detection settings for a detector only, the refusal floor for a classifier only."""
         filled = {**self.as_dict(), **_jsonable(asdict(self.preprocessing(kind)))}
         for name in DETECTION_FIELDS:
             filled.pop(name)
+        if kind != "classify":
+            filled.pop("refuse_below")
         if kind == "detect":
             filled.update(asdict(self.detection()))
         return filled
@@ -407,6 +413,7 @@ def _check_pixels(pre: Preprocessing) -> None:
 def _check_family(kind: str, spec: ImageModelSpec) -> None:
     if kind == "classify" and not spec.labels:
         raise InputError("A classifier needs labels: one per output, in order.")
+    _check_refusal(kind, spec.refuse_below)
     if kind != "detect":
         if any(getattr(spec, name) is not None for name in DETECTION_FIELDS):
             raise InputError("score_threshold, iou_threshold and max_boxes are for detect models.")
@@ -424,3 +431,15 @@ def _check_family(kind: str, spec: ImageModelSpec) -> None:
             raise InputError(f"{name} must be between 0 and 1.")
     if found.max_boxes is not None and not 1 <= found.max_boxes <= 10_000:
         raise InputError("max_boxes must be between 1 and 10000.")
+
+
+def _check_refusal(kind: str, floor: float | None) -> None:
+    if floor is None:
+        return
+    if kind != "classify":
+        raise InputError("refuse_below is for classify models: a floor under their top score.")
+    if isinstance(floor, bool) or not isinstance(floor, int | float) or not 0 <= floor <= 1:
+        raise InputError(
+            f"refuse_below must be a score from 0 to 1 (the top label's softmax probability), "
+            f"not {floor!r}."
+        )

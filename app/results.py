@@ -22,6 +22,9 @@ BASE_FIELDS = [
     pa.field("error", pa.string()),
     pa.field("duration_ms", pa.float32()),
     pa.field("sha256", pa.string()),  # of the input's bytes (a text's UTF-8); null if unread
+    pa.field("answered_by", pa.string()),  # the model ref whose outputs these are; null: failed
+    # why the job's model did not answer, where the job's fallback model took the item
+    pa.field("fallback_reason", pa.string()),
 ]
 
 
@@ -40,6 +43,10 @@ class Result(Protocol):
     def outputs(self) -> dict[str, Any] | None: ...
     @property
     def sha256(self) -> str | None: ...
+    @property
+    def answered_by(self) -> str | None: ...
+    @property
+    def fallback_reason(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class ResultRow:
     duration_ms: float | None
     outputs: dict[str, Any] | None
     sha256: str | None = None
+    answered_by: str | None = None
+    fallback_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,8 @@ def items_table(items: Sequence[Result], output_fields: Sequence[pa.Field]) -> p
             "error": item.error,
             "duration_ms": item.duration_ms,
             "sha256": item.sha256,
+            "answered_by": item.answered_by,
+            "fallback_reason": item.fallback_reason,
         }
         row.update({name: outputs.get(name) for name in names})
         rows.append(row)

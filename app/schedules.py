@@ -72,7 +72,7 @@ def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
         model = get_model(session, request.model, request.tenant)
     except NotFoundError as error:
         raise InputError(str(error)) from None
-    check_options(model, request.options)
+    check_options(session, request.tenant, model, request.options)  # runs pin their own
     check_places(session, request.tenant, request.source, request.output)
     schedule = Schedule(
         tenant=request.tenant,

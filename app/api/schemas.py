@@ -90,6 +90,8 @@ class CountsOut(BaseModel):
     cancelled: int
     skipped: int = 0
     deleted: int = 0
+    fell_back: int = Field(0, description="Items the job's fallback model took.")
+    fell_back_succeeded: int = Field(0, description="Of those, the items it answered.")
 
 
 class JobOut(BaseModel):
@@ -133,6 +135,10 @@ class ItemOut(BaseModel):
     attempts: int
     duration_ms: float | None
     outputs: dict[str, Any] | None
+    answered_by: str | None = Field(None, description="The model ref whose outputs these are.")
+    fallback_reason: str | None = Field(
+        None, description="Why the job's model did not answer, when its fallback took the item."
+    )
 
 
 class ItemsPage(BaseModel):
@@ -196,6 +202,11 @@ class ModelSpecIn(BaseModel):
     score_threshold: float | None = Field(None, ge=0, le=1, description="detect only")
     iou_threshold: float | None = Field(None, ge=0, le=1, description="detect only")
     max_boxes: int | None = Field(None, ge=1, le=10_000, description="detect only")
+    refuse_below: float | None = Field(
+        None,
+        description="classify only: a top score below it (0 to 1) is a refusal, which a job's "
+        "fallback model may answer; otherwise the item fails.",
+    )
 
 
 class ModelCreate(BaseModel):

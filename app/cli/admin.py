@@ -156,6 +156,9 @@ def models_add(
     score_threshold: Annotated[float | None, typer.Option(help="detect; default 0.25.")] = None,
     iou_threshold: Annotated[float | None, typer.Option(help="detect: NMS; default 0.45.")] = None,
     max_boxes: Annotated[int | None, typer.Option(help="detect: per image; default 300.")] = None,
+    refuse_below: Annotated[
+        float | None, typer.Option(help="classify: refuse inputs whose top score is below it.")
+    ] = None,
     max_batch: Annotated[int | None, typer.Option(help="Largest batch the model takes.")] = None,
     fp16: Annotated[bool, typer.Option(help="Store embeddings as float16 (embed).")] = False,
     tenant: Annotated[
@@ -185,6 +188,7 @@ def models_add(
                 "score_threshold": score_threshold,
                 "iou_threshold": iou_threshold,
                 "max_boxes": max_boxes,
+                "refuse_below": refuse_below,
                 "max_batch": max_batch,
                 "fp16": fp16,
             }

@@ -21,6 +21,7 @@ from kiln.app.db import dialect
 from kiln.app.db.models import COUNTER_SLOTS, Item, ItemStatus, JobCounter
 
 FINAL = (ItemStatus.SUCCEEDED, ItemStatus.FAILED, ItemStatus.CANCELLED)
+COUNTED = ("total", "succeeded", "failed", "cancelled", "fell_back", "fell_back_succeeded")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Tally:
     succeeded: int = 0
     failed: int = 0
     cancelled: int = 0
+    fell_back: int = 0  # items the job's fallback model took (also counted by their status)
+    fell_back_succeeded: int = 0  # of those, the items it answered
 
     @property
     def open(self) -> int:
@@ -50,33 +53,31 @@ def add(session: Session, job_id: str, slot: int, delta: Tally) -> None:
     session.execute(
         statement.on_conflict_do_update(
             index_elements=[JobCounter.job_id, JobCounter.slot],
-            set_={
-                name: getattr(JobCounter, name) + statement.excluded[name]
-                for name in ("total", "succeeded", "failed", "cancelled")
-            },
+            set_={name: getattr(JobCounter, name) + statement.excluded[name] for name in COUNTED},
         )
     )
 
 
-def ended(statuses: Iterable[str]) -> Tally:
-    """The counter change for items that just reached these final statuses."""
+def ended(statuses: Iterable[str], fell_back: Iterable[str] = ()) -> Tally:
+    """The counter change for items that just reached these final statuses; `fell_back`: the
+    statuses of those among them that the job's fallback model took."""
     by_status = Counter(str(s) for s in statuses)
+    fallen = Counter(str(s) for s in fell_back)
     return Tally(
         succeeded=by_status[ItemStatus.SUCCEEDED],
         failed=by_status[ItemStatus.FAILED],
         cancelled=by_status[ItemStatus.CANCELLED],
+        fell_back=fallen.total(),
+        fell_back_succeeded=fallen[ItemStatus.SUCCEEDED],
     )
 
 
 def read(session: Session, job_id: str) -> Tally:
     """The job's counts: a sum over at most COUNTER_SLOTS rows."""
     row = session.execute(
-        select(
-            func.coalesce(func.sum(JobCounter.total), 0),
-            func.coalesce(func.sum(JobCounter.succeeded), 0),
-            func.coalesce(func.sum(JobCounter.failed), 0),
-            func.coalesce(func.sum(JobCounter.cancelled), 0),
-        ).where(JobCounter.job_id == job_id)
+        select(*(func.coalesce(func.sum(getattr(JobCounter, name)), 0) for name in COUNTED)).where(
+            JobCounter.job_id == job_id
+        )
     ).one()
     return Tally(*(int(n) for n in row))
 
@@ -84,26 +85,26 @@ def read(session: Session, job_id: str) -> Tally:
 def recount(session: Session, job_id: str) -> Tally:
     """The job's counts from its items (a scan of the job): what the counters must equal."""
     rows = session.execute(
-        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
+        select(Item.status, func.count(), func.count(Item.fallback_reason))  # non-null ones
+        .where(Item.job_id == job_id)
+        .group_by(Item.status)
     ).all()
-    by_status = {str(status): int(n) for status, n in rows}
+    by_status = {str(status): int(n) for status, n, _fell in rows}
+    fell_back = {str(status): int(fell) for status, _n, fell in rows}
     return Tally(
         total=sum(by_status.values()),
         succeeded=by_status.get(ItemStatus.SUCCEEDED, 0),
         failed=by_status.get(ItemStatus.FAILED, 0),
         cancelled=by_status.get(ItemStatus.CANCELLED, 0),
+        fell_back=sum(fell_back.values()),
+        fell_back_succeeded=fell_back.get(ItemStatus.SUCCEEDED, 0),
     )
 
 
 def difference(session: Session, job_id: str) -> Tally:
     """What the counters lack against the items (all zero when they agree)."""
     truth, kept = recount(session, job_id), read(session, job_id)
-    return Tally(
-        total=truth.total - kept.total,
-        succeeded=truth.succeeded - kept.succeeded,
-        failed=truth.failed - kept.failed,
-        cancelled=truth.cancelled - kept.cancelled,
-    )
+    return Tally(*(getattr(truth, name) - getattr(kept, name) for name in COUNTED))
 
 
 def repair(session: Session, job_id: str) -> Tally:
@@ -123,9 +124,4 @@ def snapshot(session: Session) -> None:
 
 
 def _columns(tally: Tally) -> dict[str, int]:
-    return {
-        "total": tally.total,
-        "succeeded": tally.succeeded,
-        "failed": tally.failed,
-        "cancelled": tally.cancelled,
-    }
+    return {name: getattr(tally, name) for name in COUNTED}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -67,6 +68,7 @@ class JobFacts:
     output: str | None
     bulk: bool  # items come from an ingest (the chunk count grows while it lists)
     pipeline_id: int | None
+    options: dict[str, Any] | None = None  # the job's (its fallback model, if any)
 
 
 _FACTS = (  # JobFacts's fields, in order
@@ -78,6 +80,7 @@ _FACTS = (  # JobFacts's fields, in order
     Job.output,
     Job.source.is_not(None),
     Job.pipeline_id,
+    Job.options,
 )
 
 

@@ -189,6 +189,10 @@ class Item(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     outputs: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     duration_ms: Mapped[float | None] = mapped_column()
+    # The model ref whose outputs these are (the job's, or its fallback's); null when it failed.
+    answered_by: Mapped[str | None] = mapped_column(String(160))
+    # Why the job's model did not answer, for an item its fallback answered or also failed.
+    fallback_reason: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # A running item is leased: `lease_owner` (one chunk run) holds it until `lease_expires_at`,
@@ -216,6 +220,9 @@ class JobCounter(Base):
     succeeded: Mapped[int] = mapped_column(BigInteger, default=0)
     failed: Mapped[int] = mapped_column(BigInteger, default=0)
     cancelled: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Items the job's fallback model took, and of those the ones it answered.
+    fell_back: Mapped[int] = mapped_column(BigInteger, default=0)
+    fell_back_succeeded: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 COUNTER_SLOTS = 16

@@ -34,6 +34,8 @@ class Counts:
     cancelled: int = 0
     skipped: int = 0  # bulk, incremental: unchanged since the pipeline's last run
     deleted: int = 0  # bulk, incremental: gone since the pipeline's last run
+    fell_back: int = 0  # items the job's fallback model took
+    fell_back_succeeded: int = 0  # of those, the items it answered
     listing: bool = False  # bulk: the source is still being listed, more items may come
 
     @property
@@ -55,6 +57,8 @@ def job_counts(session: Session, job_id: str, bulk: bool = True) -> Counts:
         failed=tally.failed,
         pending=tally.open,
         cancelled=tally.cancelled,
+        fell_back=tally.fell_back,
+        fell_back_succeeded=tally.fell_back_succeeded,
     )
 
 
@@ -103,7 +107,14 @@ def upsert_results(
         changed = _update_results_postgres(session, job_id, results, owner)
     else:
         changed = _upsert_results_sqlite(session, job_id, results, owner)
-    counters.add(session, job_id, counters.slot_of(chunk), counters.ended(changed))
+    fell_back = [status for status, fell in changed if fell]
+    tally = counters.ended([status for status, _ in changed], fell_back)
+    counters.add(session, job_id, counters.slot_of(chunk), tally)
+
+
+RESULT_COLUMNS = (
+    "key", "status", "error", "outputs", "duration_ms", "sha256", "answered_by", "fallback_reason",
+)  # fmt: skip
 
 
 # The chunk's results as one JSON document, joined to the items in one UPDATE: the statement
@@ -111,32 +122,33 @@ def upsert_results(
 _UPDATE_RESULTS = text(
     """
     UPDATE items SET status = v.status, error = v.error, outputs = v.outputs,
-           duration_ms = v.duration_ms, sha256 = v.sha256, finished_at = :finished_at
+           duration_ms = v.duration_ms, sha256 = v.sha256, answered_by = v.answered_by,
+           fallback_reason = v.fallback_reason, finished_at = :finished_at
     FROM json_to_recordset(CAST(:rows AS json))
-         AS v(key text, status text, error text, outputs json, duration_ms float8, sha256 text)
+         AS v(key text, status text, error text, outputs json, duration_ms float8, sha256 text,
+              answered_by text, fallback_reason text)
     WHERE items.job_id = :job_id AND items.key = v.key AND items.status = 'running'
       AND (CAST(:owner AS text) IS NULL OR items.lease_owner = :owner)
-    RETURNING items.status
+    RETURNING items.status, items.fallback_reason IS NOT NULL
     """
 )
 
 
 def _update_results_postgres(
     session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None
-) -> list[str]:
-    rows = [
-        {k: r.get(k) for k in ("key", "status", "error", "outputs", "duration_ms", "sha256")}
-        for r in results
-    ]
+) -> list[tuple[str, bool]]:
+    """(status, fell back) of each row that changed."""
+    rows = [{k: r.get(k) for k in RESULT_COLUMNS} for r in results]
     params = {"job_id": job_id, "owner": owner, "finished_at": utcnow(), "rows": json.dumps(rows)}
-    return list(session.scalars(_UPDATE_RESULTS, params))
+    return [(str(status), bool(fell)) for status, fell in session.execute(_UPDATE_RESULTS, params)]
 
 
 def _upsert_results_sqlite(
     session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None
-) -> list[str]:
+) -> list[tuple[str, bool]]:
     now = utcnow()
-    rows = [{"job_id": job_id, "finished_at": now, **r} for r in results]
+    blank = dict.fromkeys(RESULT_COLUMNS)  # one statement: every row names every column
+    rows = [{"job_id": job_id, "finished_at": now, **blank, **r} for r in results]
     statement = dialect.insert(session, Item).values(rows)
     excluded = statement.excluded
     statement = statement.on_conflict_do_update(
@@ -147,12 +159,15 @@ def _upsert_results_sqlite(
             "outputs": excluded.outputs,
             "duration_ms": excluded.duration_ms,
             "sha256": excluded.sha256,
+            "answered_by": excluded.answered_by,
+            "fallback_reason": excluded.fallback_reason,
             "finished_at": excluded.finished_at,
         },
         where=(Item.status == ItemStatus.RUNNING)
         & (true() if owner is None else Item.lease_owner == owner),
     )
-    return list(session.scalars(statement.returning(Item.status)))
+    changed = session.execute(statement.returning(Item.status, Item.fallback_reason))
+    return [(str(status), reason is not None) for status, reason in changed]
 
 
 def finished_chunk_items(session: Session, job_id: str, chunk: int) -> list[Item]:

@@ -1,4 +1,7 @@
-"""The base of every family's options: strict (no coercion), closed (unknown keys refused)."""
+"""The base of every family's options: strict (no coercion), closed (unknown keys refused).
+
+Every family takes `fallback` (`fallback.FallbackOptions`) besides its own options.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,14 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict
 
+from kiln.app.families.fallback import HINTS as FALLBACK_HINTS
+from kiln.app.families.fallback import FallbackOptions
+
 
 class Options(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    fallback: FallbackOptions | None = None  # every family's; absent: no fallback
 
     # Per option, what it must be, in place of pydantic's message (which names no unit).
     hints: ClassVar[dict[str, str]] = {}
@@ -21,13 +29,17 @@ class Options(BaseModel):
 
     @classmethod
     def describe(cls) -> str:
-        names = ", ".join(repr(name) for name in cls.model_fields)
-        return f"its options are {names}" if names else "it takes no options"
+        """The family's own options first, then the one every family takes."""
+        names = [name for name in cls.model_fields if name != "fallback"] + ["fallback"]
+        if len(names) == 1:
+            return "its only option is 'fallback'"
+        return "its options are " + ", ".join(repr(name) for name in names)
 
     @classmethod
     def explain(cls, key: str, message: str) -> str:
-        return cls.hints.get(key) or message.replace("Input should be", "must be", 1)
+        hint = {**FALLBACK_HINTS, **cls.hints}.get(key)
+        return hint or message.replace("Input should be", "must be", 1)
 
 
 class NoOptions(Options):
-    """A family with no job options yet."""
+    """A family with no options of its own."""

@@ -460,7 +460,7 @@ def test_progress_of_a_running_job_measures_against_now(
         ("phash", {"max_distance": "near"}, "whole number"),
         ("phash", {"max_distance": True}, "whole number"),
         ("phash", {"max_distnace": 8}, "no option 'max_distnace'; its options are 'max_distance'"),
-        ("detector", {"max_distance": 4}, "no option 'max_distance'; it takes no options"),
+        ("detector", {"max_distance": 4}, "no option 'max_distance'; its only option is"),
         ("text-embed", {"group": {"threshold": 0.3}}, "cosine similarity from 0.5 to 1"),
         ("text-embed", {"group": {"treshold": 0.9}}, "no option 'group.treshold'"),
         ("text-embed", {"grup": {}}, "'text-embed' has no option 'grup'"),

@@ -393,3 +393,39 @@ def test_a_detector_may_squash(tmp_path: Path) -> None:
     data = tiny_yolo(tmp_path / "y.onnx").read_bytes()
     stored = check_onnx(data, "detect", detect_spec(fit="squash", max_boxes=5))
     assert (stored["fit"], stored["max_boxes"]) == ("squash", 5)
+
+
+# --- refuse_below: a classifier's confidence floor ------------------------------------------
+
+
+@pytest.mark.parametrize("floor", [0, 0.5, 1])
+def test_a_classifier_stores_its_refusal_floor(tmp_path: Path, floor: float) -> None:
+    colour_classifier(tmp_path / "c.onnx")
+    stored = check_onnx((tmp_path / "c.onnx").read_bytes(), "classify", spec(refuse_below=floor))
+    assert stored["refuse_below"] == floor
+    assert ImageModelSpec.from_dict(stored).refuse_below == floor
+
+
+def test_a_classifier_without_a_floor_stores_none(tmp_path: Path) -> None:
+    colour_classifier(tmp_path / "c.onnx")
+    stored = check_onnx((tmp_path / "c.onnx").read_bytes(), "classify", spec())
+    assert stored["refuse_below"] is None
+    assert ImageModelSpec.from_dict({"input_size": 32}).refuse_below is None  # stored before it
+
+
+@pytest.mark.parametrize("floor", [-0.1, 1.5, float("nan"), True])
+def test_a_floor_outside_zero_to_one_is_refused(tmp_path: Path, floor: object) -> None:
+    colour_classifier(tmp_path / "c.onnx")
+    sentence = refused((tmp_path / "c.onnx").read_bytes(), refuse_below=floor)
+    assert sentence == (
+        f"refuse_below must be a score from 0 to 1 (the top label's softmax probability), "
+        f"not {floor!r}."
+    )
+
+
+def test_only_a_classifier_may_refuse(tmp_path: Path) -> None:
+    data = tiny_yolo(tmp_path / "y.onnx").read_bytes()
+    assert detect_refused(data, refuse_below=0.5) == (
+        "refuse_below is for classify models: a floor under their top score."
+    )
+    assert "refuse_below" not in check_onnx(data, "detect", detect_spec())

@@ -40,8 +40,13 @@ class FakeItem:
     duration_ms: float | None = None
     outputs: dict[str, Any] | None = None
     sha256: str | None = None
+    answered_by: str | None = None
+    fallback_reason: str | None = None
 
 
+# Every row's columns, whatever the model: the item, then which model answered it and why not
+# the job's own (a fallback's answer).
+BASE = ["key", "status", "error", "duration_ms", "sha256", "answered_by", "fallback_reason"]
 LABEL = pa.struct([("label", pa.string()), ("score", pa.float32())])
 LABEL_FIELDS = [pa.field("labels", pa.list_(LABEL))]
 DETECTION = pa.struct(
@@ -56,6 +61,7 @@ def classified(key: str, label: str = "cat") -> FakeItem:
         ItemStatus.SUCCEEDED,
         duration_ms=12.5,
         outputs={"labels": [{"label": label, "score": 0.75}], "ignored": 1},
+        answered_by="classifier:1",
     )
 
 
@@ -75,7 +81,7 @@ def detected(key: str) -> FakeItem:
 
 def test_items_table_columns_and_rows() -> None:
     table = items_table([classified("a.jpg"), failed("b.jpg")], LABEL_FIELDS)
-    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256", "labels"]
+    assert table.column_names == [*BASE, "labels"]
     assert table.schema == pa.schema([*BASE_FIELDS, *LABEL_FIELDS])
     assert table.to_pylist() == [
         {
@@ -84,6 +90,8 @@ def test_items_table_columns_and_rows() -> None:
             "error": None,
             "duration_ms": 12.5,
             "sha256": None,
+            "answered_by": "classifier:1",
+            "fallback_reason": None,
             "labels": [{"label": "cat", "score": 0.75}],
         },
         {
@@ -92,6 +100,8 @@ def test_items_table_columns_and_rows() -> None:
             "error": "The file is empty.",
             "duration_ms": 1.0,
             "sha256": None,
+            "answered_by": None,
+            "fallback_reason": None,
             "labels": None,
         },
     ]
@@ -99,14 +109,14 @@ def test_items_table_columns_and_rows() -> None:
 
 def test_items_table_without_output_fields() -> None:
     table = items_table([failed("x")], [])
-    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
+    assert table.column_names == BASE
     assert table.num_rows == 1
 
 
 def test_items_table_empty() -> None:
     table = items_table([], LABEL_FIELDS)
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256", "labels"]
+    assert table.column_names == [*BASE, "labels"]
 
 
 def test_items_table_missing_output_is_null() -> None:
@@ -139,15 +149,7 @@ def test_combined_table_across_shards_with_different_fields(store: LocalStore) -
 
     table = combined_table(P(store, "job1"))
     assert table.num_rows == 4
-    assert set(table.column_names) == {
-        "key",
-        "status",
-        "error",
-        "duration_ms",
-        "sha256",
-        "labels",
-        "detections",
-    }
+    assert set(table.column_names) == {*BASE, "labels", "detections"}
     rows = {row["key"]: row for row in table.to_pylist()}
     assert sorted(rows) == ["a", "b", "c", "d"]
     assert rows["a"]["labels"] == [{"label": "cat", "score": 0.75}]
@@ -171,7 +173,7 @@ def test_redelivered_chunk_overwrites_its_shard(store: LocalStore) -> None:
 def test_combined_table_of_a_job_without_shards(store: LocalStore) -> None:
     table = combined_table(P(store, "nothing"))
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
+    assert table.column_names == BASE
 
 
 def test_manifest_lists_the_shards(store: LocalStore) -> None:
@@ -219,4 +221,4 @@ def test_results_stream_shard_by_shard(store: LocalStore) -> None:
 def test_results_of_a_job_without_shards_stream_as_an_empty_file(store: LocalStore) -> None:
     table = pq.read_table(io.BytesIO(b"".join(stream_parquet(P(store, "none")))))
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
+    assert table.column_names == BASE

@@ -55,6 +55,8 @@ def test_fifty_images_end_to_end(
         "cancelled": 0,
         "skipped": 0,
         "deleted": 0,
+        "fell_back": 0,
+        "fell_back_succeeded": 0,
     }
     assert job["items_per_second"] > 0
     assert job["started_at"] and job["finished_at"]

@@ -56,3 +56,27 @@ def test_results_land_once_and_only_for_the_lease_holder(sessions: sessionmaker[
         kept = counters.read(session, job_id)
         assert kept == counters.recount(session, job_id)
         assert (kept.succeeded, kept.failed, kept.open) == (1, 1, 2)
+
+
+def test_items_a_fallback_took_are_counted_once(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        job_id, ids = job_of(session, ["a", "b", "c"])
+        leases.take(session, job_id, ids, "run-1", 60)
+        results = [
+            row("a", answered_by="classifier:1"),
+            row("b", answered_by="ocr", fallback_reason="Refused: the top score 0.2 …"),
+            row("c", ItemStatus.FAILED, error="Both failed.", outputs=None,
+                fallback_reason="The file is not an image Kiln can read."),
+        ]  # fmt: skip
+        queries.upsert_results(session, job_id, 0, results, owner="run-1")
+        queries.upsert_results(session, job_id, 0, results, owner="run-1")  # a replay
+        session.commit()
+        kept = counters.read(session, job_id)
+        assert kept == counters.recount(session, job_id)
+        assert (kept.succeeded, kept.failed, kept.fell_back, kept.fell_back_succeeded) == (
+            2, 1, 2, 1,
+        )  # fmt: skip
+        items = by_key(session, job_id)
+        assert (items["b"].answered_by, items["b"].fallback_reason) == (
+            "ocr", "Refused: the top score 0.2 …",
+        )  # fmt: skip

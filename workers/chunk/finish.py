@@ -25,13 +25,15 @@ from kiln.app.db import ingest, leases, queries
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus, Job, aware
 from kiln.app.db.session import unit_of_work
+from kiln.app.families.fallback import FallbackOptions
 from kiln.app.results import Result, ResultRow
 from kiln.workers import identical
 from kiln.workers.chunk import content_cache
+from kiln.workers.chunk.fallback import Fallback, job_fallback, shard_fields
 from kiln.workers.library import library_place
 from kiln.workers.library import update as update_library
 from kiln.workers.models.base import VECTOR_OUTPUTS, ClosedJob
-from kiln.workers.models.loader import job_closed, library_columns, output_fields
+from kiln.workers.models.loader import job_closed, library_columns
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -54,17 +56,19 @@ class Lease:
     owner: str = ""  # the run holding the items' lease: only its results are written
     held_elsewhere: bool = False  # nothing leased because another live run holds the chunk
     tenant: str = ""
+    fallback: Fallback | None = None  # the job's fallback model, if it names one
 
 
 def finish_chunk(
     runtime: WorkerRuntime,
     lease: Lease,
     rows: Sequence[ResultRow],
-    fresh: Mapping[str, content_cache.Entry] | None = None,
+    fresh: Mapping[str, Mapping[str, content_cache.Entry]] | None = None,
 ) -> str | None:
-    """Write the shard, the results (and `fresh` results into the content cache); close the job
-    if nothing is open. Returns the final status if this call closed the job."""
-    fields = output_fields(lease.model)
+    """Write the shard, the results (and `fresh` results into the content cache: by scope, the
+    model's that answered them, then by input sha256); close the job if nothing is open.
+    Returns the final status if this call closed the job."""
+    fields = shard_fields(lease.model, lease.fallback)
     with runtime.sessions() as session:
         with unit_of_work(session):  # reads only
             if lease.items and not leases.holds(session, lease.job_id, lease.owner):
@@ -77,9 +81,9 @@ def finish_chunk(
             queries.upsert_results(
                 session, lease.job_id, lease.chunk, [_upsert_row(r) for r in rows], lease.owner
             )
-            scope = content_cache.scope_key(runtime.settings, lease.tenant, lease.model)
             ttl_s = runtime.settings.content_cache_ttl_s
-            cache_rows.cache_results(session, scope, fresh or {}, ttl_s)
+            for scope, entries in (fresh or {}).items():
+                cache_rows.cache_results(session, scope, entries, ttl_s)
             if lease.pipeline_id is not None:
                 done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
                 ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
@@ -117,6 +121,8 @@ def _upsert_row(row: ResultRow) -> dict[str, Any]:
         "outputs": outputs,
         "duration_ms": row.duration_ms,
         "sha256": row.sha256,
+        "answered_by": row.answered_by,
+        "fallback_reason": row.fallback_reason,
     }
 
 
@@ -150,9 +156,10 @@ def close_finished_job(runtime: WorkerRuntime, job_id: str) -> str | None:
         if job is None:
             return None
         model = runtime.model_info(session, job.model, job.tenant)
+        fields = shard_fields(model, job_fallback(runtime, session, job.tenant, job.options))
         with unit_of_work(session):
             final, shards = close_if_done(
-                session, runtime.place(job_id, job.output), job_id, output_fields(model)
+                session, runtime.place(job_id, job.output), job_id, fields
             )
         if final is not None:
             ensure_manifest(runtime, session, job_id, model, True, shards)
@@ -205,6 +212,8 @@ def ensure_manifest(
             "cancelled": counts.cancelled,
             "skipped": counts.skipped,
             "deleted": counts.deleted,
+            "fell_back": counts.fell_back,
+            "fell_back_succeeded": counts.fell_back_succeeded,
         },
         "created_at": _iso(job.created_at),
         "started_at": _iso(job.started_at),
@@ -215,6 +224,9 @@ def ensure_manifest(
     }
     if counts.deleted and place.store.exists(results.deleted_key(place)):
         manifest["deleted_keys"] = results.deleted_key(place)
+    if (fallback := (job.options or {}).get("fallback")) is not None:
+        # the model (its exact version) and the failures it takes
+        manifest["fallback"] = FallbackOptions.model_validate(fallback).model_dump()
     manifest |= _close_steps(runtime, session, job, model, place)
     results.write_manifest(place, manifest, shards)
     log.info("job %s %s: %s", job.id, job.status, counts)

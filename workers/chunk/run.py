@@ -1,7 +1,9 @@
-"""Process one chunk of a job: lease → fetch + decode → batch → write results.
+"""Process one chunk of a job: lease → fetch + decode → batch → (fallback) → write results.
 
 A plain function of a `WorkerRuntime`: the Celery task is a thin adapter over it, and tests
-call it without a broker. Every write is idempotent, so a redelivered chunk is harmless.
+call it without a broker. Every write is idempotent, so a redelivered chunk is harmless. A job
+with a fallback model has the inputs its model failed or refused run again through the
+fallback, in the same run, before anything is written.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.app.catalog import ModelInfo
 from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import KilnError, TransientError
 from kiln.app.db import content_cache as cache_rows
@@ -22,14 +25,16 @@ from kiln.app.db import leases, queries
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, JobStatus
 from kiln.app.db.session import unit_of_work
+from kiln.app.families.fallback import FAILED, REFUSED, Trigger
 from kiln.app.observability.tracing import annotate
 from kiln.app.results import ResultRow
 from kiln.workers.batching import Announcement
 from kiln.workers.chunk import content_cache
+from kiln.workers.chunk.fallback import Fallback, job_fallback
 from kiln.workers.chunk.finish import Lease, finish_chunk
 from kiln.workers.chunk.lease import LeaseKeeper
 from kiln.workers.chunk.stats import STAGES
-from kiln.workers.models.base import Prepared
+from kiln.workers.models.base import Prepared, Refusal
 from kiln.workers.runtime import ModelRunner, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,7 @@ class ChunkReport:
     succeeded: int = 0
     failed: int = 0
     cached: int = 0  # answered from the content cache
+    fell_back: int = 0  # taken by the job's fallback model (answered or failed again)
     # fetch (inputs + cache lookups), decode (prepare), infer (engine + finish), write
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     job_status: str | None = None
@@ -62,6 +68,11 @@ class _Work:
     outputs: dict[str, Any] | None = None
     error: str | None = None
     cancelled: bool = False  # the job was cancelled before this input was started
+    # Why the model gave no answer, when a fallback may take the input: FAILED or REFUSED
+    # (None for inputs that could not be read, which no other model could read either).
+    failure: Trigger | None = None
+    answered_by: ModelInfo | None = None  # the model whose outputs these are
+    fallback_reason: str | None = None  # the job's model's error, when its fallback took it
 
     @property
     def waiting(self) -> bool:
@@ -100,7 +111,7 @@ def process_chunk(
     )  # fmt: skip
     try:
         with keeper:
-            work = _run(runtime, lease, report, urgent, keeper) if lease.items else []
+            work = _answer(runtime, lease, report, urgent, keeper)
             if keeper.lost.is_set():
                 log.warning(
                     "chunk %s/%d: lease lost; another run owns the results", job_id, chunk,
@@ -108,7 +119,7 @@ def process_chunk(
                 )  # fmt: skip
                 return report
             timer = time.monotonic()
-            fresh = _fresh(work) if settings.content_cache else {}
+            fresh = _fresh(runtime, lease, work) if settings.content_cache else {}
             report.job_status = finish_chunk(runtime, lease, _result_rows(work), fresh)
             report.seconds["write"] = time.monotonic() - timer
             _tally(runtime, lease, work, report)
@@ -118,13 +129,17 @@ def process_chunk(
     return report
 
 
-def _fresh(work: list[_Work]) -> dict[str, content_cache.Entry]:
-    """Results computed by this run, for the content cache."""
-    return {
-        w.digest: content_cache.encode(w.outputs)
-        for w in work
-        if w.digest and w.outputs is not None and not w.cached and w.error is None
-    }
+def _fresh(
+    runtime: WorkerRuntime, lease: Lease, work: list[_Work]
+) -> dict[str, dict[str, content_cache.Entry]]:
+    """Results computed by this run, for the content cache, each under the scope of the model
+    that answered it: the job's model's entries never hold its fallback's answers."""
+    fresh: dict[str, dict[str, content_cache.Entry]] = {}
+    for w in work:
+        if w.digest and w.answered_by is not None and w.outputs is not None and not w.cached:
+            scope = content_cache.scope_key(runtime.settings, lease.tenant, w.answered_by)
+            fresh.setdefault(scope, {})[w.digest] = content_cache.encode(w.outputs)
+    return fresh
 
 
 def _release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
@@ -155,6 +170,7 @@ def lease_chunk(
             with unit_of_work(session):
                 queries.mark_job_running(session, job_id)
         model = runtime.model_info(session, job.model, job.tenant)
+        fallback = job_fallback(runtime, session, job.tenant, job.options)
     return Lease(
         job_id,
         chunk,
@@ -169,21 +185,36 @@ def lease_chunk(
         owner=owner,
         held_elsewhere=elsewhere,
         tenant=job.tenant,
+        fallback=fallback,
     )
+
+
+def _answer(
+    runtime: WorkerRuntime, lease: Lease, report: ChunkReport, urgent: bool, keeper: LeaseKeeper
+) -> list[_Work]:
+    """Every leased input through the job's model, then those it failed or refused through the
+    job's fallback model (if it names one and takes them)."""
+    work = [_Work(item, time.monotonic()) for item in lease.items]
+    _give_up_on_retried(work, runtime.settings.max_attempts)
+    if work:
+        _run(runtime, lease, lease.model, work, report, urgent, keeper)
+    if work and lease.fallback is not None:
+        _fall_back(runtime, lease, lease.fallback, work, report, urgent, keeper)
+    _count(work, report)
+    return work
 
 
 def _run(
     runtime: WorkerRuntime,
     lease: Lease,
+    model: ModelInfo,
+    work: list[_Work],
     report: ChunkReport,
     urgent: bool,
     keeper: LeaseKeeper,
-) -> list[_Work]:
-    """Load the model (kept loaded while this runs), then run the work through its engine; a
+) -> None:
+    """Load `model` (kept loaded while this runs), then run the work through its engine; a
     model that cannot load fails the work with the reason."""
-    model = lease.model
-    work = [_Work(item, time.monotonic()) for item in lease.items]
-    _give_up_on_retried(work, runtime.settings.max_attempts)
     with ExitStack() as stack:
         try:
             runner = stack.enter_context(runtime.using(model))  # not unloaded while in use
@@ -193,10 +224,60 @@ def _run(
             where = {"job_id": lease.job_id, "chunk": lease.chunk, "model": model.ref}
             log.exception("model %s failed to load", model.ref, extra=where)
             for w in work:
-                w.error = w.error or f"Model {model.ref!r} could not be loaded: {error}."
-            return work
+                if w.error is None:
+                    _fail(w, f"Model {model.ref!r} could not be loaded: {error}.", FAILED)
+            return
         _through_engine(runtime, runner, lease, work, report, urgent, keeper)
-    return work
+    for w in work:
+        if w.error is None and w.outputs is not None and not w.cancelled:
+            w.answered_by = model
+
+
+def _fall_back(
+    runtime: WorkerRuntime,
+    lease: Lease,
+    fallback: Fallback,
+    work: list[_Work],
+    report: ChunkReport,
+    urgent: bool,
+    keeper: LeaseKeeper,
+) -> None:
+    """The inputs the job's model failed or refused (as `fallback.on` says) run again through
+    the fallback model, fetched afresh: the model's own decoded rows are gone, and the two may
+    prepare inputs differently. Its load failures, memory budget and batching apply as to any
+    model; what it cannot answer fails with both reasons."""
+    taken = [w for w in work if fallback.takes(w.failure)]
+    if not taken or keeper.cancelled.is_set() or keeper.lost.is_set():
+        return  # nothing to take, or nothing this run may still start
+    again = [_Work(w.item, w.started) for w in taken]
+    _run(runtime, lease, fallback.model, again, report, urgent, keeper)
+    for first, second in zip(taken, again, strict=True):
+        _settle(first, second, fallback.model)
+    report.fell_back += sum(1 for w in taken if w.fallback_reason is not None)
+
+
+def _settle(first: _Work, second: _Work, fallback: ModelInfo) -> None:
+    """The input's result once its fallback ran: the fallback's answer, or both failures."""
+    if second.cancelled:
+        return  # the job was cancelled before the fallback started it: the first failure stands
+    first.fallback_reason, first.digest = first.error, first.digest or second.digest
+    if second.answered_by is not None:
+        first.error, first.outputs = None, second.outputs
+        first.cached, first.answered_by = second.cached, second.answered_by
+    else:
+        first.error = (
+            f"{first.error} The fallback model {fallback.ref!r} failed too: {second.error}"
+        )
+
+
+def _fail(w: _Work, sentence: str, failure: Trigger) -> None:
+    w.error, w.failure = sentence, failure
+
+
+def _count(work: list[_Work], report: ChunkReport) -> None:
+    report.processed = sum(1 for w in work if not w.cancelled)
+    report.failed = sum(1 for w in work if w.error and not w.cancelled)
+    report.succeeded = report.processed - report.failed
 
 
 def _through_engine(
@@ -221,10 +302,7 @@ def _through_engine(
     timer = time.monotonic()
     for w in work:
         _collect(runner, w)
-    report.seconds["infer"] = time.monotonic() - timer
-    report.processed = sum(1 for w in work if not w.cancelled)
-    report.failed = sum(1 for w in work if w.error and not w.cancelled)
-    report.succeeded = report.processed - report.failed
+    report.seconds["infer"] += time.monotonic() - timer
 
 
 def _feed(
@@ -241,7 +319,7 @@ def _feed(
     for w in group:
         if w.waiting:
             _fetch(runtime, w)
-    hits = _use_cache(runtime, lease, group)
+    hits = _use_cache(runtime, lease.tenant, runner.info, group)
     report.seconds["fetch"] += time.monotonic() - timer
     for w in group:
         _submit(runner, announced, w, report)
@@ -281,16 +359,17 @@ def _fetch(runtime: WorkerRuntime, w: _Work) -> None:
     w.digest = sha256_hex(w.data)  # the results' sha256 column, and the content cache's key
 
 
-def _use_cache(runtime: WorkerRuntime, lease: Lease, group: list[_Work]) -> int:
+def _use_cache(runtime: WorkerRuntime, tenant: str, model: ModelInfo, group: list[_Work]) -> int:
     """Answer the inputs this model version has already seen for this tenant (or any tenant,
-    when the cache is shared); returns how many."""
+    when the cache is shared); returns how many. `model` is the runner's: a registration
+    identical to the job's (the same cache key, hence the same scope)."""
     digests = [w.digest for w in group if w.digest and w.waiting]
     if not digests or not runtime.settings.content_cache:
         return 0
     with runtime.sessions() as session:
         known = cache_rows.cached_results(
             session,
-            content_cache.scope_key(runtime.settings, lease.tenant, lease.model),
+            content_cache.scope_key(runtime.settings, tenant, model),
             digests,
             runtime.settings.content_cache_ttl_s,
         )
@@ -313,11 +392,11 @@ def _submit(
     try:
         w.prepared = runner.pipeline.prepare(w.data)
     except KilnError as error:
-        w.error = str(error)
+        _fail(w, str(error), FAILED)
     except Exception as error:  # a decoder bug must fail one item, not the worker
         where = {"job_id": w.item.job_id, "chunk": w.item.chunk, "item": w.item.key}
         log.exception("preparing %s failed", w.item.key, extra=where)
-        w.error = f"The input could not be prepared: {error}."
+        _fail(w, f"The input could not be prepared: {error}.", FAILED)
     finally:
         w.data = None  # the decoded rows are all the engine needs
         report.seconds["decode"] += time.monotonic() - timer
@@ -334,12 +413,14 @@ def _collect(runner: ModelRunner, w: _Work) -> None:
         w.outputs = runner.pipeline.finish(w.prepared, w.future.result())
     except TransientError:
         raise  # a stuck engine (past its batch deadline): the whole chunk runs again
+    except Refusal as refusal:  # "no answer", which a fallback may take
+        _fail(w, str(refusal), REFUSED)
     except KilnError as error:  # the input itself (an image that did not decode on the GPU)
-        w.error = str(error)
+        _fail(w, str(error), FAILED)
     except Exception as error:
         where = {"job_id": w.item.job_id, "chunk": w.item.chunk, "item": w.item.key}
         log.warning("inference failed for %s: %s", w.item.key, error, extra=where)
-        w.error = f"The model failed on this input: {error}."
+        _fail(w, f"The model failed on this input: {error}.", FAILED)
 
 
 def _tally(runtime: WorkerRuntime, lease: Lease, work: list[_Work], report: ChunkReport) -> None:
@@ -357,6 +438,8 @@ def _result_rows(work: list[_Work]) -> list[ResultRow]:
             duration_ms=round((time.monotonic() - w.started) * 1000, 2),
             outputs=None if w.error or w.cancelled else w.outputs,
             sha256=w.digest,
+            answered_by=w.answered_by.ref if w.answered_by else None,
+            fallback_reason=w.fallback_reason,
         )
         for w in work
     ]

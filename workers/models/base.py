@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kiln.app.core.errors import InputError
 from kiln.app.db.models import Job
 from kiln.app.results import Place
 from kiln.workers.library import Library
@@ -15,6 +16,12 @@ from kiln.workers.library import Library
 # Outputs too large for a database row (embeddings go to storage, not rows): they
 # reach the Parquet shard and the content cache, and are left out of `items.outputs`.
 VECTOR_OUTPUTS = frozenset({"embedding"})
+
+
+class Refusal(InputError):
+    """The model answered "no answer" for this input (a classifier below its confidence floor):
+    `finish` raises it with a sentence. The item fails with it, unless the job's fallback
+    model takes refusals (`fallback.on`), which is why it is told apart from other failures."""
 
 
 @dataclass
@@ -44,7 +51,7 @@ class Pipeline(Protocol):
         """Run one batch through the engine; one raw result per row."""
 
     def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        """Turn one raw result into the item's outputs."""
+        """Turn one raw result into the item's outputs; raise `Refusal` for "no answer"."""
 
     def close(self) -> None:
         """Release what the pipeline holds beyond its engine (inner Batchers, threads)."""

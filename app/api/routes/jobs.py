@@ -61,6 +61,8 @@ def job_out(
             cancelled=c.cancelled,
             skipped=c.skipped,
             deleted=c.deleted,
+            fell_back=c.fell_back,
+            fell_back_succeeded=c.fell_back_succeeded,
         ),
         created_at=report.created_at,
         started_at=report.started_at,
@@ -291,6 +293,8 @@ def list_items(
                 attempts=i.attempts,
                 duration_ms=i.duration_ms,
                 outputs=i.outputs,
+                answered_by=i.answered_by,
+                fallback_reason=i.fallback_reason,
             )
             for i in page
         ],

@@ -109,7 +109,7 @@ def test_submit_multipart_is_accepted_and_queued(client: TestClient, settings: S
     assert job["model"] == "detector"
     assert job["counts"] == {
         "total": 4, "succeeded": 0, "failed": 0, "pending": 4, "cancelled": 0,
-        "skipped": 0, "deleted": 0,
+        "skipped": 0, "deleted": 0, "fell_back": 0, "fell_back_succeeded": 0,
     }  # fmt: skip
     assert job["results_url"] == f"http://testserver/v1/jobs/{job['id']}/results"
     assert job["started_at"] is None and job["items_per_second"] is None
@@ -189,6 +189,8 @@ def test_items_are_paged_with_a_next_cursor(client: TestClient) -> None:
         "attempts": 0,
         "duration_ms": None,
         "outputs": None,
+        "answered_by": None,
+        "fallback_reason": None,
     }
 
 
@@ -276,7 +278,7 @@ def test_multipart_with_bad_options_is_422(client: TestClient) -> None:
     [
         ("phash", {"max_distnace": 8}, ("no option 'max_distnace'", "'max_distance'")),
         ("phash", {"max_distance": "8"}, ("'max_distance'", "whole number of bits")),
-        ("detector", {"max_distance": 8}, ("'detector' has no option", "takes no options")),
+        ("detector", {"max_distance": 8}, ("'detector' has no option", "only option is")),
     ],
 )
 def test_options_the_family_does_not_declare_are_422(
@@ -368,7 +370,9 @@ def test_results_before_any_shard_is_an_empty_parquet_file(client: TestClient) -
     assert f'filename="{job_id}.parquet"' in response.headers["Content-Disposition"]
     table = pq.read_table(io.BytesIO(response.content))
     assert table.num_rows == 0
-    assert table.column_names == ["key", "status", "error", "duration_ms", "sha256"]
+    assert table.column_names == [
+        *["key", "status", "error", "duration_ms", "sha256", "answered_by", "fallback_reason"]
+    ]
 
 
 def test_groups_answer_once_the_job_has_closed(client: TestClient) -> None:
@@ -392,7 +396,7 @@ def test_cancel_then_cancel_again(client: TestClient) -> None:
     assert job["status"] == "cancelled"
     assert job["counts"] == {
         "total": 4, "succeeded": 0, "failed": 0, "pending": 0, "cancelled": 4,
-        "skipped": 0, "deleted": 0,
+        "skipped": 0, "deleted": 0, "fell_back": 0, "fell_back_succeeded": 0,
     }  # fmt: skip
     assert job["finished_at"] is not None
     items = client.get(f"/v1/jobs/{job_id}/items").json()["items"]

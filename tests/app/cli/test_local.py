@@ -103,7 +103,10 @@ def test_an_unknown_option_is_refused_with_the_family_sentence(
     kiln: CliRunner, photos: Path
 ) -> None:
     text = refused(kiln, str(photos), "--model", "phash", "--option", "max_distnace=8")
-    assert "Model 'phash' has no option 'max_distnace'; its options are 'max_distance'." in text
+    assert (
+        "Model 'phash' has no option 'max_distnace'; its options are 'max_distance', 'fallback'."
+        in text
+    )
 
 
 def test_an_option_reaches_the_job(kiln: CliRunner, photos: Path, settings: Settings) -> None:

@@ -403,3 +403,23 @@ def test_list_jobs_cursor_inside_a_tie_returns_the_rest_of_it(session: Session) 
     cursor = session.get(Job, "b" * 8)
     assert [j.id for j in queries.list_jobs(session, "acme", after=cursor, limit=10)] == ["a" * 8]
     assert [j.id for j in queries.list_jobs(session, "acme", after=None, limit=10)] == ids[::-1]
+
+
+def test_items_a_fallback_took_are_counted_once(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING] * 3)
+    leases.take(session, job.id, [i.id for i in items_of(session, job.id)], "run-1", 60)
+    rows = [
+        result_row("k0", answered_by="classifier:1"),
+        result_row("k1", answered_by="ocr", fallback_reason="Refused: the top score 0.2 …"),
+        result_row("k2", ItemStatus.FAILED, error="Both failed.", outputs=None,
+                   fallback_reason="The file is not an image Kiln can read."),
+    ]  # fmt: skip
+    queries.upsert_results(session, job.id, 0, rows, "run-1")
+    queries.upsert_results(session, job.id, 0, rows, "run-1")  # a replay counts nothing
+    session.commit()
+    counts = queries.job_counts(session, job.id)
+    assert (counts.succeeded, counts.failed, counts.fell_back, counts.fell_back_succeeded) == (
+        2, 1, 2, 1,
+    )  # fmt: skip
+    assert counters.recount(session, job.id) == counters.read(session, job.id)
+    assert [i.answered_by for i in items_of(session, job.id)] == ["classifier:1", "ocr", None]

@@ -40,14 +40,14 @@ def test_a_typo_names_the_key_and_the_options() -> None:
     with pytest.raises(InputError) as error:
         check_options("phash", "phash", {"max_distnace": 8})
     assert str(error.value) == (
-        "Model 'phash' has no option 'max_distnace'; its options are 'max_distance'."
+        "Model 'phash' has no option 'max_distnace'; its options are 'max_distance', 'fallback'."
     )
 
 
 @pytest.mark.parametrize("kind", ["detect", "ocr", "classify"])
 def test_families_without_options_refuse_any(kind: str) -> None:
     assert check_options(kind, "m", {}) == {}
-    with pytest.raises(InputError, match="Model 'm' has no option 'max_distance'; it takes no"):
+    with pytest.raises(InputError, match="Model 'm' has no option 'max_distance'; its only option"):
         check_options(kind, "m", {"max_distance": 4})
 
 

@@ -1,11 +1,19 @@
-"""The classifier's softmax and top-k."""
+"""The classifier's softmax, top-k and refusal floor."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from kiln.workers.models.classify import softmax, top_k
+from devstack.images import solid
+from kiln.app.core.errors import InputError
+from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
+from kiln.workers.models.base import Refusal
+from kiln.workers.models.classify import ClassifyPipeline, softmax, top_k
+from tests.models import colour_classifier
 
 
 def test_softmax_sums_to_one() -> None:
@@ -94,3 +102,33 @@ def test_a_large_jpeg_is_drafted_to_the_resize_side_not_further() -> None:
     assert a.shape == b.shape == (224, 224, 3)
     assert np.abs(a - b).mean() < 4.0  # of 255: the same picture
     assert isinstance(full.image, Image.Image)
+
+
+# --- refusals: a top score below the spec's floor is "no answer" ----------------------------
+
+
+def colours(tmp_path: Path, **spec: Any) -> ClassifyPipeline:
+    colour_classifier(tmp_path / "c.onnx")
+    engine = OnnxRuntimeEngine(tmp_path / "c.onnx", max_batch=4)
+    declared = {"input_size": 32, "labels": ["red", "green", "blue", "dark"], "top_k": 2,
+                "mean": [0, 0, 0], "std": [1, 1, 1], **spec}  # fmt: skip
+    return ClassifyPipeline("colours:1", engine, declared, max_pixels=1 << 24)
+
+
+def answer(pipeline: ClassifyPipeline, data: bytes) -> dict[str, Any]:
+    row = pipeline.prepare(data)
+    return pipeline.finish(row, pipeline.infer([row])[0])
+
+
+def test_a_score_below_the_floor_is_a_refusal(tmp_path: Path) -> None:
+    pipeline = colours(tmp_path, refuse_below=0.5)
+    assert answer(pipeline, solid((250, 5, 5)))["labels"][0]["label"] == "red"
+    with pytest.raises(Refusal) as refusal:
+        answer(pipeline, solid((128, 128, 128)))  # red, green and blue alike: a third each
+    assert str(refusal.value) == "Refused: the top score 0.3333 is below the model's floor 0.5."
+    assert isinstance(refusal.value, InputError)  # without a fallback, the item fails with it
+
+
+def test_without_a_floor_every_answer_stands(tmp_path: Path) -> None:
+    labels = answer(colours(tmp_path), solid((128, 128, 128)))["labels"]
+    assert labels[0]["score"] == pytest.approx(1 / 3, abs=1e-3)

@@ -11,8 +11,13 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from kiln.app.core.errors import InputError
+from kiln.app.vector_index import VectorIndex
 
 BLOCK = 2048  # rows of the similarity matrix computed at once: 2048 × n float32 in memory
+# Neighbours asked of the approximate index per vector when grouping a large set. Near-
+# duplicate groups are small (a photo and its few copies); a larger group still joins through
+# chains of neighbours. At 32, a query costs about a millisecond on two cores (bench/README.md).
+NEIGHBOURS = 32
 
 
 class UnionFind:
@@ -84,16 +89,62 @@ def cosine_pairs(vectors: np.ndarray, threshold: float, block: int = BLOCK) -> n
 
 
 def cosine_groups(
-    keys: Sequence[str], vectors: np.ndarray, threshold: float
+    keys: Sequence[str],
+    vectors: np.ndarray,
+    threshold: float,
+    index: VectorIndex | None = None,
+    labels: np.ndarray | None = None,
 ) -> list[list[tuple[str, float]]]:
     """Groups of keys whose vectors are at least `threshold` alike, joined transitively; each
-    member with its cosine similarity to the group's first member (1.0 for that one)."""
+    member with its cosine similarity to the group's first member (1.0 for that one).
+
+    Pairs are found exactly when the set is small (or no `index` is given), else among each
+    vector's `NEIGHBOURS` nearest in `index` (which holds these vectors under `labels`)."""
     if len(keys) != len(vectors):
         raise ValueError(f"{len(keys)} keys but {len(vectors)} vectors; they must pair up.")
     if not keys:
         return []
     rows = unit_rows(vectors)
-    roots = components(len(keys), cosine_pairs(rows, threshold).tolist())
+    if index is None or index.exact:
+        pairs = cosine_pairs(rows, threshold)
+    else:
+        where = np.arange(len(rows)) if labels is None else labels
+        pairs = neighbour_pairs(index, rows, where, threshold)
+    return _members(keys, rows, components(len(keys), pairs.tolist()))
+
+
+def neighbour_pairs(
+    index: VectorIndex,
+    rows: np.ndarray,
+    labels: np.ndarray,
+    threshold: float,
+    k: int = NEIGHBOURS,
+    block: int = BLOCK * 4,
+) -> np.ndarray:
+    """Pairs (i < j) of `rows` at least `threshold` alike among each row's `k` nearest in
+    `index`; `labels[i]` is row i's label there. [m, 2] int64."""
+    order = np.argsort(labels)
+    sorted_labels = np.asarray(labels, dtype=np.int64)[order]
+    found: list[np.ndarray] = []
+    for start in range(0, len(rows), block):
+        near, sims = index.neighbours(rows[start : start + block], k + 1)  # +1: itself
+        i, col = np.nonzero((near >= 0) & (sims >= threshold - 1e-6))
+        at = np.searchsorted(sorted_labels, near[i, col])
+        known = at < len(sorted_labels)
+        known[known] = sorted_labels[at[known]] == near[i, col][known]
+        j = order[at[known]]
+        i = i[known] + start
+        keep = i != j
+        low, high = np.minimum(i[keep], j[keep]), np.maximum(i[keep], j[keep])
+        found.append(np.stack([low, high], axis=1))
+    if not found:
+        return np.empty((0, 2), np.int64)
+    return np.unique(np.concatenate(found).astype(np.int64), axis=0)
+
+
+def _members(
+    keys: Sequence[str], rows: np.ndarray, roots: Sequence[int]
+) -> list[list[tuple[str, float]]]:
     members: dict[int, list[int]] = {}
     for index, root in enumerate(roots):
         members.setdefault(root, []).append(index)

@@ -1,9 +1,12 @@
-"""The embedding families' job-closed step: near-duplicate groups by cosine similarity over
-every vector the job wrote, when the job asked for them (`options.group`).
+"""The embedding families' job-closed step: the job's vector index, and near-duplicate groups
+by cosine similarity when the job asked for them (`options.group`).
 
-The vectors are read back from the job's Parquet shards (they never go to the database), the
-pairs at or above the threshold are found exactly (`grouping.cosine_pairs`, in blocks) and
-joined transitively, and `groups.parquet` is written beside the shards as phash's groups are.
+The vectors are read back from the job's Parquet shards (they never go to the database) into a
+usearch index stored beside them (`app/vector_index.py`), which search loads later. Pairs at
+or above the threshold are found exactly for small sets and among each vector's nearest
+neighbours in the index for large ones, joined transitively (`workers/grouping.py`), and
+`groups.parquet` is written beside the shards as phash's groups are. A pipeline run also
+updates its library's index, and groups over all of it.
 """
 
 from __future__ import annotations
@@ -14,46 +17,71 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from kiln.app import results
+from kiln.app import results, vector_index
 from kiln.app.families.embed import EmbedOptions
 from kiln.app.results import Place
+from kiln.app.vector_index import VectorIndex
 from kiln.workers.grouping import cosine_groups
+from kiln.workers.library import Library
 from kiln.workers.models.base import ClosedJob
-
-# Exact grouping compares every pair (n² dot products, in blocks): 50,000 vectors of 512
-# dimensions is ~1.3·10^12 multiply-adds, seconds to a minute on two cores. Beyond it a job
-# needs an approximate index, which is not built yet: the manifest says so instead of a worker
-# spending hours in the job-closed step.
-MAX_EXACT = 50_000
 
 
 def close_job(closed: ClosedJob) -> dict[str, Any]:
-    group = EmbedOptions.stored(closed.job.options).group
-    if group is None:
-        return {}
+    """The job's vector index (always: search needs it), a pipeline library's index brought
+    up to date, and near-duplicate groups over the one or the other when the job asked."""
     keys, vectors = read_vectors(closed.place)
-    if len(keys) > MAX_EXACT:
-        return {
-            "groups": {
-                "skipped": f"{len(keys):,} vectors is more than exact grouping takes "
-                f"({MAX_EXACT:,}); grouping by an approximate index is not built yet",
-                "threshold": group.threshold,
-            }
-        }
-    groups = cosine_groups(keys, vectors, group.threshold)
+    summary: dict[str, Any] = {}
+    index = VectorIndex.build(keys, vectors) if keys else None
+    if index is not None:
+        summary["index"] = index.save(closed.place)
+    if closed.library is not None:
+        index = _library_index(closed.library, keys, vectors)
+        summary["library_index"] = index.save(closed.library.place)
+        keys, vectors = _all_vectors(index)
+    group = EmbedOptions.stored(closed.job.options).group
+    if group is not None:
+        summary["groups"] = _groups(closed.place, keys, vectors, index, group.threshold)
+    return summary
+
+
+def _groups(
+    place: Place, keys: list[str], vectors: np.ndarray, index: VectorIndex | None, threshold: float
+) -> dict[str, Any]:
+    labels = None if index is None else np.asarray([index.label_of(k) for k in keys], np.int64)
+    groups = cosine_groups(keys, vectors, threshold, index, labels)
     key = results.write_groups(
-        closed.place,
+        place,
         [[k for k, _ in members] for members in groups],
         [[s for _, s in members] for members in groups],
     )
     return {
-        "groups": {
-            "key": key,
-            "threshold": group.threshold,
-            "groups": len(groups),
-            "items_in_groups": sum(len(g) for g in groups),
-        }
+        "key": key,
+        "threshold": threshold,
+        "groups": len(groups),
+        "items_in_groups": sum(len(g) for g in groups),
+        "exact": index is None or index.exact,
     }
+
+
+def _library_index(library: Library, keys: list[str], vectors: np.ndarray) -> VectorIndex:
+    """The pipeline's index with this run's changes: what left the library out, the run's
+    vectors in (replacing what the index held for their keys)."""
+    if vector_index.exists(library.place):
+        index = vector_index.load(library.place)
+    else:
+        index = VectorIndex.empty(int(vectors.shape[1]) if len(keys) else 0)
+    index.remove(sorted(library.gone))
+    if keys:
+        index.add(keys, vectors)
+    return index
+
+
+def _all_vectors(index: VectorIndex) -> tuple[list[str], np.ndarray]:
+    labels = sorted(index.labels)
+    if not labels:
+        return [], np.empty((0, index.dim), np.float32)
+    vectors = np.asarray(index.index.get(np.asarray(labels, np.uint64)), dtype=np.float32)
+    return [index.labels[label] for label in labels], vectors.reshape(len(labels), -1)
 
 
 def read_vectors(place: Place) -> tuple[list[str], np.ndarray]:

@@ -8,12 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from kiln.app.core.errors import KilnError
 
 
 class ApiError(KilnError):
     """The API answered with an error; the message is its sentence."""
+
+
+class UnavailableError(ApiError):
+    """The API answered 503: what was asked is not ready yet, or a dependency is down."""
 
 
 class KilnClient:
@@ -43,7 +48,8 @@ class KilnClient:
             detail = response.json().get("detail", response.text)
         except ValueError:
             detail = response.text
-        raise ApiError(f"{detail} (HTTP {response.status_code})")
+        error = UnavailableError if response.status_code == 503 else ApiError
+        raise error(f"{detail} (HTTP {response.status_code})")
 
     def submit(
         self, files: list[Path], model: str, options: dict[str, Any] | None = None
@@ -88,9 +94,20 @@ class KilnClient:
 
     def download_results(self, job_id: str, path: Path, name: str = "results") -> None:
         """The job's results (or `name`: "groups") into `path`, written as they arrive (never
-        whole in memory)."""
+        whole in memory). A 503 (groups asked for in the moment between a job's close and its
+        close steps' end) is asked again, for up to a minute."""
+        for attempt in Retrying(
+            retry=retry_if_exception_type(UnavailableError),
+            wait=wait_exponential(multiplier=0.5, max=5),
+            stop=stop_after_delay(60),
+            reraise=True,
+        ):
+            with attempt:
+                self._download(f"/v1/jobs/{job_id}/{name}", path)
+
+    def _download(self, url: str, path: Path) -> None:
         try:
-            with self.http.stream("GET", f"/v1/jobs/{job_id}/{name}") as response:
+            with self.http.stream("GET", url) as response:
                 if response.is_error:
                     response.read()
                     self._raise_for(response)

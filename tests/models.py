@@ -71,3 +71,25 @@ def oom_embedder(path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     onnx.checker.check_model(model)
     onnx.save(model, path)
+
+
+def thumbnail_embedder(path: Path, side: int = 32, grid: int = 8) -> None:
+    """A tiny real image embedder: the picture averaged down to a `grid`×`grid` colour
+    thumbnail, flattened (3·grid² floats). Resized, re-encoded or slightly cropped copies of a
+    picture stay close; distinct pictures, centred by the spec's mean, point elsewhere."""
+    pool = side // grid
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "AveragePool", ["images"], ["pooled"], kernel_shape=[pool, pool],
+                strides=[pool, pool],
+            ),
+            helper.make_node("Flatten", ["pooled"], ["embedding"]),
+        ],
+        "thumbnails",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, side, side])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["N", 3 * grid * grid])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)

@@ -12,6 +12,7 @@ from kiln.app.core.config import Settings
 from kiln.app.db.notify import JobWaiters
 from kiln.app.db.session import engine_for, make_session_factory
 from kiln.app.dispatch.producer import CeleryDispatcher, make_producer
+from kiln.app.index_cache import IndexCache
 from kiln.app.quotas import TenantLimiter
 from kiln.app.storage import ObjectStore, open_store
 
@@ -26,6 +27,7 @@ class ApiContext:
     dispatcher: CeleryDispatcher
     waiters: JobWaiters
     limiter: TenantLimiter
+    indexes: IndexCache  # vector indexes loaded for search, least recently used out first
 
     @classmethod
     def build(cls, settings: Settings) -> ApiContext:
@@ -41,9 +43,11 @@ class ApiContext:
             dispatcher=CeleryDispatcher(celery),
             waiters=JobWaiters(settings.database_url),
             limiter=TenantLimiter.for_settings(settings),
+            indexes=IndexCache(settings.search_cache_bytes),
         )
 
     def close(self) -> None:
         self.waiters.close()
         self.engine.dispose()
         self.celery.close()
+        self.indexes.close()

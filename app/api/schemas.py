@@ -146,6 +146,32 @@ class ItemsPage(BaseModel):
     next: str | None
 
 
+class SearchIn(BaseModel):
+    """A search as JSON: a `text` (text embedders) or the `key` of an item of the job. An image
+    is sent as multipart/form-data instead (`file`, and `k` as a field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = Field(None, min_length=1, max_length=100_000)
+    key: str | None = Field(None, min_length=1, max_length=1024)
+    k: int = Field(10, description="How many items to answer, 1 to 100.")
+
+
+class HitOut(BaseModel):
+    key: str
+    similarity: float = Field(description="Cosine similarity to the query, -1 to 1.")
+    thumbnail_url: str | None = Field(None, description="A JPEG preview (image jobs).")
+
+
+class SearchOut(BaseModel):
+    job_id: str
+    query: Literal["image", "text", "key"]
+    query_job_id: str | None = Field(
+        None, description="The one-item job that embedded an image or text query."
+    )
+    hits: list[HitOut] = Field(description="Most alike first.")
+
+
 class EngineOut(BaseModel):
     node: str = Field(description="The worker (Celery node) that loaded the model.")
     backend: str = Field(examples=["tensorrt:fp16", "onnxruntime:CPUExecutionProvider"])

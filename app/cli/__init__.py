@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kiln.app.cli import admin, bulk, doctor, local, remote, serve
+from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve
 
 app = typer.Typer(help="Kiln: batch inference on GPUs.", no_args_is_help=True)
 app.add_typer(admin.db_app, name="db")
@@ -22,6 +22,7 @@ app.command("submit")(remote.submit)
 app.command("status")(remote.status)
 app.command("results")(remote.results_cmd)
 app.command("cancel")(remote.cancel)
+app.command("search")(search.search)
 app.command("bulk")(bulk.bulk)
 app.command("doctor")(doctor.doctor)
 

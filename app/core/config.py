@@ -144,6 +144,17 @@ class Settings(BaseSettings):
     tenant_max_open_jobs: int = Field(
         1000, ge=1, description="Jobs queued, running or cancelling at once per tenant."
     )
+    # The API's memory limit is 1 GiB (deploy/base/api.yaml); half of it holds one index of
+    # ~180,000 512-d vectors (100,000 count 283 MiB). Raise both together for larger jobs.
+    search_cache_bytes: int = Field(
+        512 * 1024**2,
+        ge=1,
+        description="Vector indexes the API keeps loaded for search, in bytes; a job whose "
+        "index is larger cannot be searched.",
+    )
+    search_wait_s: float = Field(
+        30.0, gt=0, le=600, description="How long a search waits for a worker to embed its query."
+    )
 
     log_format: Literal["auto", "json", "text"] = Field(
         "auto", description="Log lines: JSON objects, text, or auto (text on a terminal)."

@@ -328,5 +328,10 @@ def identical_inputs(session: Session, job_id: str) -> list[tuple[str, str]]:
     return [(digest, key) for digest, key in rows if digest is not None]
 
 
+def item_by_key(session: Session, job_id: str, key: str) -> Item | None:
+    """One item of a job by its key (unique per job)."""
+    return session.scalar(select(Item).where(Item.job_id == job_id, Item.key == key))
+
+
 def is_open(job: Job) -> bool:
     return job.status in OPEN_JOB_STATUSES

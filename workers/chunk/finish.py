@@ -87,14 +87,32 @@ def finish_chunk(
             if lease.pipeline_id is not None:
                 done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
                 ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
+        steps = _steps_before_close(runtime, session, lease, fields) if lease.was_open else None
         # Closing is its own unit, after the results commit, and takes no lock shared by the
         # job's chunks: whichever chunk commits last sees every other chunk's results, so it
         # closes the job (two seeing it at once race on one conditional update, and one wins).
         with unit_of_work(session):
             final, shards = _close_if_done(session, lease, bool(shard), fields)
         if final is not None or not lease.was_open:
-            ensure_manifest(runtime, session, lease.job_id, lease.model, final is not None, shards)
+            closed_now = final is not None
+            ensure_manifest(runtime, session, lease.job_id, lease.model, closed_now, shards, steps)
     return final
+
+
+def _steps_before_close(
+    runtime: WorkerRuntime, session: Session, lease: Lease, fields: list[pa.Field]
+) -> dict[str, Any] | None:
+    """The close steps (groups, vector index, library), when this chunk finds nothing left
+    open: run before the job's status closes, so whoever sees it closed finds its groups and
+    index. Two chunks finishing at once may both run them; they write the same objects."""
+    with unit_of_work(session):  # reads, and shards only a crash left unwritten
+        if queries.has_open_items(session, lease.job_id) or ingest.listing(session, lease.job_id):
+            return None
+        write_missing_shards(session, lease.place, lease.job_id, fields)
+        job = session.get(Job, lease.job_id, populate_existing=True)
+    if job is None:
+        return None
+    return _close_steps(runtime, session, job, lease.model, lease.place)
 
 
 def _shard_rows(session: Session, lease: Lease, rows: Sequence[ResultRow]) -> list[Result]:
@@ -188,8 +206,10 @@ def ensure_manifest(
     model: ModelInfo,
     closed_now: bool,
     shards: list[str] | None,
+    steps: dict[str, Any] | None = None,
 ) -> None:
-    """The closed job's manifest: written by whoever closed it, or healed by a later replay."""
+    """The closed job's manifest: written by whoever closed it, or healed by a later replay.
+    `steps`: what the close steps added, when they ran before the close (else they run now)."""
     # Fresh from the database: the caller's session may hold the job as it was before it closed
     # (the ingest's close of a rerun with nothing to process).
     job = session.get(Job, job_id, populate_existing=True)
@@ -227,7 +247,7 @@ def ensure_manifest(
     if (fallback := (job.options or {}).get("fallback")) is not None:
         # the model (its exact version) and the failures it takes
         manifest["fallback"] = FallbackOptions.model_validate(fallback).model_dump()
-    manifest |= _close_steps(runtime, session, job, model, place)
+    manifest |= steps if steps is not None else _close_steps(runtime, session, job, model, place)
     results.write_manifest(place, manifest, shards)
     log.info("job %s %s: %s", job.id, job.status, counts)
 

@@ -28,7 +28,7 @@ from kiln.app.api.schemas import (
     SignedUrlOut,
 )
 from kiln.app.core.config import Settings
-from kiln.app.core.errors import ConflictError, InputError
+from kiln.app.core.errors import ConflictError, InputError, TransientError
 from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, utcnow
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
@@ -334,13 +334,19 @@ def get_groups(
 ) -> Response:
     """The closed job's duplicate groups as Parquet (`group`, `key`, `similarity`, `sha256`):
     byte-identical inputs for every model, near-duplicates for phash and embedders asked to
-    group; empty when it found none. 409 while the job runs: groups are made when it closes."""
+    group; empty when it found none. 409 while the job runs, 503 in the moment between its
+    close and its manifest: groups are made when it closes, before the manifest."""
     job = jobs.get_job(session, tenant, job_id)
     if queries.is_open(job):
         raise ConflictError(
             f"Job {job_id} is still {job.status}; its groups are made when it closes."
         )
     place = results.place_for(context.store, job.id, job.output, s3)
+    if not place.store.exists(results.manifest_key(place)):  # its close steps write it last
+        raise TransientError(
+            f"Job {job_id} has just closed and its groups are still being written; "
+            "ask again in a moment."
+        )
     return Response(
         results.groups_parquet(place),
         media_type="application/vnd.apache.parquet",

@@ -20,9 +20,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from devstack.images import solid
+from kiln.app import results
 from kiln.app.api.app import create_app
 from kiln.app.auth import revoke_key
 from kiln.app.core.config import Settings
+from kiln.app.storage import open_store
 from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 
@@ -375,11 +377,17 @@ def test_results_before_any_shard_is_an_empty_parquet_file(client: TestClient) -
     ]
 
 
-def test_groups_answer_once_the_job_has_closed(client: TestClient) -> None:
+def test_groups_answer_once_the_job_has_closed(client: TestClient, settings: Settings) -> None:
     job_id = submit(client, n=2)["id"]
     assert_sentence(client.get(f"/v1/jobs/{job_id}/groups"), 409, "still queued", "closes")
 
-    client.post(f"/v1/jobs/{job_id}/cancel")
+    client.post(f"/v1/jobs/{job_id}/cancel")  # closed; its close steps have not run yet
+    response = client.get(f"/v1/jobs/{job_id}/groups")
+    assert_sentence(response, 503, "still being written")
+    assert response.headers["Retry-After"] == "5"
+
+    place = results.Place(open_store(settings), results.results_prefix(job_id))
+    results.write_manifest(place, {"job_id": job_id})  # what the close steps write last
     response = client.get(f"/v1/jobs/{job_id}/groups")
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/vnd.apache.parquet"

@@ -7,6 +7,7 @@ the job and writes the manifest; a replay heals a missing manifest or shard.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -253,3 +254,26 @@ def test_the_reconciler_closes_a_job_whose_last_chunk_stopped_before_closing(
 
 def _die(*_args: object) -> bool:
     raise SystemExit("the worker died between its two commits")
+
+
+def test_groups_are_written_before_the_job_shows_closed(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever sees the job closed can read its groups (and index): the close steps run before
+    the status changes, not after."""
+    job_id, calls = submit(runtime, [(f"same-{i}.png", FILES[0][1]) for i in range(5)])
+    seen: list[bool] = []
+    close = queries.finish_job_if_done
+
+    def watching(session: Any, job: str) -> str | None:
+        place = results.Place(runtime.store, results.results_prefix(job))
+        seen.append(runtime.store.exists(results.groups_key(place)))
+        return close(session, job)
+
+    monkeypatch.setattr(queries, "finish_job_if_done", watching)
+    first, last = (take(runtime, job_id, c.chunk, c.item_ids) for c in calls)
+    same = [dataclasses.replace(row, sha256="d1") for lease in (first, last) for row in red(lease)]
+    finish_chunk(runtime, first, same[: len(first.items)])
+    assert finish_chunk(runtime, last, same[len(first.items) :]) == JobStatus.COMPLETED
+    assert seen[-1] is True
+    assert manifest(runtime, last)["identical"] == {"groups": 1, "items": 5}  # type: ignore[index]

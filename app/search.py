@@ -1,0 +1,217 @@
+"""Similarity search over a closed embedding job: its items nearest to an image, a text, or one
+of its own items, by cosine similarity in the job's vector index (`app/vector_index.py`).
+
+An image or a text is embedded by the job's own model version through the normal queue: a
+one-item interactive job whose item is named `search:<job id>` (recognisable among the
+tenant's jobs and items), so a worker — a GPU one where there is one — answers it as any job,
+and the content cache answers a query image it has seen. Its vector is read back from that
+job's shard. The API waits for it (`routes/search.py`); these functions never wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pyarrow.parquet as pq
+from sqlalchemy.orm import Session
+
+from kiln.app import jobs, results, vector_index
+from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.core.config import Settings
+from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
+from kiln.app.db import queries
+from kiln.app.db.models import ItemStatus, Job
+from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.families import FAMILIES
+from kiln.app.index_cache import IndexCache
+from kiln.app.results import Place, S3Factory
+from kiln.app.storage import ObjectStore
+from kiln.app.vector_index import VectorIndex
+
+DEFAULT_K, MAX_K = 10, 100  # a page of look-alikes; past 100 a results download serves better
+QUERY_PREFIX = "search:"  # a query job's one item is named `search:<searched job id>`
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    """Exactly one of: an image's bytes, a text, or the key of an item of the searched job."""
+
+    image: bytes | None = None
+    text: str | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if sum(part is not None for part in (self.image, self.text, self.key)) != 1:
+            raise InputError('Search with exactly one of an image file, "text" or "key".')
+
+    @property
+    def kind(self) -> Literal["image", "text", "key"]:
+        return "image" if self.image is not None else "text" if self.text is not None else "key"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A closed embedding job that can be searched, and where its results are."""
+
+    job: Job
+    model: ModelInfo
+    place: Place
+    succeeded: int
+
+
+@dataclass(frozen=True)
+class Hit:
+    key: str
+    similarity: float
+
+
+def check_k(k: int) -> int:
+    if not 1 <= k <= MAX_K:
+        raise InputError(f"k is how many items to answer: a whole number from 1 to {MAX_K}.")
+    return k
+
+
+def find_target(
+    session: Session,
+    store: ObjectStore,
+    s3: S3Factory,
+    tenant: str,
+    job_id: str,
+    query: SearchQuery,
+) -> Target:
+    """The tenant's closed embedding job, checked against the kind of query: 404, then what
+    no wait would change (422), then 409 while it runs."""
+    job = jobs.get_job(session, tenant, job_id)
+    model = get_model(session, job.model, tenant)
+    _check_kind(job, model, query)
+    if queries.is_open(job):
+        raise ConflictError(
+            f"Job {job_id} is still {job.status}; it can be searched once it closes "
+            "(its vector index is built then)."
+        )
+    counts = queries.job_counts(session, job.id, bulk=job.source is not None)
+    return Target(job, model, results.place_for(store, job.id, job.output, s3), counts.succeeded)
+
+
+def _check_kind(job: Job, model: ModelInfo, query: SearchQuery) -> None:
+    if not FAMILIES[model.kind].vectors:
+        raise InputError(
+            f"Job {job.id} ran {model.name!r}, a {model.kind} model; only the jobs of an "
+            "embedding model (embed, text-embed) can be searched."
+        )
+    if query.image is not None and model.input != "image":
+        raise InputError(
+            f"Job {job.id}'s model {model.name!r} embeds text; search it with a text, not an image."
+        )
+    if query.text is not None and model.input != "text":
+        raise InputError(
+            f"Job {job.id}'s model {model.name!r} embeds images; search it with an image, "
+            "not a text."
+        )
+
+
+def job_index(indexes: IndexCache, target: Target) -> VectorIndex | None:
+    """The job's index from the cache (loaded on first use); None for a job with no vector
+    at all (none of its items succeeded), which finds nothing."""
+    name = target.job.id
+    if name in indexes or vector_index.exists(target.place):
+        return indexes.get(name, target.place)
+    # The close steps (the index among them) run after the job is marked closed and before its
+    # manifest is written: no manifest yet means they are still running.
+    if not target.place.store.exists(results.manifest_key(target.place)):
+        raise TransientError(
+            f"Job {name} has just closed and its vector index is still being built; "
+            "search again in a moment."
+        )
+    if target.succeeded == 0:
+        return None
+    raise ConflictError(
+        f"Job {name} has no vector index: it closed before Kiln built one for every "
+        "embedding job, so it cannot be searched. Run its inputs again to search them."
+    )
+
+
+def key_vector(index: VectorIndex | None, target: Target, key: str) -> np.ndarray:
+    vector = index.vector_of(key) if index is not None else None
+    if vector is None:
+        raise NotFoundError(
+            f"Job {target.job.id} has no item {key!r} with a vector (a failed item has none)."
+        )
+    return vector
+
+
+def submit_query(
+    session: Session,
+    store: ObjectStore,
+    dispatcher: Dispatcher,
+    settings: Settings,
+    target: Target,
+    query: SearchQuery,
+) -> str:
+    """Queue the query as a one-item job of the searched job's exact model; its id."""
+    name = f"{QUERY_PREFIX}{target.job.id}"
+    request = jobs.JobRequest(
+        tenant=target.job.tenant,
+        model=target.job.model,
+        uploads=[jobs.Upload(name, query.image)] if query.image is not None else (),
+        inputs=[jobs.InputRef(text=query.text, key=name)] if query.text is not None else (),
+    )
+    submitted = jobs.submit_job(
+        session, store, dispatcher, settings, request, settings.tenant_max_open_jobs
+    )
+    return submitted.job.id
+
+
+def query_vector(session: Session, store: ObjectStore, query_job_id: str) -> np.ndarray | None:
+    """The query job's vector once it has closed; None while it is open."""
+    job = session.get(Job, query_job_id, populate_existing=True)  # re-read: it changes
+    if job is None:
+        raise NotFoundError(f"There is no job {query_job_id}.")
+    if queries.is_open(job):
+        return None
+    [item] = queries.list_items(session, job.id, status=None, after=0, limit=1)
+    if item.status == ItemStatus.FAILED:
+        raise InputError(f"The search query could not be embedded: {item.error}")
+    if item.status != ItemStatus.SUCCEEDED:
+        raise TransientError(f"The search query's job {job.id} was {job.status}; search again.")
+    return read_vector(Place(store, results.results_prefix(job.id)), item.key)
+
+
+def read_vector(place: Place, key: str) -> np.ndarray:
+    """An item's vector, from the shards under `place`."""
+    for shard in results.shard_keys(place):
+        table = pq.read_table(io.BytesIO(place.store.get(shard)))
+        if "embedding" not in table.column_names:
+            continue
+        rows = table.select(["key", "embedding"]).to_pylist()
+        for row in rows:
+            if row["key"] == key and row["embedding"] is not None:
+                return np.asarray(row["embedding"], dtype=np.float32)
+    raise TransientError(f"The vector of {key!r} is not in its results yet; search again.")
+
+
+def give_up(session: Session, tenant: str, query_job_id: str) -> None:
+    """Cancel a query job no one waits for any more (a worker that comes later skips it)."""
+    with contextlib.suppress(ConflictError):  # it closed meanwhile
+        jobs.cancel_job(session, tenant, query_job_id)
+
+
+def nearest(
+    index: VectorIndex | None, vector: np.ndarray, k: int, exclude: str | None = None
+) -> list[Hit]:
+    """The `k` items nearest to `vector`, most alike first; `exclude` (the key searched by)
+    is left out, so a search by key answers the item's look-alikes, not the item itself."""
+    if index is None or not len(index):
+        return []
+    if vector.size != index.dim:
+        raise ConflictError(
+            f"The query's vector has {vector.size} dimensions and the job's index "
+            f"{index.dim}; they were not made by the same model."
+        )
+    [found] = index.search(vector.reshape(1, -1), k + (exclude is not None))
+    hits = [Hit(n.key, round(n.similarity, 6)) for n in found if n.key != exclude]
+    return hits[:k]

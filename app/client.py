@@ -119,6 +119,29 @@ class KilnClient:
                 f"Could not download the results from {self.http.base_url}: {error}."
             ) from None
 
+    def search(
+        self,
+        job_id: str | None = None,
+        *,
+        pipeline: str | None = None,
+        image: Path | None = None,
+        text: str | None = None,
+        key: str | None = None,
+        k: int = 10,
+    ) -> dict[str, Any]:
+        """The items of a job (or the objects of a pipeline's library) most alike to an image
+        file, a text or one of their keys."""
+        where = f"jobs/{job_id}" if pipeline is None else f"pipelines/{pipeline}"
+        path = f"/v1/{where}/search"
+        if image is not None:
+            kind = mimetypes.guess_type(image.name)[0] or "application/octet-stream"
+            upload = [("file", (image.name, image.read_bytes(), kind))]
+            response = self._call("POST", path, data={"k": str(k)}, files=upload)
+        else:
+            response = self._call("POST", path, json={"text": text, "key": key, "k": k})
+        result: dict[str, Any] = response.json()
+        return result
+
     def result_urls(self, job_id: str, expires: int) -> dict[str, Any]:
         path = f"/v1/jobs/{job_id}/results/urls"
         result: dict[str, Any] = self._call("GET", path, params={"expires": expires}).json()

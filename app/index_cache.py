@@ -17,7 +17,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from kiln.app import vector_index
-from kiln.app.core.errors import ConflictError
+from kiln.app.core.errors import ConflictError, TransientError
 from kiln.app.results import Place
 from kiln.app.vector_index import VectorIndex
 
@@ -52,9 +52,10 @@ class IndexCache:
         with self._lock:
             return sum(size for _, size in self._entries.values())
 
-    def get(self, name: str, place: Place) -> VectorIndex:
+    def get(self, name: str, place: Place, label: str | None = None) -> VectorIndex:
         """The index stored under `place`, cached as `name` (a job id); one load at a time
-        per name, so a burst of searches of one job reads its index once."""
+        per name, so a burst of searches of one job reads its index once. `label` names what
+        is searched in a refusal (default: "job <name>")."""
         if (found := self._cached(name)) is not None:
             return found
         with self._lock:
@@ -63,7 +64,7 @@ class IndexCache:
             try:
                 if (found := self._cached(name)) is not None:
                     return found
-                index, size = self._load(name, place)
+                index, size = self._load(name, place, label or f"job {name}")
                 self._keep(name, index, size)
                 return index
             finally:
@@ -85,18 +86,25 @@ class IndexCache:
             self._entries.move_to_end(name)
             return entry[0]
 
-    def _load(self, name: str, place: Place) -> tuple[VectorIndex, int]:
+    def _load(self, name: str, place: Place, label: str) -> tuple[VectorIndex, int]:
         stored = vector_index.stored_bytes(place)
-        self._check_fits(name, int(stored * SLACK))
+        self._check_fits(label, int(stored * SLACK))
         index = vector_index.load(place, self._file(name) if stored >= self.mmap_from else None)
+        if len(index.index) != len(index):
+            # A pipeline run rewrites its library's index and keys as two objects, in place:
+            # this read fell between the two.
+            self._forget_file(name)
+            raise TransientError(
+                f"The vector index of {label} is being updated; search again in a moment."
+            )
         size = int(stored * SLACK) + KEY_BYTES * len(index)
-        self._check_fits(name, size)
+        self._check_fits(label, size)
         return index, size
 
-    def _check_fits(self, name: str, size: int) -> None:
+    def _check_fits(self, label: str, size: int) -> None:
         if size > self.max_bytes:
             raise ConflictError(
-                f"The vector index of job {name} takes {_mib(size)}, more than this API keeps "
+                f"The vector index of {label} takes {_mib(size)}, more than this API keeps "
                 f"loaded for search ({_mib(self.max_bytes)}, KILN_SEARCH_CACHE_BYTES); an "
                 "operator can raise it, with the API's memory limit."
             )

@@ -6,6 +6,10 @@ one-item interactive job whose item is named `search:<job id>` (recognisable amo
 tenant's jobs and items), so a worker — a GPU one where there is one — answers it as any job,
 and the content cache answers a query image it has seen. Its vector is read back from that
 job's shard. The API waits for it (`routes/search.py`); these functions never wait.
+
+A pipeline's library (`pipelines/<id>/<model ref>/`, every object its runs processed) keeps a
+vector index too, updated by each run: it is searched the same way, with the model version of
+the pipeline's newest closed run.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from kiln.app import jobs, results, vector_index
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
-from kiln.app.db import queries
-from kiln.app.db.models import ItemStatus, Job
+from kiln.app.db import pipelines, queries
+from kiln.app.db.models import ItemStatus, Job, Pipeline
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.families import FAMILIES
 from kiln.app.index_cache import IndexCache
@@ -33,7 +37,8 @@ from kiln.app.storage import ObjectStore
 from kiln.app.vector_index import VectorIndex
 
 DEFAULT_K, MAX_K = 10, 100  # a page of look-alikes; past 100 a results download serves better
-QUERY_PREFIX = "search:"  # a query job's one item is named `search:<searched job id>`
+# a query job's one item is named `search:<searched job id>` (`search:pipeline/<name>`)
+QUERY_PREFIX = "search:"
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,33 @@ class SearchQuery:
 
 @dataclass(frozen=True)
 class Target:
-    """A closed embedding job that can be searched, and where its results are."""
+    """A closed embedding job that can be searched, and where its index is; or a pipeline's
+    library, as its newest closed run (`job`) left it."""
 
     job: Job
     model: ModelInfo
-    place: Place
+    place: Place  # the job's results, where its index is; or the pipeline's library
     succeeded: int
+    pipeline: Pipeline | None = None
+    run: Place | None = None  # a pipeline's: where its newest closed run's results are
+
+    @property
+    def label(self) -> str:
+        """What is searched, as a sentence names it: "job <id>", "pipeline '<name>'"."""
+        return f"job {self.job.id}" if self.pipeline is None else f"pipeline {self.pipeline.name!r}"
+
+    @property
+    def subject(self) -> str:
+        """The label starting a sentence."""
+        return self.label[:1].upper() + self.label[1:]
+
+    @property
+    def cache_name(self) -> str:
+        """The index's name in the API's cache. A library's index changes with every run, so
+        its name holds the run that wrote it last: after a new run it is a new entry."""
+        if self.pipeline is None:
+            return self.job.id
+        return f"pipeline-{self.pipeline.id}-{self.job.id}"
 
 
 @dataclass(frozen=True)
@@ -87,7 +113,7 @@ def find_target(
     no wait would change (422), then 409 while it runs."""
     job = jobs.get_job(session, tenant, job_id)
     model = get_model(session, job.model, tenant)
-    _check_kind(job, model, query)
+    _check_kind(f"Job {job.id}", model, query)
     if queries.is_open(job):
         raise ConflictError(
             f"Job {job_id} is still {job.status}; it can be searched once it closes "
@@ -97,35 +123,60 @@ def find_target(
     return Target(job, model, results.place_for(store, job.id, job.output, s3), counts.succeeded)
 
 
-def _check_kind(job: Job, model: ModelInfo, query: SearchQuery) -> None:
+def find_pipeline_target(
+    session: Session,
+    store: ObjectStore,
+    s3: S3Factory,
+    tenant: str,
+    name: str,
+    query: SearchQuery,
+) -> Target:
+    """The tenant's pipeline `name`: its library, searched with the model version of its newest
+    closed run (the library of that version). 404 for a pipeline of another tenant."""
+    pipeline = pipelines.tenant_pipeline(session, tenant, name)
+    if pipeline is None:
+        raise NotFoundError(f"There is no pipeline {name!r}.")
+    run = pipelines.latest_closed_run(session, pipeline.id)
+    model = get_model(session, run.model if run else pipeline.model, tenant)
+    _check_kind(f"Pipeline {name!r}", model, query)  # what no wait would change comes first
+    if run is None:
+        raise ConflictError(
+            f"Pipeline {name!r} has no finished run yet; it can be searched once one closes "
+            "(its library's vector index is built then)."
+        )
+    library = results.library_place(store, pipeline.id, run.model)
+    counts = queries.job_counts(session, run.id, bulk=True)
+    run_place = results.place_for(store, run.id, run.output, s3)
+    return Target(run, model, library, counts.succeeded, pipeline, run_place)
+
+
+def _check_kind(label: str, model: ModelInfo, query: SearchQuery) -> None:
     if not FAMILIES[model.kind].vectors:
         raise InputError(
-            f"Job {job.id} ran {model.name!r}, a {model.kind} model; only the jobs of an "
-            "embedding model (embed, text-embed) can be searched."
+            f"{label} ran {model.name!r}, a {model.kind} model; only the jobs of an embedding "
+            "model (embed, text-embed) can be searched, and the pipelines that run one."
         )
     if query.image is not None and model.input != "image":
         raise InputError(
-            f"Job {job.id}'s model {model.name!r} embeds text; search it with a text, not an image."
+            f"{label}'s model {model.name!r} embeds text; search it with a text, not an image."
         )
     if query.text is not None and model.input != "text":
         raise InputError(
-            f"Job {job.id}'s model {model.name!r} embeds images; search it with an image, "
-            "not a text."
+            f"{label}'s model {model.name!r} embeds images; search it with an image, not a text."
         )
 
 
 def job_index(indexes: IndexCache, target: Target) -> VectorIndex | None:
-    """The job's index from the cache (loaded on first use); None for a job with no vector
-    at all (none of its items succeeded), which finds nothing."""
-    name = target.job.id
-    if name in indexes or vector_index.exists(target.place):
-        return indexes.get(name, target.place)
-    # The close steps (the index among them) run after the job is marked closed and before its
-    # manifest is written: no manifest yet means they are still running.
-    if not target.place.store.exists(results.manifest_key(target.place)):
-        raise TransientError(
-            f"Job {name} has just closed and its vector index is still being built; "
-            "search again in a moment."
+    """The job's (or pipeline library's) index from the cache, loaded on first use; None for
+    a job with no vector at all (none of its items succeeded), which finds nothing."""
+    name = target.cache_name
+    if name in indexes or _ready(target):
+        return indexes.get(name, target.place, target.label)
+    if target.pipeline is not None:
+        raise ConflictError(
+            f"{target.subject} has no vector index yet for model {target.job.model}: its runs "
+            "have embedded nothing since Kiln keeps one per library. It can be searched once "
+            "a run embeds some of its objects."
         )
     if target.succeeded == 0:
         return None
@@ -135,11 +186,29 @@ def job_index(indexes: IndexCache, target: Target) -> VectorIndex | None:
     )
 
 
+def _ready(target: Target) -> bool:
+    """Whether the index is there to load. A job's never changes once written; a library's is
+    rewritten by each run, so it is read only once the newest closed run's close steps are
+    done. Those run just after some closes (and before the manifest, their last write): no
+    manifest yet means they are still running."""
+    exists = vector_index.exists(target.place)
+    if exists and target.pipeline is None:
+        return True
+    run = target.run or target.place
+    if not run.store.exists(results.manifest_key(run)):
+        closed = "has just closed" if target.pipeline is None else "has just closed a run"
+        raise TransientError(
+            f"{target.subject} {closed} and its vector index is still being built; "
+            "search again in a moment."
+        )
+    return exists
+
+
 def key_vector(index: VectorIndex | None, target: Target, key: str) -> np.ndarray:
     vector = index.vector_of(key) if index is not None else None
     if vector is None:
         raise NotFoundError(
-            f"Job {target.job.id} has no item {key!r} with a vector (a failed item has none)."
+            f"{target.subject} has no item {key!r} with a vector (a failed item has none)."
         )
     return vector
 
@@ -153,7 +222,8 @@ def submit_query(
     query: SearchQuery,
 ) -> str:
     """Queue the query as a one-item job of the searched job's exact model; its id."""
-    name = f"{QUERY_PREFIX}{target.job.id}"
+    searched = target.job.id if target.pipeline is None else f"pipeline/{target.pipeline.name}"
+    name = f"{QUERY_PREFIX}{searched}"
     request = jobs.JobRequest(
         tenant=target.job.tenant,
         model=target.job.model,
@@ -209,7 +279,7 @@ def nearest(
         return []
     if vector.size != index.dim:
         raise ConflictError(
-            f"The query's vector has {vector.size} dimensions and the job's index "
+            f"The query's vector has {vector.size} dimensions and the searched index "
             f"{index.dim}; they were not made by the same model."
         )
     [found] = index.search(vector.reshape(1, -1), k + (exclude is not None))

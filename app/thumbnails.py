@@ -1,6 +1,6 @@
 """Small JPEG previews of a job's image inputs, made by the API from the item's own source (what
 search answers link to). An original never leaves whole: only a thumbnail of at most
-`THUMBNAIL_PX` on its longer side.
+`THUMBNAIL_PX` (on request up to `MAX_PX`) on its longer side.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from kiln.app.storage import ObjectStore
 from kiln.app.storage.s3 import read_object
 
 THUMBNAIL_PX = 256  # enough to recognise a picture in a results table, ~10 KB as JPEG
+MAX_PX = 512  # the most a caller may ask for: a preview still, never the original
 JPEG_QUALITY = 80
 
 
@@ -32,8 +33,10 @@ def item_thumbnail(
     tenant: str,
     job_id: str,
     key: str,
+    side: int = THUMBNAIL_PX,
 ) -> bytes:
-    """A JPEG thumbnail of item `key` of the tenant's job `job_id` (404 for another tenant's)."""
+    """A JPEG thumbnail of item `key` of the tenant's job `job_id` (404 for another tenant's),
+    at most `side` pixels (up to `MAX_PX`) on its longer side."""
     job = jobs.get_job(session, tenant, job_id)
     model = get_model(session, job.model, tenant)
     if model.input != "image":
@@ -42,7 +45,7 @@ def item_thumbnail(
     if item is None:
         raise NotFoundError(f"Job {job_id} has no item {key!r}.")
     data = _item_bytes(session, store, s3, settings, tenant, item)
-    return thumbnail(data, settings.max_image_pixels, f"Item {item.key!r}")
+    return thumbnail(data, settings.max_image_pixels, f"Item {item.key!r}", min(side, MAX_PX))
 
 
 def _item_bytes(
@@ -67,17 +70,19 @@ def _item_bytes(
     )
 
 
-def thumbnail(data: bytes, max_pixels: int, name: str = "The image") -> bytes:
-    """`data` (any image Pillow reads) as a JPEG at most `THUMBNAIL_PX` a side, upright."""
+def thumbnail(
+    data: bytes, max_pixels: int, name: str = "The image", side: int = THUMBNAIL_PX
+) -> bytes:
+    """`data` (any image Pillow reads) as a JPEG at most `side` pixels a side, upright."""
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > max_pixels:
                 raise InputError(
                     f"{name} is {image.width}×{image.height} pixels, more than Kiln decodes."
                 )
-            image.draft("RGB", (THUMBNAIL_PX, THUMBNAIL_PX))  # JPEG: decode at a reduced scale
+            image.draft("RGB", (side, side))  # JPEG: decode at a reduced scale
             small = ImageOps.exif_transpose(image).convert("RGB")
-            small.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+            small.thumbnail((side, side))
     except UnidentifiedImageError:
         raise InputError(f"{name} is not a picture Kiln can read.") from None
     except (OSError, Image.DecompressionBombError) as error:  # truncated, or a bomb

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from kiln.app import results
 from kiln.app.results import Place
-from kiln.app.storage import ObjectStore
+from kiln.app.results import library_place as library_place  # where it lives: kiln.app reads it
 
 TABLE = "library.parquet"
 PARQUET = "application/vnd.apache.parquet"
@@ -55,10 +55,6 @@ class Library:
 
     def summary(self) -> dict[str, object]:
         return {"key": self.place.key(TABLE), "objects": self.table.num_rows, "added": self.added}
-
-
-def library_place(store: ObjectStore, pipeline_id: int, model_ref: str) -> Place:
-    return Place(store, f"pipelines/{pipeline_id}/{model_ref.replace(':', '@')}/")
 
 
 def update(library: Place, run: Place, columns: Sequence[str]) -> Library:

@@ -49,4 +49,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(schedules.router)
     app.include_router(search.router)
+    app.include_router(search.pipeline_router)
     return app

@@ -164,7 +164,12 @@ class HitOut(BaseModel):
 
 
 class SearchOut(BaseModel):
-    job_id: str
+    job_id: str = Field(
+        description="The job searched; for a pipeline, its newest closed run, whose model "
+        "version's library was searched."
+    )
+    model: str = Field(description="The exact model version whose vectors were compared.")
+    pipeline: str | None = Field(None, description="The pipeline searched, if one was.")
     query: Literal["image", "text", "key"]
     query_job_id: str | None = Field(
         None, description="The one-item job that embedded an image or text query."

@@ -67,10 +67,11 @@ def _groups(
 def _library_index(library: Library, keys: list[str], vectors: np.ndarray) -> VectorIndex:
     """The pipeline's index with this run's changes: what left the library out, the run's
     vectors in (replacing what the index held for their keys)."""
-    if vector_index.exists(library.place):
-        index = vector_index.load(library.place)
-    else:
-        index = VectorIndex.empty(int(vectors.shape[1]) if len(keys) else 0)
+    index = vector_index.load(library.place) if vector_index.exists(library.place) else None
+    if index is None or (not len(index) and keys):
+        # An empty library's index has no dimension (a first run whose objects all failed):
+        # it starts again with this run's.
+        index = VectorIndex.empty(int(vectors.shape[1]) if keys else 0)
     index.remove(sorted(library.gone))
     if keys:
         index.add(keys, vectors)

@@ -1,4 +1,5 @@
-"""/v1/jobs/{id}/search and /v1/jobs/{id}/thumbnail: look-alikes in a closed embedding job."""
+"""/v1/jobs/{id}/search and /v1/jobs/{id}/thumbnail: look-alikes in a closed embedding job;
+/v1/pipelines/{name}/search: look-alikes in everything a pipeline's runs have processed."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from kiln.app.api.routes.jobs import RECHECK_LISTENING_S, RECHECK_POLLING_S
 from kiln.app.api.schemas import HitOut, SearchIn, SearchOut
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError, TransientError
+from kiln.app.db import pipelines
 from kiln.app.results import S3Factory
 from kiln.app.search import SearchQuery, Target
 from kiln.app.vector_index import VectorIndex
 
 router = APIRouter(prefix="/v1/jobs", tags=["search"])
+pipeline_router = APIRouter(prefix="/v1/pipelines", tags=["search"])
 
 ERRORS = error_responses(401, 403, 404, 409, 413, 422, 429, 503)
 FORM_SCHEMA = {
@@ -36,19 +39,19 @@ FORM_SCHEMA = {
 }
 
 
+SEARCH_BODY = {
+    "requestBody": {
+        "content": {
+            "application/json": {"schema": SearchIn.model_json_schema()},
+            "multipart/form-data": {"schema": FORM_SCHEMA},
+        },
+        "required": True,
+    }
+}
+
+
 @router.post(
-    "/{job_id}/search",
-    response_model=SearchOut,
-    responses=ERRORS,
-    openapi_extra={
-        "requestBody": {
-            "content": {
-                "application/json": {"schema": SearchIn.model_json_schema()},
-                "multipart/form-data": {"schema": FORM_SCHEMA},
-            },
-            "required": True,
-        }
-    },
+    "/{job_id}/search", response_model=SearchOut, responses=ERRORS, openapi_extra=SEARCH_BODY
 )
 async def search_job(
     request: Request, job_id: str, context: ContextDep, s3: S3Dep, tenant: TenantDep
@@ -59,20 +62,53 @@ async def search_job(
     the queue (a one-item job, `query_job_id`): 503 if no worker answers in time."""
     query, k = await _read_query(request, context.settings)
     target, index = await run_in_threadpool(_open, context, s3, tenant, job_id, query)
+    return await _answer(request, context, tenant, target, index, query, k)
+
+
+@pipeline_router.post(
+    "/{name}/search", response_model=SearchOut, responses=ERRORS, openapi_extra=SEARCH_BODY
+)
+async def search_pipeline(
+    request: Request, name: str, context: ContextDep, s3: S3Dep, tenant: TenantDep
+) -> SearchOut:
+    """The `k` objects of a pipeline's library — everything its runs have processed, kept up
+    to date run by run — most alike to an image, a text or one of them (`key`), as in a job's
+    search. The library searched is that of the model version of the pipeline's newest closed
+    run (`job_id`, `model`); 409 until a run has built it."""
+    query, k = await _read_query(request, context.settings)
+    target, index = await run_in_threadpool(_open_pipeline, context, s3, tenant, name, query)
+    return await _answer(request, context, tenant, target, index, query, k)
+
+
+async def _answer(
+    request: Request,
+    context: ApiContext,
+    tenant: str,
+    target: Target,
+    index: VectorIndex | None,
+    query: SearchQuery,
+    k: int,
+) -> SearchOut:
     vector, query_job_id = await _vector(context, tenant, target, index, query)
     hits: list[search.Hit] = []
     if vector is not None:
         hits = await run_in_threadpool(search.nearest, index, vector, k, query.key)
-    images = target.model.input == "image"
+    shown: dict[str, str] = {}  # key → the job whose item of that key a thumbnail shows
+    if target.model.input == "image":
+        shown = await run_in_threadpool(_thumbnail_jobs, context, target, [h.key for h in hits])
     return SearchOut(
         job_id=target.job.id,
+        model=target.job.model,
+        pipeline=target.pipeline.name if target.pipeline is not None else None,
         query=query.kind,
         query_job_id=query_job_id,
         hits=[
             HitOut(
                 key=hit.key,
                 similarity=hit.similarity,
-                thumbnail_url=_thumbnail_url(request, target, hit.key) if images else None,
+                thumbnail_url=_thumbnail_url(request, shown[hit.key], hit.key)
+                if hit.key in shown
+                else None,
             )
             for hit in hits
         ],
@@ -91,10 +127,20 @@ def get_thumbnail(
     context: ContextDep,
     s3: S3Dep,
     tenant: TenantDep,
+    side: Annotated[
+        int,
+        Query(
+            alias="max",
+            ge=16,
+            le=thumbnails.MAX_PX,
+            description=f"The longer side in pixels, at most {thumbnails.MAX_PX}.",
+        ),
+    ] = thumbnails.THUMBNAIL_PX,
 ) -> Response:
-    """A JPEG preview of one of the job's input images, at most 256 pixels a side."""
+    """A JPEG preview of one of the job's input images, at most `max` (default 256) pixels a
+    side: never the original."""
     data = thumbnails.item_thumbnail(
-        session, context.store, s3, context.settings, tenant, job_id, key
+        session, context.store, s3, context.settings, tenant, job_id, key, side
     )
     headers = {"Cache-Control": "private, max-age=3600"}  # a job's inputs never change
     return Response(data, media_type="image/jpeg", headers=headers)
@@ -168,6 +214,23 @@ def _open(
     return target, search.job_index(context.indexes, target)
 
 
+def _open_pipeline(
+    context: ApiContext, s3: S3Factory, tenant: str, name: str, query: SearchQuery
+) -> tuple[Target, VectorIndex | None]:
+    with context.sessions() as session:
+        target = search.find_pipeline_target(session, context.store, s3, tenant, name, query)
+    return target, search.job_index(context.indexes, target)
+
+
+def _thumbnail_jobs(context: ApiContext, target: Target, keys: list[str]) -> dict[str, str]:
+    """The job whose item shows each key: the searched job; for a pipeline, the newest run
+    that processed the object (a later run skipped it: unchanged)."""
+    if target.pipeline is None:
+        return dict.fromkeys(keys, target.job.id)
+    with context.sessions() as session:
+        return pipelines.jobs_that_processed(session, target.pipeline.id, keys)
+
+
 def _submit(context: ApiContext, target: Target, query: SearchQuery) -> str:
     with context.sessions() as session:
         return search.submit_query(
@@ -204,6 +267,6 @@ def _give_up(context: ApiContext, tenant: str, query_job_id: str) -> None:
         search.give_up(session, tenant, query_job_id)
 
 
-def _thumbnail_url(request: Request, target: Target, key: str) -> str:
-    url = request.url_for("get_thumbnail", job_id=target.job.id)
+def _thumbnail_url(request: Request, job_id: str, key: str) -> str:
+    url = request.url_for("get_thumbnail", job_id=job_id)
     return str(url.include_query_params(key=key))

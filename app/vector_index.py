@@ -30,6 +30,9 @@ from kiln.app.results import Place, to_parquet
 INDEX = "index.usearch"
 KEYS = "index-keys.parquet"
 EXACT_MAX = 20_000  # vectors searched by brute force: ~10 M multiply-adds per query at 512-d
+# Candidates a graph search keeps (usearch's default is 64): grouping asks for 33 neighbours of
+# every vector, and a pair the search misses can split a group; 128 costs ~1.5x per query.
+EXPANSION = 128
 _KEY_FIELDS = [pa.field("label", pa.int64(), nullable=False), pa.field("key", pa.string())]
 
 
@@ -49,7 +52,7 @@ class VectorIndex:
 
     @classmethod
     def empty(cls, dim: int) -> VectorIndex:
-        return cls(Index(ndim=dim, metric="cos", dtype="f32"), {})
+        return cls(Index(ndim=dim, metric="cos", dtype="f32", expansion_search=EXPANSION), {})
 
     @classmethod
     def build(cls, keys: Sequence[str], vectors: np.ndarray) -> VectorIndex:
@@ -176,4 +179,5 @@ def _restored(source: bytearray | str, view: bool = False) -> Index:
     index = Index.restore(source, view=view)
     if index is None:  # usearch answers None for bytes that are not one of its indexes
         raise ValueError("The stored vector index is not a usearch index.")
+    index.expansion_search = EXPANSION  # type: ignore[misc]  # has a setter; not kept in the file
     return index

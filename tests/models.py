@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -93,3 +95,19 @@ def thumbnail_embedder(path: Path, side: int = 32, grid: int = 8) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     onnx.checker.check_model(model)
     onnx.save(model, path)
+
+
+# How Kiln feeds `thumbnail_embedder` (registered with this spec).
+THUMBS = {"input_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+
+
+def register_thumbnail_embedder(client: Any, tmp_path: Path, name: str) -> str:
+    """Register `thumbnail_embedder` as `name` through `POST /v1/models` (an httpx client or
+    FastAPI's TestClient); returns its ref."""
+    path = tmp_path / f"{name}.onnx"
+    thumbnail_embedder(path)
+    form = {"name": name, "kind": "embed", "spec": json.dumps(THUMBS)}
+    upload = [("file", ("m.onnx", path.read_bytes(), "application/octet-stream"))]
+    response = client.post("/v1/models", data=form, files=upload)
+    assert response.status_code == 201, response.text
+    return str(response.json()["ref"])

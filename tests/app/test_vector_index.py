@@ -74,7 +74,10 @@ def test_approximate_pairs_agree_with_exact_ones_on_a_small_set(
     monkeypatch.setattr(vector_index, "EXACT_MAX", 10)  # force the graph search
     assert not index.exact
     approx = {tuple(p) for p in neighbour_pairs(index, rows, np.arange(len(rows)), 0.9).tolist()}
-    assert approx == exact and len(exact) == 300 * 6  # each original with its 3 copies
+    assert len(exact) == 300 * 6  # each original with its 3 copies
+    # a graph search may miss a pair now and then (it is approximate: threads build the graph
+    # in no fixed order), never invent one; chains keep the groups whole
+    assert approx <= exact and len(approx) >= 0.99 * len(exact)
     groups = cosine_groups(keys, vectors, 0.9, index)
     assert len(groups) == 300 and all(len(g) == 4 for g in groups)
     assert groups == cosine_groups(keys, vectors, 0.9)

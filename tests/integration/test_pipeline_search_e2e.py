@@ -6,8 +6,6 @@ original from the earlier run, and its groups join them."""
 from __future__ import annotations
 
 import io
-import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from devstack.images import near_copy, photo
-from tests.integration.test_search_e2e import THUMBS, cropped, finished
-from tests.models import thumbnail_embedder
+from tests.integration.test_search_e2e import cropped, finished
+from tests.models import register_thumbnail_embedder
 from tests.stack import SOURCE_BUCKET, _key, run_kiln
 
 PREFIX = "search-library/"
@@ -27,16 +25,6 @@ NEW = {
     f"{PREFIX}o2-crop.jpg": cropped(ORIGINALS[f"{PREFIX}o2.jpg"]),
     f"{PREFIX}n.jpg": photo(899),
 }
-
-
-def register(client: httpx.Client, tmp_path: Path) -> str:
-    path = tmp_path / "library-thumbs.onnx"
-    thumbnail_embedder(path)
-    form = {"name": "e2e-library-thumbs", "kind": "embed", "spec": json.dumps(THUMBS)}
-    upload = [("file", ("m.onnx", path.read_bytes(), "application/octet-stream"))]
-    response = client.post("/v1/models", data=form, files=upload)
-    assert response.status_code == 201, response.text
-    return str(response.json()["ref"])
 
 
 def run_pipeline(client: httpx.Client, model: str) -> dict[str, Any]:
@@ -63,7 +51,9 @@ def library(
     client: httpx.Client, s3: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     """Two runs of pipeline `photos`: the originals, then only what was added since."""
-    model = register(client, tmp_path_factory.mktemp("library"))
+    model = register_thumbnail_embedder(
+        client, tmp_path_factory.mktemp("library"), "e2e-library-thumbs"
+    )
     put(s3, ORIGINALS)
     first = run_pipeline(client, model)
     assert first["counts"]["succeeded"] == len(ORIGINALS), first

@@ -18,10 +18,8 @@ from PIL import Image
 
 from devstack.images import near_copy, photo
 from tests.integration.test_http_jobs import wait_done
-from tests.models import thumbnail_embedder
+from tests.models import register_thumbnail_embedder
 from tests.stack import SOURCE_BUCKET, _key, run_kiln
-
-THUMBS = {"input_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
 
 
 def cropped(data: bytes, keep: float = 0.9) -> bytes:
@@ -46,20 +44,10 @@ FAMILIES = {  # each original with its copies: resized, re-encoded, cropped
 LONERS = {"o3.jpg": ORIGINALS["o3.jpg"], "x.jpg": photo(599)}
 
 
-def register_thumbs(client: httpx.Client, tmp_path: Path) -> str:
-    path = tmp_path / "thumbs.onnx"
-    thumbnail_embedder(path)
-    form = {"name": "e2e-thumbs", "kind": "embed", "spec": json.dumps(THUMBS)}
-    upload = [("file", ("m.onnx", path.read_bytes(), "application/octet-stream"))]
-    response = client.post("/v1/models", data=form, files=upload)
-    assert response.status_code == 201, response.text
-    return str(response.json()["ref"])
-
-
 @pytest.fixture(scope="module")
 def embedded(client: httpx.Client, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The closed job: three families of near-duplicates and two pictures alone."""
-    model = register_thumbs(client, tmp_path_factory.mktemp("thumbs"))
+    model = register_thumbnail_embedder(client, tmp_path_factory.mktemp("thumbs"), "e2e-thumbs")
     images = {k: v for family in FAMILIES.values() for k, v in family.items()} | LONERS
     parts = [("files", (name, data, "image/jpeg")) for name, data in images.items()]
     form = {"model": model, "options": json.dumps({"group": {}})}

@@ -51,7 +51,10 @@ SEARCH_BODY = {
 
 
 @router.post(
-    "/{job_id}/search", response_model=SearchOut, responses=ERRORS, openapi_extra=SEARCH_BODY
+    "/{job_id}/search",
+    response_model=SearchOut,
+    responses={**ERRORS, **error_responses(400)},  # a multipart body that does not parse
+    openapi_extra=SEARCH_BODY,
 )
 async def search_job(
     request: Request, job_id: str, context: ContextDep, s3: S3Dep, tenant: TenantDep
@@ -66,7 +69,10 @@ async def search_job(
 
 
 @pipeline_router.post(
-    "/{name}/search", response_model=SearchOut, responses=ERRORS, openapi_extra=SEARCH_BODY
+    "/{name}/search",
+    response_model=SearchOut,
+    responses={**ERRORS, **error_responses(400)},
+    openapi_extra=SEARCH_BODY,
 )
 async def search_pipeline(
     request: Request, name: str, context: ContextDep, s3: S3Dep, tenant: TenantDep

@@ -26,7 +26,7 @@ from kiln.app.storage.local import LocalStore
 from kiln.app.vector_index import VectorIndex
 from tests.app.api.conftest import TestClient
 from tests.app.api.test_routes import assert_sentence
-from tests.app.api.test_search import register_thumbs
+from tests.models import register_thumbnail_embedder
 
 VECTORS = {"a.jpg": [1.0, 0.0, 0.0], "b.jpg": [0.0, 1.0, 0.0], "a-copy.jpg": [0.97, 0.2, 0.0]}
 
@@ -66,7 +66,7 @@ def nightly(
 ) -> dict[str, str]:
     """Pipeline `nightly` of tenant acme over a registered image embedder: a first run of two
     pictures, a rerun that added a copy of one, and the library's index of all three."""
-    model = register_thumbs(client, tmp_path)
+    model = register_thumbnail_embedder(client, tmp_path, "thumbs")
     with sessions() as session:
         pipeline = Pipeline(tenant="acme", name="nightly", source={"s3": "s3://p/"}, model=model)
         session.add(pipeline)

@@ -24,9 +24,8 @@ from kiln.workers.celery.app import make_celery
 from kiln.workers.embedded import embedded_worker
 from tests.app.api.conftest import TestClient
 from tests.app.api.test_routes import assert_sentence, submit
-from tests.models import thumbnail_embedder
+from tests.models import register_thumbnail_embedder
 
-THUMBS = {"input_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
 PHOTOS = {f"p{i}.jpg": photo(300 + i) for i in range(3)}
 COPIES = {f"p{i}-small.jpg": near_copy(data) for i, data in enumerate(PHOTOS.values())}
 
@@ -36,16 +35,6 @@ def worker(settings: Settings) -> Iterator[None]:
     """A Celery worker on a thread, consuming the test's filesystem broker."""
     with embedded_worker(make_celery(settings), concurrency=2):
         yield
-
-
-def register_thumbs(client: TestClient, tmp_path: Path) -> str:
-    path = tmp_path / "thumbs.onnx"
-    thumbnail_embedder(path)
-    form = {"name": "thumbs", "kind": "embed", "spec": json.dumps(THUMBS)}
-    upload = [("file", ("m.onnx", path.read_bytes(), "application/octet-stream"))]
-    response = client.post("/v1/models", data=form, files=upload)
-    assert response.status_code == 201, response.text
-    return str(response.json()["ref"])
 
 
 def run_job(
@@ -86,7 +75,13 @@ def text_job(client: TestClient) -> str:
 @pytest.fixture
 def closed_job(client: TestClient, store: LocalStore, tmp_path: Path, worker: None) -> str:
     """A completed image embedding job: three photos and a resized copy of each."""
-    return run_job(client, store, register_thumbs(client, tmp_path), PHOTOS | COPIES, group={})
+    return run_job(
+        client,
+        store,
+        register_thumbnail_embedder(client, tmp_path, "thumbs"),
+        PHOTOS | COPIES,
+        group={},
+    )
 
 
 def test_search_by_image_through_a_query_job(client: TestClient, closed_job: str) -> None:
@@ -150,7 +145,7 @@ def test_the_wrong_kind_of_query_is_422(client: TestClient, tmp_path: Path) -> N
     texts = text_job(client)
     assert_sentence(search_image(client, texts, photo(1)), 422, "embeds text", "not an image")
     parts = [("files", ("a.jpg", photo(2), "image/jpeg"))]
-    model = register_thumbs(client, tmp_path)
+    model = register_thumbnail_embedder(client, tmp_path, "thumbs")
     images = client.post("/v1/jobs", data={"model": model}, files=parts).json()["id"]
     response = client.post(f"/v1/jobs/{images}/search", json={"text": "a red car"})
     assert_sentence(response, 422, "embeds images", "not a text")
@@ -185,7 +180,7 @@ def test_a_job_closed_before_indexes_existed_is_409(
 def test_a_job_whose_items_all_failed_finds_nothing(
     client: TestClient, store: LocalStore, tmp_path: Path, worker: None
 ) -> None:
-    model = register_thumbs(client, tmp_path)
+    model = register_thumbnail_embedder(client, tmp_path, "thumbs")
     parts = [("files", ("bad.jpg", b"not a picture", "image/jpeg"))]
     job_id = client.post("/v1/jobs", data={"model": model}, files=parts).json()["id"]
     job = finished(client, store, job_id)

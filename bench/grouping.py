@@ -52,7 +52,7 @@ HERE = Path(__file__).parent
 BATCH = 16  # the embedder's batch, as a worker fills it
 RESNET_INPUT = 224  # the side bench.run registers the ResNets with
 THRESHOLDS = (0.85, 0.90, DEFAULT_THRESHOLD, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995)
-DISTANCES = (4, 8, 10, DEFAULT_MAX_DISTANCE, 14)
+DISTANCES = (4, 8, 10, DEFAULT_MAX_DISTANCE, 14, 16)
 
 
 @dataclass(frozen=True)

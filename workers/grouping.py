@@ -18,6 +18,9 @@ BLOCK = 2048  # rows of the similarity matrix computed at once: 2048 × n float3
 # duplicate groups are small (a photo and its few copies); a larger group still joins through
 # chains of neighbours. At 32, a query costs about a millisecond on two cores (bench/README.md).
 NEIGHBOURS = 32
+# How far below the threshold an index similarity may be and its pair still be scored exactly:
+# the index stores float16 vectors (`vector_index.DTYPE`), whose cosines are off by < 1e-3.
+INDEX_SLACK = 0.01
 
 
 class UnionFind:
@@ -128,14 +131,17 @@ def neighbour_pairs(
     found: list[np.ndarray] = []
     for start in range(0, len(rows), block):
         near, sims = index.neighbours(rows[start : start + block], k + 1)  # +1: itself
-        i, col = np.nonzero((near >= 0) & (sims >= threshold - 1e-6))
+        i, col = np.nonzero((near >= 0) & (sims >= threshold - INDEX_SLACK))
         at = np.searchsorted(sorted_labels, near[i, col])
         known = at < len(sorted_labels)
         known[known] = sorted_labels[at[known]] == near[i, col][known]
         j = order[at[known]]
         i = i[known] + start
         keep = i != j
-        low, high = np.minimum(i[keep], j[keep]), np.maximum(i[keep], j[keep])
+        i, j = i[keep], j[keep]
+        # the index's similarity is at half precision: a pair is decided on the rows themselves
+        alike = np.einsum("ij,ij->i", rows[i], rows[j]) >= threshold - 1e-6
+        low, high = np.minimum(i[alike], j[alike]), np.maximum(i[alike], j[alike])
         found.append(np.stack([low, high], axis=1))
     if not found:
         return np.empty((0, 2), np.int64)

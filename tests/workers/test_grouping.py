@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from kiln.app.core.errors import InputError
-from kiln.workers.grouping import components, cosine_groups, cosine_pairs, groups_of
+from kiln.app.vector_index import VectorIndex
+from kiln.workers.grouping import (
+    components,
+    cosine_groups,
+    cosine_pairs,
+    groups_of,
+    neighbour_pairs,
+)
 
 
 def test_components_join_transitively() -> None:
@@ -59,3 +66,21 @@ def test_vectors_without_a_direction_are_refused() -> None:
         cosine_pairs(np.zeros((2, 3)), 0.9)
     with pytest.raises(ValueError, match="between -1 and 1"):
         cosine_pairs(np.ones((2, 3)), 1.5)
+
+
+def test_neighbour_pairs_decide_on_the_rows_not_the_half_precision_index() -> None:
+    """The index keeps float16 vectors, whose cosines are off by up to ~1e-3: a pair is kept
+    or dropped by its float32 rows' cosine, to the threshold's last digit."""
+    rng = np.random.default_rng(7)
+    base = rng.standard_normal(64).astype(np.float32)
+    base /= np.linalg.norm(base)
+    other = rng.standard_normal(64).astype(np.float32)
+    other -= other @ base * base
+    other /= np.linalg.norm(other)
+    cosine = 0.92013
+    rows = np.stack([base, cosine * base + np.sqrt(1 - cosine**2) * other]).astype(np.float32)
+    exact = float(rows[0] @ rows[1])
+    index = VectorIndex.build(["a", "b"], rows)
+    labels = np.array([index.label_of("a"), index.label_of("b")])
+    assert neighbour_pairs(index, rows, labels, exact - 1e-5).tolist() == [[0, 1]]
+    assert neighbour_pairs(index, rows, labels, exact + 1e-5).tolist() == []

@@ -160,4 +160,4 @@ def test_a_pipeline_run_groups_and_indexes_the_whole_library(tmp_path: Path) -> 
     index = vector_index.load(where)
     assert sorted(index.labels.values()) == ["a", "a-copy", "b", "c"]
     changed = index.vector_of("b")
-    assert changed is not None and changed[2] == pytest.approx(0.6)
+    assert changed is not None and changed[2] == pytest.approx(0.6, abs=1e-3)  # float16 kept

@@ -6,7 +6,7 @@ PIP    := $(BIN)/python -m pip
 CONSTRAINTS := constraints/test.txt
 DEMO_DIR ?= .kiln/demo
 
-.PHONY: demo test check services unit integration bench bench-quick gpu-check clean
+.PHONY: demo test check services browser unit integration bench bench-quick gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,12 @@ demo: $(VENV)/.run
 services:
 	bash scripts/ensure-services.sh
 
-## test: install dev dependencies, start services, run the whole suite
-test: $(VENV)/.dev services
+## browser: make sure Debian's chromium is installed (the console's browser tests drive it)
+browser:
+	bash scripts/ensure-browser.sh
+
+## test: install dev dependencies, start services, install the browser, run the whole suite
+test: $(VENV)/.dev services browser
 	$(BIN)/python -m pytest
 
 unit: $(VENV)/.dev

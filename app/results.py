@@ -59,6 +59,7 @@ class ResultRow:
     sha256: str | None = None
     answered_by: str | None = None
     fallback_reason: str | None = None
+    stages_ms: dict[str, float] | None = None  # interactive items: ms per worker stage
 
 
 @dataclass(frozen=True)

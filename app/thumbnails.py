@@ -6,8 +6,10 @@ search answers link to). An original never leaves whole: only a thumbnail of at 
 from __future__ import annotations
 
 import io
+import zlib
+from collections.abc import Sequence
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
 from sqlalchemy.orm import Session
 
 from kiln.app import jobs, sources, tenants
@@ -23,6 +25,7 @@ from kiln.app.storage.s3 import read_object
 THUMBNAIL_PX = 256  # enough to recognise a picture in a results table, ~10 KB as JPEG
 MAX_PX = 512  # the most a caller may ask for: a preview still, never the original
 JPEG_QUALITY = 80
+ORIENTATION = 0x0112  # the EXIF tag
 
 
 def item_thumbnail(
@@ -34,9 +37,11 @@ def item_thumbnail(
     job_id: str,
     key: str,
     side: int = THUMBNAIL_PX,
+    boxes: bool = False,
 ) -> bytes:
     """A JPEG thumbnail of item `key` of the tenant's job `job_id` (404 for another tenant's),
-    at most `side` pixels (up to `MAX_PX`) on its longer side."""
+    at most `side` pixels (up to `MAX_PX`) on its longer side; with `boxes`, the detections
+    the model answered for it drawn on."""
     job = jobs.get_job(session, tenant, job_id)
     model = get_model(session, job.model, tenant)
     if model.input != "image":
@@ -45,7 +50,20 @@ def item_thumbnail(
     if item is None:
         raise NotFoundError(f"Job {job_id} has no item {key!r}.")
     data = _item_bytes(session, store, s3, settings, tenant, item)
-    return thumbnail(data, settings.max_image_pixels, f"Item {item.key!r}", min(side, MAX_PX))
+    drawn = detections(item) if boxes else []
+    return thumbnail(
+        data, settings.max_image_pixels, f"Item {item.key!r}", min(side, MAX_PX), drawn
+    )
+
+
+def detections(item: Item) -> list[Labelled]:
+    """The item's detector answer as (label, box) pairs; none for other models' answers."""
+    found = (item.outputs or {}).get("detections") or []
+    return [
+        (str(d.get("label", "?")), d["box"])
+        for d in found
+        if isinstance(d, dict) and isinstance(d.get("box"), list)
+    ]
 
 
 def _item_bytes(
@@ -71,18 +89,26 @@ def _item_bytes(
 
 
 def thumbnail(
-    data: bytes, max_pixels: int, name: str = "The image", side: int = THUMBNAIL_PX
+    data: bytes,
+    max_pixels: int,
+    name: str = "The image",
+    side: int = THUMBNAIL_PX,
+    boxes: Sequence[Labelled] = (),
 ) -> bytes:
-    """`data` (any image Pillow reads) as a JPEG at most `side` pixels a side, upright."""
+    """`data` (any image Pillow reads) as a JPEG at most `side` pixels a side, upright, with
+    `boxes` (in the upright original's pixels, as the detector answers them) drawn on it."""
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > max_pixels:
                 raise InputError(
                     f"{name} is {image.width}×{image.height} pixels, more than Kiln decodes."
                 )
+            upright_width = image.height if _turned(image) else image.width
             image.draft("RGB", (side, side))  # JPEG: decode at a reduced scale
             small = ImageOps.exif_transpose(image).convert("RGB")
             small.thumbnail((side, side))
+            if boxes:
+                draw_boxes(small, boxes, small.width / upright_width)
     except UnidentifiedImageError:
         raise InputError(f"{name} is not a picture Kiln can read.") from None
     except (OSError, Image.DecompressionBombError) as error:  # truncated, or a bomb
@@ -90,3 +116,29 @@ def thumbnail(
     out = io.BytesIO()
     small.save(out, "JPEG", quality=JPEG_QUALITY)
     return out.getvalue()
+
+
+Labelled = tuple[str, Sequence[float]]  # a label and its box: x1, y1, x2, y2
+BOX_COLOURS = ("#ff3b30", "#34c759", "#0a84ff", "#ff9f0a", "#bf5af2", "#64d2ff")
+
+
+def _turned(image: Image.Image) -> bool:
+    """Whether the EXIF orientation turns the picture a quarter (its width is its height)."""
+    return image.getexif().get(ORIENTATION, 1) in (5, 6, 7, 8)
+
+
+def draw_boxes(image: Image.Image, boxes: Sequence[Labelled], scale: float) -> None:
+    """Outline each box (scaled from the original's pixels) with its label above it; one
+    colour per label, so the same thing reads the same on every thumbnail."""
+    pen = ImageDraw.Draw(image)
+    font = ImageFont.load_default()
+    width = max(1, round(min(image.size) / 128))
+    for label, box in boxes:
+        if len(box) != 4:
+            continue
+        x1, y1, x2, y2 = (float(v) * scale for v in box)
+        colour = BOX_COLOURS[zlib.crc32(label.encode()) % len(BOX_COLOURS)]
+        pen.rectangle((x1, y1, max(x1, x2), max(y1, y2)), outline=colour, width=width)
+        text_at = (x1 + width, max(0.0, y1 - 11))
+        pen.rectangle(pen.textbbox(text_at, label, font=font), fill=colour)
+        pen.text(text_at, label, fill="#ffffff", font=font)

@@ -63,7 +63,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-STACK_DIRS = (Path(__file__).parent / "integration", Path(__file__).parent / "reliability")
+STACK_DIRS = tuple(Path(__file__).parent / d for d in ("integration", "reliability", "browser"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

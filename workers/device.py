@@ -137,14 +137,20 @@ class GpuTelemetry(Collector):
             ),
         }
         for gpu in self.gpus:
-            for key, value in self._read(gpu).items():
+            for key, value in self.read(gpu).items():
                 families[key].add_metric([str(gpu.index)], value)
         yield from (f for f in families.values() if f.samples)
 
-    def _read(self, gpu: Gpu) -> dict[str, float]:
-        lib, values = self.lib, {}
-        assert lib is not None
-        handle = lib.nvmlDeviceGetHandleByIndex(gpu.index)
+    def read(self, gpu: Gpu) -> dict[str, float]:
+        """What NVML reports for `gpu` now (util as a ratio, bytes, °C, W): a key per figure
+        the board answered; empty without NVML."""
+        lib, values = self.lib, dict[str, float]()
+        if lib is None:
+            return values
+        try:
+            handle = lib.nvmlDeviceGetHandleByIndex(gpu.index)
+        except lib.NVMLError:
+            return values
         readers: dict[str, Callable[[], float]] = {
             "util": lambda: lib.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,
             "used": lambda: float(lib.nvmlDeviceGetMemoryInfo(handle).used),

@@ -270,6 +270,10 @@ class WorkerRuntime:
         """The backend each loaded model runs on."""
         return {r.info.ref: r.pipeline.backend for r in self.runners().values()}
 
+    def model_owners(self) -> dict[str, str]:
+        """The tenant each loaded model belongs to (the shared tenant for built-ins)."""
+        return {r.info.ref: r.info.tenant for r in self.runners().values()}
+
     def close(self) -> None:
         for runner in self.runners().values():
             runner.batcher.close()

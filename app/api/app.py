@@ -12,6 +12,7 @@ from kiln.app.api.context import ApiContext
 from kiln.app.api.errors import install_error_handlers
 from kiln.app.api.metrics import install_metrics
 from kiln.app.api.routes import health, jobs, models, schedules, search
+from kiln.app.console import install_console
 from kiln.app.core.config import Settings, get_settings, redact_url
 
 log = logging.getLogger(__name__)
@@ -50,4 +51,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(schedules.router)
     app.include_router(search.router)
     app.include_router(search.pipeline_router)
+    install_console(app, settings)  # the browser console at /console (docs/console.md)
     return app

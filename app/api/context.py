@@ -13,6 +13,7 @@ from kiln.app.db.notify import JobWaiters
 from kiln.app.db.session import engine_for, make_session_factory
 from kiln.app.dispatch.producer import CeleryDispatcher, make_producer
 from kiln.app.index_cache import IndexCache
+from kiln.app.jobs import JobRequest, Submitted, submit_job
 from kiln.app.quotas import TenantLimiter
 from kiln.app.storage import ObjectStore, open_store
 
@@ -45,6 +46,14 @@ class ApiContext:
             limiter=TenantLimiter.for_settings(settings),
             indexes=IndexCache(settings.search_cache_bytes),
         )
+
+    def submit_job(self, session: Session, request: JobRequest) -> Submitted:
+        """A job of inputs, as the API and the console submit it: within the tenant's limit of
+        open jobs, its chunks sent through this process's dispatcher."""
+        return submit_job(
+            session, self.store, self.dispatcher, self.settings, request,
+            self.settings.tenant_max_open_jobs,
+        )  # fmt: skip
 
     def close(self) -> None:
         self.waiters.close()

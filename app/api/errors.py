@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
@@ -70,29 +70,43 @@ def http_sentence(request: Request, error: HTTPException) -> str:
     return f"The request {where} failed: {detail.lower()}."
 
 
+def _answer(
+    request: Request,
+    code: int,
+    sentence: str,
+    error: Exception,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """`{"detail": sentence}` — or an HTML page where the app has one for this request (the
+    console's routes: `app.state.error_page` answers None for the API's)."""
+    error_page = getattr(request.app.state, "error_page", None)
+    page = error_page(request, code, sentence, error) if error_page else None
+    if page is not None:
+        return page  # type: ignore[no-any-return]
+    return JSONResponse({"detail": sentence}, status_code=code, headers=headers)
+
+
+def _kiln_headers(code: int, error: KilnError) -> dict[str, str] | None:
+    if isinstance(error, LimitExceededError):
+        return {"Retry-After": str(error.retry_after)}
+    return {"Retry-After": "5"} if code == 503 else None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KilnError)
-    async def kiln_error(_request: Request, error: KilnError) -> JSONResponse:
+    async def kiln_error(request: Request, error: KilnError) -> Response:
         code = next((c for kind, c in _STATUS if isinstance(error, kind)), 500)
-        headers = {"Retry-After": "5"} if code == 503 else None
-        if isinstance(error, LimitExceededError):
-            headers = {"Retry-After": str(error.retry_after)}
-        return JSONResponse({"detail": str(error)}, status_code=code, headers=headers)
+        return _answer(request, code, str(error), error, _kiln_headers(code, error))
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
-        return JSONResponse(
-            {"detail": validation_sentence(error.errors())},
-            status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
-        )
+    async def invalid(request: Request, error: RequestValidationError) -> Response:
+        sentence = validation_sentence(error.errors())
+        return _answer(request, status.HTTP_422_UNPROCESSABLE_CONTENT, sentence, error)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"detail": http_sentence(request, error)},
-            status_code=error.status_code,
-            headers=error.headers,
-        )
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        sentence = http_sentence(request, error)
+        return _answer(request, error.status_code, sentence, error, error.headers)
 
     @app.exception_handler(DataError)
     async def unstorable(request: Request, error: DataError) -> JSONResponse:

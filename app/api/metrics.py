@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kiln.app.db.models import OPEN_JOB_STATUSES, Item, Job, JobStatus
+from kiln.app.dispatch.depths import read_queue_lengths
 
 if TYPE_CHECKING:
     from kiln.app.api.context import ApiContext
@@ -95,26 +96,10 @@ class QueueCollector(Collector):
 
     def _read(self) -> dict[str, int]:
         context = self.context()
-        if context is None or not context.settings.broker_url.startswith(("redis", "rediss")):
+        if context is None:
             return {}
-        try:
-            with context.celery.connection_for_read() as connection:
-                return queue_lengths(connection.default_channel, self.queues)
-        except Exception as error:
-            log.warning("metrics: could not read the broker's queues: %s", error)
-            return {}
-
-
-def queue_lengths(channel: Any, queues: tuple[str, ...]) -> dict[str, int]:
-    """LLEN of every priority list of each queue, summed per queue, in one round trip."""
-    keys = [(q, channel._q_for_pri(q, p)) for q in queues for p in channel.priority_steps]
-    pipe = channel.client.pipeline()
-    for _queue, key in keys:
-        pipe.llen(key)
-    lengths = dict.fromkeys(queues, 0)
-    for (queue, _key), length in zip(keys, pipe.execute(), strict=True):
-        lengths[queue] += int(length)
-    return lengths
+        lengths = read_queue_lengths(context.celery, context.settings.broker_url, self.queues)
+        return lengths or {}
 
 
 class ApiMetrics:

@@ -95,6 +95,7 @@ def _work(
 ) -> None:
     from kiln.app.observability import observe
     from kiln.workers.celery.app import make_celery
+    from kiln.workers.facts import start_publishing
     from kiln.workers.liveness import Heartbeat
     from kiln.workers.metrics import serve_metrics, worker_registry
     from kiln.workers.readiness import install, parse_models, warm_models
@@ -109,6 +110,7 @@ def _work(
     if port:
         serve_metrics(port, worker_registry(celery))
     heartbeat = Heartbeat(live, celery.health_problems).start() if live is not None else None
+    facts = start_publishing(current, node, celery)  # the console's fleet page reads them
     try:
         celery.Worker(
             pool_cls="threads",
@@ -121,6 +123,7 @@ def _work(
     finally:
         if heartbeat is not None:
             heartbeat.stop()
+        facts.stop()
         celery.close_runtime()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -156,6 +156,16 @@ class Settings(BaseSettings):
         30.0, gt=0, le=600, description="How long a search waits for a worker to embed its query."
     )
 
+    console_secret: SecretStr | None = Field(
+        None,
+        description="Signs the console's session cookies (32+ characters); give every API "
+        "replica the same one. Unset: a random one per process (a restart signs everyone out).",
+    )
+    console_secure_cookie: bool = Field(
+        False,
+        description="Send the console's session cookie over HTTPS only (set it behind TLS).",
+    )
+
     log_format: Literal["auto", "json", "text"] = Field(
         "auto", description="Log lines: JSON objects, text, or auto (text on a terminal)."
     )
@@ -167,6 +177,13 @@ class Settings(BaseSettings):
 
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
+
+    @field_validator("console_secret")
+    @classmethod
+    def _long_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("KILN_CONSOLE_SECRET must be at least 32 characters")
+        return value
 
     @field_validator("tenant_rate_limit")
     @classmethod

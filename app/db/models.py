@@ -124,6 +124,20 @@ class EngineReport(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class WorkerFacts(Base):
+    """What a live worker runs, upserted every few seconds (workers/facts.py) and read by the
+    console's fleet page (app/fleet.py); a row not seen for a while is a worker that is gone."""
+
+    __tablename__ = "worker_facts"
+
+    worker: Mapped[str] = mapped_column(String(255), primary_key=True)  # Celery node name
+    host: Mapped[str] = mapped_column(String(255))
+    device: Mapped[str] = mapped_column(String(255))  # "cpu", or the GPU's name
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 class ContentCache(Base):
     """A result keyed by scope (a tenant, or shared), model version and input bytes: the same
     input is never run twice. `model_key` is "<scope>/<model cache key>"
@@ -193,6 +207,8 @@ class Item(Base):
     answered_by: Mapped[str | None] = mapped_column(String(160))
     # Why the job's model did not answer, for an item its fallback answered or also failed.
     fallback_reason: Mapped[str | None] = mapped_column(Text)
+    # Milliseconds per worker stage (fetch, decode, engine, post): interactive items only.
+    stages_ms: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # A running item is leased: `lease_owner` (one chunk run) holds it until `lease_expires_at`,

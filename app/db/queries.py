@@ -114,6 +114,7 @@ def upsert_results(
 
 RESULT_COLUMNS = (
     "key", "status", "error", "outputs", "duration_ms", "sha256", "answered_by", "fallback_reason",
+    "stages_ms",
 )  # fmt: skip
 
 
@@ -123,10 +124,11 @@ _UPDATE_RESULTS = text(
     """
     UPDATE items SET status = v.status, error = v.error, outputs = v.outputs,
            duration_ms = v.duration_ms, sha256 = v.sha256, answered_by = v.answered_by,
-           fallback_reason = v.fallback_reason, finished_at = :finished_at
+           fallback_reason = v.fallback_reason, stages_ms = v.stages_ms,
+           finished_at = :finished_at
     FROM json_to_recordset(CAST(:rows AS json))
          AS v(key text, status text, error text, outputs json, duration_ms float8, sha256 text,
-              answered_by text, fallback_reason text)
+              answered_by text, fallback_reason text, stages_ms json)
     WHERE items.job_id = :job_id AND items.key = v.key AND items.status = 'running'
       AND (CAST(:owner AS text) IS NULL OR items.lease_owner = :owner)
     RETURNING items.status, items.fallback_reason IS NOT NULL
@@ -161,6 +163,7 @@ def _upsert_results_sqlite(
             "sha256": excluded.sha256,
             "answered_by": excluded.answered_by,
             "fallback_reason": excluded.fallback_reason,
+            "stages_ms": excluded.stages_ms,
             "finished_at": excluded.finished_at,
         },
         where=(Item.status == ItemStatus.RUNNING)

@@ -55,6 +55,12 @@ class KilnCelery(Celery):  # type: ignore[misc]
             runtime = self._runtime
         return runtime.backends() if runtime else {}
 
+    def model_owners(self) -> dict[str, str]:
+        """The tenant of each loaded model; empty until the runtime exists."""
+        with self._runtime_lock:
+            runtime = self._runtime
+        return runtime.model_owners() if runtime else {}
+
     def engine_health(self) -> EngineHealth:
         """Problems, memory and failed builds; empty until the runtime exists."""
         with self._runtime_lock:

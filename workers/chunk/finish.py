@@ -141,6 +141,7 @@ def _upsert_row(row: ResultRow) -> dict[str, Any]:
         "sha256": row.sha256,
         "answered_by": row.answered_by,
         "fallback_reason": row.fallback_reason,
+        "stages_ms": row.stages_ms,
     }
 
 

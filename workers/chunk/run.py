@@ -73,6 +73,9 @@ class _Work:
     failure: Trigger | None = None
     answered_by: ModelInfo | None = None  # the model whose outputs these are
     fallback_reason: str | None = None  # the job's model's error, when its fallback took it
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage, for `stages_ms`
+    submitted: float = 0.0  # when its row went to the Batcher
+    answered: float = 0.0  # when the engine's answer came back (the future's callback)
 
     @property
     def waiting(self) -> bool:
@@ -120,7 +123,8 @@ def process_chunk(
                 return report
             timer = time.monotonic()
             fresh = _fresh(runtime, lease, work) if settings.content_cache else {}
-            report.job_status = finish_chunk(runtime, lease, _result_rows(work), fresh)
+            rows = _result_rows(work, stages=urgent)
+            report.job_status = finish_chunk(runtime, lease, rows, fresh)
             report.seconds["write"] = time.monotonic() - timer
             _tally(runtime, lease, work, report)
     except BaseException:
@@ -318,7 +322,9 @@ def _feed(
     timer = time.monotonic()
     for w in group:
         if w.waiting:
+            started = time.monotonic()
             _fetch(runtime, w)
+            w.seconds["fetch"] = time.monotonic() - started
     hits = _use_cache(runtime, lease.tenant, runner.info, group)
     report.seconds["fetch"] += time.monotonic() - timer
     for w in group:
@@ -399,18 +405,25 @@ def _submit(
         _fail(w, f"The input could not be prepared: {error}.", FAILED)
     finally:
         w.data = None  # the decoded rows are all the engine needs
-        report.seconds["decode"] += time.monotonic() - timer
+        w.seconds["decode"] = time.monotonic() - timer
+        report.seconds["decode"] += w.seconds["decode"]
     if w.prepared is None:
         announced.skip()
         return
+    w.submitted = time.monotonic()
     w.future = announced.submit(w.prepared)
+    w.future.add_done_callback(lambda _: setattr(w, "answered", time.monotonic()))
 
 
 def _collect(runner: ModelRunner, w: _Work) -> None:
     if w.future is None or w.prepared is None:
         return
     try:
-        w.outputs = runner.pipeline.finish(w.prepared, w.future.result())
+        answer = w.future.result()
+        w.seconds["engine"] = max(0.0, w.answered - w.submitted)  # its batch filling, then running
+        started = time.monotonic()
+        w.outputs = runner.pipeline.finish(w.prepared, answer)
+        w.seconds["post"] = time.monotonic() - started
     except TransientError:
         raise  # a stuck engine (past its batch deadline): the whole chunk runs again
     except Refusal as refusal:  # "no answer", which a fallback may take
@@ -429,7 +442,9 @@ def _tally(runtime: WorkerRuntime, lease: Lease, work: list[_Work], report: Chun
     runtime.chunk_stats.record(lease.model.ref, statuses, report.seconds, report.cached)
 
 
-def _result_rows(work: list[_Work]) -> list[ResultRow]:
+def _result_rows(work: list[_Work], stages: bool = False) -> list[ResultRow]:
+    """With `stages` (interactive chunks, whose users watch one answer), each row carries its
+    milliseconds per stage; a bulk item's would cost a column per row nobody reads."""
     return [
         ResultRow(
             key=w.item.key,
@@ -440,9 +455,14 @@ def _result_rows(work: list[_Work]) -> list[ResultRow]:
             sha256=w.digest,
             answered_by=w.answered_by.ref if w.answered_by else None,
             fallback_reason=w.fallback_reason,
+            stages_ms=_stages_ms(w) if stages else None,
         )
         for w in work
     ]
+
+
+def _stages_ms(w: _Work) -> dict[str, float] | None:
+    return {k: round(v * 1000, 2) for k, v in w.seconds.items()} or None
 
 
 def _status(w: _Work) -> ItemStatus:

@@ -118,18 +118,11 @@ async def create_job(
 
     def submit() -> JobOut:
         with context.sessions() as session:
-            most_open = context.settings.tenant_max_open_jobs
             if isinstance(job_request, BulkRequest):
+                most_open = context.settings.tenant_max_open_jobs
                 submitted = submit_bulk(session, context.dispatcher, job_request, most_open)
             else:
-                submitted = jobs.submit_job(
-                    session,
-                    context.store,
-                    context.dispatcher,
-                    context.settings,
-                    job_request,
-                    most_open,
-                )
+                submitted = context.submit_job(session, job_request)
             if not submitted.created:
                 response.status_code = status.HTTP_200_OK
             return job_out(request, session, submitted.job, submitted.counts)

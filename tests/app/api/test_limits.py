@@ -18,6 +18,7 @@ from kiln.app.core.errors import LimitExceededError
 from kiln.app.quotas import TenantLimiter, limiter_storage_url
 from kiln.app.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
+from tests.app.api.test_console import csrf, sign_in
 
 Factory = Callable[..., TestClient]
 
@@ -150,3 +151,23 @@ def test_storage_follows_the_broker(settings: Settings) -> None:
 def test_a_bad_rate_fails_at_startup_with_a_sentence() -> None:
     with pytest.raises(ValidationError, match="is not a rate like '100/second'"):
         get_settings(tenant_rate_limit="lots")
+
+
+def test_the_console_counts_what_changes_state_and_not_what_it_polls(app_with: Factory) -> None:
+    client = app_with(tenant_rate_limit="2/minute")
+    key = str(client.headers.pop("Authorization")).removeprefix("Bearer ")
+    sign_in(client, key)
+    assert {client.get("/console/").status_code for _ in range(5)} == {200}  # pages: free
+    token = csrf(client.get("/console/try").text)
+    png = solid((200, 10, 10))
+    answers = [
+        client.post(
+            "/console/try",
+            data={"model": "phash", "csrf": token},
+            files=[("files", ("a.png", png, "image/png"))],
+            follow_redirects=False,
+        )
+        for _ in range(3)
+    ]
+    assert [a.status_code for a in answers] == [303, 303, 429]
+    assert "over its rate" in answers[-1].text  # the console's page, with the sentence

@@ -8,7 +8,8 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiln.app.api.metrics import ApiMetrics, queue_lengths
+from kiln.app.api.metrics import ApiMetrics
+from kiln.app.dispatch.depths import queue_lengths
 from tests.app.api.conftest import TestClient
 from tests.app.api.test_routes import submit
 

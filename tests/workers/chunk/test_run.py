@@ -445,3 +445,18 @@ def test_every_row_keeps_its_input_sha256_and_identical_inputs_are_grouped(
     summary = manifest(runtime, job_id)
     assert summary["identical"] == {"groups": 2, "items": 4}
     assert summary["groups"]["groups"] == 2
+
+
+def test_an_interactive_items_stages_are_recorded_and_a_bulk_items_are_not(
+    runtime: WorkerRuntime,
+) -> None:
+    job_id, calls = submit(runtime)
+    first, second = calls
+    process_chunk(runtime, job_id, first.chunk, first.item_ids, urgent=True, owner="m0")
+    process_chunk(runtime, job_id, second.chunk, second.item_ids, owner="m1")
+    items = items_by_key(runtime, job_id)
+    stages = items["r.png"].stages_ms
+    assert stages is not None and set(stages) == {"fetch", "decode", "engine", "post"}
+    assert all(ms >= 0 for ms in stages.values())
+    assert sum(stages.values()) <= (items["r.png"].duration_ms or 0) + 1  # within its total
+    assert items["b2.png"].stages_ms is None  # not urgent: no column per bulk row

@@ -1,0 +1,243 @@
+"""One job: counts and progress (live while it runs), throughput over time, its items as a grid
+of thumbnails with the model's answers drawn on, its near-duplicate groups side by side, the
+Parquet download and cancel."""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import Annotated, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kiln.app import jobs, results, thumbnails
+from kiln.app.api.context import ApiContext
+from kiln.app.api.deps import ContextDep, S3Dep
+from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.console import views
+from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
+from kiln.app.console.pages import ConsoleDep, ConsoleState, render
+from kiln.app.core.errors import ConflictError
+from kiln.app.db.models import Item, ItemStatus, Job, utcnow
+from kiln.app.results import S3Factory
+
+router = APIRouter(prefix="/console/jobs", include_in_schema=False)
+
+ITEMS_PAGE = 48
+GROUPS_PAGE = 12  # groups per page; each shows all its members side by side
+GROUP_MEMBERS_SHOWN = 12
+THROUGHPUT_BUCKETS = 60
+JobId = Annotated[str, Query(max_length=36)]
+
+
+def _job_and_model(session: Session, tenant: str, job_id: str) -> tuple[Job, ModelInfo]:
+    job = jobs.get_job(session, tenant, job_id)  # another tenant's job: 404, as the API
+    return job, get_model(session, job.model, tenant)
+
+
+def _summary(context: ApiContext, tenant: str, job_id: str) -> tuple[views.JobView, ModelInfo]:
+    with context.sessions() as session:
+        job, model = _job_and_model(session, tenant, job_id)
+        return views.job_view(session, job), model
+
+
+@router.get("/{job_id}")
+async def job_page(
+    request: Request, job_id: str, context: ContextDep, tenant: ConsoleTenant
+) -> HTMLResponse:
+    job, model = await run_in_threadpool(_summary, context, tenant, job_id)
+    return render(request, "job.html", tenant=tenant, job=job, model=model)
+
+
+@router.get("/{job_id}/summary")
+async def job_summary(
+    request: Request, job_id: str, context: ContextDep, tenant: ConsoleTenant
+) -> HTMLResponse:
+    """Counts, progress and rate: the part of the job page that refreshes while it runs (and
+    stops asking once the job has closed)."""
+    job, model = await run_in_threadpool(_summary, context, tenant, job_id)
+    return render(request, "_job_summary.html", job=job, model=model)
+
+
+def _items(
+    context: ApiContext,
+    console: ConsoleState,
+    s3: S3Factory,
+    tenant: str,
+    job_id: str,
+    status: str | None,
+    after: int,
+) -> tuple[views.JobView, ModelInfo, views.ItemsPage]:
+    with context.sessions() as session:
+        job, model = _job_and_model(session, tenant, job_id)
+        page = views.items_page(session, job, model, status, after, ITEMS_PAGE)
+        view = views.job_view(session, job)
+    if not view.open and model.input == "image":
+        members = _group_of(_groups(context, console, s3, job))
+        for item in page.items:
+            item.group = members.get(item.key)
+    return view, model, page
+
+
+@router.get("/{job_id}/items")
+async def job_items(
+    request: Request,
+    job_id: str,
+    context: ContextDep,
+    console: ConsoleDep,
+    s3: S3Dep,
+    tenant: ConsoleTenant,
+    status: Annotated[ItemStatus | None, Query()] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> HTMLResponse:
+    """A page of the job's items as a grid (the job page loads it into itself)."""
+    job, model, page = await run_in_threadpool(
+        _items, context, console, s3, tenant, job_id, status, after
+    )
+    return render(
+        request, "_items.html", job=job, model=model, page=page, status=status, after=after
+    )
+
+
+def _groups(context: ApiContext, console: ConsoleState, s3: S3Factory, job: Job) -> pa.Table:
+    """The closed job's groups table, kept once read (it never changes after its close)."""
+    table = console.groups.get(job.id)
+    if table is None:
+        place = results.place_for(context.store, job.id, job.output, s3)
+        if not place.store.exists(results.manifest_key(place)):
+            return pa.schema(results.GROUP_FIELDS).empty_table()  # its close is still writing
+        table = results.read_groups(place) or pa.schema(results.GROUP_FIELDS).empty_table()
+        console.groups[job.id] = table
+    return table
+
+
+def _group_of(table: pa.Table) -> dict[str, int]:
+    return dict(zip(table["key"].to_pylist(), table["group"].to_pylist(), strict=True))
+
+
+def _group_page(table: pa.Table, page: int) -> tuple[list[dict[str, Any]], int]:
+    """Groups `page`×GROUPS_PAGE onward, each as its members (key, similarity, identical)."""
+    ids = sorted(set(table["group"].to_pylist()))
+    shown = ids[page * GROUPS_PAGE : (page + 1) * GROUPS_PAGE]
+    rows = table.filter(pc.is_in(table["group"], pa.array(shown, pa.int32())))
+    groups: dict[int, list[dict[str, Any]]] = {g: [] for g in shown}
+    for row in rows.to_pylist():
+        groups[row["group"]].append(row)
+    listed = [
+        {"id": g, "size": len(members), "members": members[:GROUP_MEMBERS_SHOWN]}
+        for g, members in groups.items()
+    ]
+    return listed, len(ids)
+
+
+def _group_view(
+    context: ApiContext, console: ConsoleState, s3: S3Factory, tenant: str, job_id: str, page: int
+) -> dict[str, Any]:
+    with context.sessions() as session:
+        job, model = _job_and_model(session, tenant, job_id)
+        view = views.job_view(session, job)
+    groups, total = ([], 0) if view.open else _group_page(_groups(context, console, s3, job), page)
+    return {"job": view, "model": model, "groups": groups, "total": total, "page": page}
+
+
+@router.get("/{job_id}/groups")
+async def job_groups(
+    request: Request,
+    job_id: str,
+    context: ContextDep,
+    console: ConsoleDep,
+    s3: S3Dep,
+    tenant: ConsoleTenant,
+    page: Annotated[int, Query(ge=0, le=100_000)] = 0,
+) -> HTMLResponse:
+    """Near-duplicate (and byte-identical) groups, each side by side."""
+    shown = await run_in_threadpool(_group_view, context, console, s3, tenant, job_id, page)
+    return render(request, "groups.html", tenant=tenant, per_page=GROUPS_PAGE, **shown)
+
+
+@router.get("/{job_id}/thumbnail")
+def job_thumbnail(
+    job_id: str,
+    key: Annotated[str, Query(min_length=1, max_length=1024)],
+    context: ContextDep,
+    console: ConsoleDep,
+    s3: S3Dep,
+    tenant: ConsoleTenant,
+    side: Annotated[int, Query(alias="max", ge=16, le=thumbnails.MAX_PX)] = 192,
+    boxes: bool = False,
+) -> Response:
+    """The item's thumbnail, with the detector's boxes drawn on when asked; made once."""
+    cache_key = (job_id, key, side, boxes)
+    data = console.thumbnails.get(cache_key)
+    if data is None:
+        with context.sessions() as session:
+            data = thumbnails.item_thumbnail(
+                session, context.store, s3, context.settings, tenant, job_id, key, side, boxes
+            )
+        console.thumbnails[cache_key] = data
+    headers = {"Cache-Control": "private, max-age=3600"}
+    return Response(data, media_type="image/jpeg", headers=headers)
+
+
+@router.get("/{job_id}/results.parquet")
+def job_results(job_id: str, context: ContextDep, s3: S3Dep, tenant: ConsoleTenant) -> Response:
+    """The job's results so far as one Parquet file, as `GET /v1/jobs/{id}/results`."""
+    with context.sessions() as session:
+        job = jobs.get_job(session, tenant, job_id)
+    place = results.place_for(context.store, job.id, job.output, s3)
+    return StreamingResponse(
+        iterate_in_threadpool(results.stream_parquet(place)),
+        media_type="application/vnd.apache.parquet",
+        headers={"Content-Disposition": f'attachment; filename="{job.id}.parquet"'},
+    )
+
+
+@router.post("/{job_id}/cancel")
+def job_cancel(
+    job_id: str, context: ContextDep, tenant: ActingTenant, _form: CheckedForm
+) -> RedirectResponse:
+    # ConflictError: it closed while the user confirmed; the page shows how it ended
+    with context.sessions() as session, suppress(ConflictError):
+        jobs.cancel_job(session, tenant, job_id)
+    return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
+
+
+def _throughput(context: ApiContext, tenant: str, job_id: str) -> dict[str, Any]:
+    """Items finished per second over the job's life, in up to `THROUGHPUT_BUCKETS` steps:
+    asked once per page view (not polled); the page adds live points as it watches."""
+    with context.sessions() as session:
+        job = jobs.get_job(session, tenant, job_id)
+        report = jobs.progress(session, job)
+        start, end = report.started_at, report.finished_at
+        if start is None:
+            return {"t": [], "rate": []}
+        end = end or utcnow()
+        width = max(1.0, (end - start).total_seconds() / THROUGHPUT_BUCKETS)
+        since = func.extract("epoch", Item.finished_at) - start.timestamp()
+        bucket = func.floor(since / width).label("bucket")
+        rows = session.execute(
+            select(bucket, func.count())
+            .where(Item.job_id == job.id, Item.finished_at.is_not(None))
+            .group_by(bucket)
+            .order_by(bucket)
+        ).all()
+    counts = {int(b): int(n) for b, n in rows if b is not None and b >= 0}
+    if not counts:
+        return {"t": [], "rate": []}
+    steps = range(max(counts) + 1)
+    # From the job's start at 0: a job done within one bucket is still a line, not a lone
+    # point (which would stretch the time axis over years).
+    return {
+        "t": [start.timestamp()] + [start.timestamp() + (i + 1) * width for i in steps],
+        "rate": [0.0] + [round(counts.get(i, 0) / width, 2) for i in steps],
+    }
+
+
+@router.get("/{job_id}/throughput.json")
+async def job_throughput(job_id: str, context: ContextDep, tenant: ConsoleTenant) -> dict[str, Any]:
+    return await run_in_threadpool(_throughput, context, tenant, job_id)

@@ -28,13 +28,15 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps an event loop running in this
+# thread while it lives, and later tests that call asyncio.run() would find it.
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as driver:
         yield driver
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start
     launched = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])

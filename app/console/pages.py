@@ -22,7 +22,7 @@ LOGIN = "/console/login"
 @dataclass
 class ConsoleState:
     templates: Jinja2Templates
-    thumbnails: LRUCache[tuple[str, str, int, bool], bytes]
+    thumbnails: LRUCache[tuple[str, str, str, int, bool], bytes]
     groups: LRUCache[str, pa.Table]
 
     @classmethod

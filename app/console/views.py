@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from kiln.app import jobs
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, Item, Job
 
@@ -158,7 +158,3 @@ def items_page(
     return ItemsPage(
         [item_view(item, model) for item in page], page[-1].id if len(page) == limit else None
     )
-
-
-def model_of(session: Session, job: Job, tenant: str) -> ModelInfo:
-    return get_model(session, job.model, tenant)

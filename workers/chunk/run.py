@@ -420,7 +420,9 @@ def _collect(runner: ModelRunner, w: _Work) -> None:
         return
     try:
         answer = w.future.result()
-        w.seconds["engine"] = max(0.0, w.answered - w.submitted)  # its batch filling, then running
+        # result() can return before the future's callbacks have run: then it answered just now
+        answered = w.answered or time.monotonic()
+        w.seconds["engine"] = max(0.0, answered - w.submitted)  # its batch filling, then running
         started = time.monotonic()
         w.outputs = runner.pipeline.finish(w.prepared, answer)
         w.seconds["post"] = time.monotonic() - started

@@ -23,7 +23,7 @@ from kiln.app.console import views
 from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
 from kiln.app.console.pages import ConsoleDep, ConsoleState, render
 from kiln.app.core.errors import ConflictError
-from kiln.app.db.models import Item, ItemStatus, Job, utcnow
+from kiln.app.db.models import Item, ItemStatus, Job, aware, utcnow
 from kiln.app.results import S3Factory
 
 router = APIRouter(prefix="/console/jobs", include_in_schema=False)
@@ -32,7 +32,6 @@ ITEMS_PAGE = 48
 GROUPS_PAGE = 12  # groups per page; each shows all its members side by side
 GROUP_MEMBERS_SHOWN = 12
 THROUGHPUT_BUCKETS = 60
-JobId = Annotated[str, Query(max_length=36)]
 
 
 def _job_and_model(session: Session, tenant: str, job_id: str) -> tuple[Job, ModelInfo]:
@@ -72,16 +71,15 @@ def _items(
     job_id: str,
     status: str | None,
     after: int,
-) -> tuple[views.JobView, ModelInfo, views.ItemsPage]:
+) -> tuple[Job, ModelInfo, views.ItemsPage]:
     with context.sessions() as session:
         job, model = _job_and_model(session, tenant, job_id)
         page = views.items_page(session, job, model, status, after, ITEMS_PAGE)
-        view = views.job_view(session, job)
-    if not view.open and model.input == "image":
+    if job.status not in views.OPEN and model.input == "image":
         members = _group_of(_groups(context, console, s3, job))
         for item in page.items:
             item.group = members.get(item.key)
-    return view, model, page
+    return job, model, page
 
 
 @router.get("/{job_id}/items")
@@ -172,7 +170,7 @@ def job_thumbnail(
     boxes: bool = False,
 ) -> Response:
     """The item's thumbnail, with the detector's boxes drawn on when asked; made once."""
-    cache_key = (job_id, key, side, boxes)
+    cache_key = (tenant, job_id, key, side, boxes)  # a hit skips the tenant check: keyed by it
     data = console.thumbnails.get(cache_key)
     if data is None:
         with context.sessions() as session:
@@ -212,8 +210,7 @@ def _throughput(context: ApiContext, tenant: str, job_id: str) -> dict[str, Any]
     asked once per page view (not polled); the page adds live points as it watches."""
     with context.sessions() as session:
         job = jobs.get_job(session, tenant, job_id)
-        report = jobs.progress(session, job)
-        start, end = report.started_at, report.finished_at
+        start, end = aware(job.started_at), aware(job.finished_at)
         if start is None:
             return {"t": [], "rate": []}
         end = end or utcnow()

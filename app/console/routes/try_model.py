@@ -14,7 +14,7 @@ from kiln.app import jobs
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep
 from kiln.app.api.errors import RequestTooLargeError
-from kiln.app.catalog import ModelInfo, list_models
+from kiln.app.catalog import ModelInfo, get_model, list_models
 from kiln.app.console import views
 from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
 from kiln.app.console.pages import render
@@ -80,7 +80,7 @@ def _answer(
 ) -> tuple[views.JobView, ModelInfo, views.ItemsPage]:
     with context.sessions() as session:
         job = jobs.get_job(session, tenant, job_id)
-        model = views.model_of(session, job, tenant)
+        model = get_model(session, job.model, tenant)
         return (
             views.job_view(session, job),
             model,

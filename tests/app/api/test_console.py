@@ -146,6 +146,17 @@ def test_another_tenants_job_is_not_found(
     assert browser.post(f"/console/jobs/{job}/cancel", data={"csrf": token}).status_code == 404
 
 
+def test_a_thumbnail_the_owner_saw_stays_hidden_from_another_tenant(
+    browser: TestClient, acme_key: str, new_key: Callable[[str], str]
+) -> None:
+    job = submit(browser, acme_key)
+    sign_in(browser, acme_key)
+    path, params = f"/console/jobs/{job}/thumbnail", {"key": "a.png"}
+    assert browser.get(path, params=params).status_code == 200  # now in the API's cache
+    sign_in(browser, new_key("globex"))
+    assert browser.get(path, params=params).status_code == 404
+
+
 def test_file_names_are_escaped_and_pages_carry_the_policy(
     browser: TestClient, acme_key: str
 ) -> None:

@@ -8,10 +8,10 @@ from dataclasses import dataclass, replace
 # ratio compares two measurements taken seconds apart on the same (noisy, shared) machine.
 MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray", "daft")
 PAIRED = {"loop", "embedded", "services", "naive-celery", "ray", "daft"}
-GLOBAL_CASES = ("ceiling", "ceiling-local", "streaming", "builtin", "bigjob")
+GLOBAL_CASES = ("ceiling", "ceiling-local", "streaming", "builtin", "bigjob", "feed")
 ALL_CASES = MODEL_CASES + GLOBAL_CASES
 SERVICE_CASES = {"services", "naive-celery", "ray", "daft", "ceiling", "streaming", "builtin"}
-SERVICE_CASES |= {"ceiling-local", "bigjob"}
+SERVICE_CASES |= {"ceiling-local", "bigjob", "feed"}  # feed: a local deployment beside the stack
 # The detector is Kiln's built-in YOLOv8n (320), submitted by name; the ResNets are exported here.
 MODELS = ("resnet18", "resnet50", "detector")
 
@@ -28,6 +28,7 @@ class Plan:
     bigjob_items: int = 1_000_000
     bigjob_seconds: float = 30.0  # the window in which chunks finish and GETs are timed
     bigjob_workers: int = 3
+    feed_images: int = 4000  # 640×480 JPEGs of the `feed` case; each subject also runs half
     stream_seconds: float = 20.0
     idle_samples: int = 30
     builtin_items: int = 200  # per built-in model
@@ -53,6 +54,7 @@ PRESETS = {
         models=("resnet18",),
         ceiling_items=1500,
         bigjob_seconds=20.0,
+        feed_images=1200,
         stream_seconds=6.0,
         idle_samples=15,
         builtin_items=60,
@@ -68,6 +70,7 @@ PRESETS = {
         ceiling_local_items=40,
         bigjob_items=2000,
         bigjob_seconds=3.0,
+        feed_images=16,
         stream_seconds=2.0,
         idle_samples=3,
         builtin_items=4,

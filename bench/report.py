@@ -70,8 +70,8 @@ def _row(r: CaseResult) -> list[str]:
 def _cpu(seconds: dict[str, float]) -> str:
     """Kiln/Postgres+Redis/moto/driver CPU seconds ("–" for a group not metered: moto where
     Kiln's store is local); a case with the subject alone shows that one figure."""
-    if set(seconds) <= {"subject"}:
-        return f"{seconds['subject']:.1f}" if seconds else ""
+    if not set(seconds) & {"services", "moto", "driver"}:  # `feed`'s kiln run: engine/children
+        return f"{seconds['subject']:.1f}" if "subject" in seconds else ""
     groups = ("subject", "services", "moto", "driver")
     return "/".join(f"{seconds[g]:.1f}" if g in seconds else "–" for g in groups)
 
@@ -134,11 +134,16 @@ def chart(results: list[CaseResult], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-    shown = [r for r in results if not r.skipped and r.case not in ("idle", "raw-paired")]
+    shown = [
+        r
+        for r in results
+        if not r.skipped and r.case not in ("idle", "raw-paired") and r.items_per_s > 0
+    ]  # a marginal rate (`feed`) at tiny sizes may not be measurable: no bar on a log scale
     labels = [f"{r.case} · {r.model}" for r in shown]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(shown) + 1.2))
     colors = ["#c0392b" if r.case in ("services", "embedded", "ceiling", "ceiling-local",
-                                      "bigjob") or
+                                      "bigjob", "feed-embedded", "feed-embedded-1prep",
+                                      "feed-worker") or
               r.case.startswith("streaming") else "#7f8c8d" for r in shown]  # fmt: skip
     ax.barh(labels[::-1], [r.items_per_s for r in shown][::-1], color=colors[::-1])
     ax.set_xscale("log")

@@ -53,6 +53,45 @@ class CaseResult:
         return cls(case, model, skipped=reason)
 
 
+@dataclass(frozen=True)
+class Sized:
+    """One run of a subject at one size (the `feed` case): items, wall seconds, and CPU seconds
+    per metered group. Two of them make a marginal result."""
+
+    items: int
+    seconds: float
+    cpu_seconds: dict[str, float]
+
+
+def marginal(
+    case: str, model: str, small: Sized, large: Sized, extra: dict[str, Any] | None = None
+) -> CaseResult:
+    """The subject's marginal figures: (n_large − n_small) items in (t_large − t_small)
+    seconds, and each group's CPU likewise, so start-up and model load cancel. Both runs are
+    kept in `extra`. The larger run may not be the slower one at tiny sizes (noise): seconds
+    ≤ 0 then, and the rate reads 0 (`marginal_rate` None)."""
+    seconds = round(large.seconds - small.seconds, 3)
+    cpu = {
+        group: round(value - small.cpu_seconds.get(group, 0.0), 3)
+        for group, value in large.cpu_seconds.items()
+    }
+    return CaseResult(
+        case,
+        model,
+        items=large.items - small.items,
+        seconds=seconds,
+        cpu_seconds=cpu,
+        extra={"small": asdict(small), "large": asdict(large), **(extra or {})},
+    )
+
+
+def marginal_rate(result: CaseResult | None) -> float | None:
+    """A marginal result's items/s, None where it could not be measured (seconds ≤ 0)."""
+    if result is None or result.items <= 0 or result.seconds <= 0:
+        return None
+    return result.items_per_s
+
+
 def find(results: list[CaseResult], case: str, model: str) -> CaseResult | None:
     for result in results:
         if result.case == case and result.model == model and not result.skipped:
@@ -80,16 +119,17 @@ TARGET_MODELS = ("resnet18", "detector")
 
 
 def targets(results: list[CaseResult], models: list[str], max_batch: int) -> list[Target]:
-    """Issue 15's targets, as far as this run measured them: a row that cannot be computed
-    (its case not run, skipped or failed) is left out, never guessed. `models`: the run's
-    models; the per-model rows are for those of TARGET_MODELS, and any other case that
-    measured one of them (a detector case added beside the plan's models)."""
+    """Issue 15's targets and issue 23's (`feed`), as far as this run measured them: a row
+    that cannot be computed (its case not run, skipped or failed) is left out, never guessed.
+    `models`: the run's models; the per-model rows are for those of TARGET_MODELS, and any
+    other case that measured one of them (a detector case added beside the plan's models)."""
     chosen = [m for m in TARGET_MODELS if m in models or any(r.model == m for r in results)]
     rows = [
         *_ceiling(results),
         *(row for model in chosen for row in _per_model(results, model)),
         *_one_image(results, max_batch),
         *_big_job(results),
+        *_feed(results),
     ]
     return [row for row in rows if row.value is not None]
 
@@ -214,3 +254,55 @@ def _ge(value: float | None, goal: float) -> bool | None:
 
 def _le(value: float | None, goal: float) -> bool | None:
     return None if value is None else value <= goal
+
+
+FEED_MODEL = "null224"
+
+
+def _feed(results: list[CaseResult]) -> list[Target]:
+    """F1–F3 (issue 23): how well Kiln feeds an engine that costs nothing, from marginal rates."""
+    embedded = find(results, "feed-embedded", FEED_MODEL)
+    one_prep = find(results, "feed-embedded-1prep", FEED_MODEL)
+    worker, peer = find(results, "feed-worker", FEED_MODEL), find(results, "feed-peer", FEED_MODEL)
+    decode = find(results, "feed-decode-fit", FEED_MODEL)
+    decode_ms = decode.cpu_ms_per_item("subject") if decode else None
+    rows = [
+        _feed_ratio("F1 feed: kiln run ÷ DataLoader peer (marginal)", embedded, peer, 1.0),
+        _feed_ratio("F1 feed: kiln worker ÷ DataLoader peer (marginal)", worker, peer, 1.0),
+        _feed_ratio("F2 feed: 2 prep processes ÷ 1", embedded, one_prep, 1.7),
+    ]
+    engine = _rounded(_marginal_cpu(embedded, "engine"))
+    rows.append(
+        Target("F3 feed: engine-process CPU ms/item (kiln run)", engine, "≤ 0.1", _le(engine, 0.1))
+    )
+    for label, subject in (("kiln run", embedded), ("kiln worker", worker)):
+        kiln = _marginal_cpu(subject, "subject")
+        outside = _rounded(kiln - decode_ms) if kiln is not None and decode_ms is not None else None
+        rows.append(
+            Target(
+                f"F3 feed: Kiln CPU ms/item outside decode + fit ({label})",
+                outside,
+                "≤ 0.3",
+                _le(outside, 0.3),
+            )
+        )
+    rows.append(_info("F feed: decode + fit CPU ms/image (one core)", _rounded(decode_ms)))
+    for subject in (s for s in (embedded, one_prep, worker, peer) if s is not None):
+        rate = _rounded(marginal_rate(subject), 1)
+        rows.append(_info(f"F feed: {subject.case} items/s (marginal)", rate))
+    return rows
+
+
+def _feed_ratio(name: str, a: CaseResult | None, b: CaseResult | None, goal: float) -> Target:
+    """a ÷ b of marginal rates; no value where either could not be measured."""
+    rate_a, rate_b = marginal_rate(a), marginal_rate(b)
+    value = _rounded(rate_a / rate_b) if rate_a and rate_b else None
+    return Target(name, value, f"≥ {goal:.1f}", _ge(value, goal))
+
+
+def _marginal_cpu(result: CaseResult | None, group: str) -> float | None:
+    """A marginal result's CPU ms per item of `group`, None where its rate is not measured."""
+    if marginal_rate(result) is None:
+        return None
+    assert result is not None
+    return result.cpu_ms_per_item(group)

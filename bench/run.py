@@ -16,6 +16,7 @@ from bench.cases import (
     builtins,
     daft_case,
     embedded,
+    feed,
     loop,
     naive_celery,
     raw,
@@ -27,7 +28,7 @@ from bench.context import Context
 from bench.inputs import make_images
 from bench.models import BUILTIN_MODELS, detector_model, export_resnet, labels, null_model
 from bench.plan import MODEL_CASES, PAIRED, Plan
-from bench.results import CaseResult
+from bench.results import FEED_MODEL, CaseResult
 from bench.stack import Registered, Stack, kiln_stack
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,12 @@ class Runner:
             self.attempt("built-in models", lambda: builtins.run(self.ctx))
         if "bigjob" in self.ctx.plan.cases:
             self.attempt("bigjob null", lambda: [bigjob.run(self.ctx)])
+        if "feed" in self.ctx.plan.cases:
+            for subject in feed.SUBJECTS:  # apart: one failing leaves the others' rows
+                self._feed(subject)
+
+    def _feed(self, subject: str) -> None:
+        self.attempt(f"{subject} {FEED_MODEL}", lambda: [feed.run(self.ctx, subject)])
 
 
 def _line(result: CaseResult) -> str:

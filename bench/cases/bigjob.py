@@ -147,10 +147,11 @@ def send_chunks(stack: Stack, job_id: str, chunks: dict[int, list[int]]) -> None
         producer.close()
 
 
-def put_inputs(stack: Stack, files: Sequence[Path]) -> list[str]:
-    """Put `files` into the deployment's own store once; their `store:` sources."""
+def put_inputs(stack: Stack, files: Sequence[Path], prefix: str = "bench/bigjob") -> list[str]:
+    """Put `files` into the deployment's own store once (as `prefix/NAME`); their `store:`
+    sources, in order."""
     store = open_store(stack.settings)
-    keys = [f"bench/bigjob/{path.name}" for path in files]
+    keys = [f"{prefix}/{path.name}" for path in files]
     for key, path in zip(keys, files, strict=True):
         store.put(key, path.read_bytes(), "image/jpeg")
     return [sources.in_store(key) for key in keys]

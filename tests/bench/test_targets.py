@@ -1,9 +1,9 @@
-"""Issue 15's target rows from case results, and the CPU column: pure functions, no services."""
+"""Target rows (issues 15 and 23) from case results, and the CPU column: pure functions."""
 
 from __future__ import annotations
 
 from bench.report import _cpu, _verdict
-from bench.results import CaseResult, targets
+from bench.results import CaseResult, Sized, marginal, marginal_rate, targets
 
 
 def _case(case: str, model: str, items: int, seconds: float, **kw: object) -> CaseResult:
@@ -65,3 +65,53 @@ def test_cpu_column_marks_an_unmetered_moto() -> None:
     assert _cpu({"subject": 1.0}) == "1.0"
     assert _cpu({"subject": 1.0, "services": 0.5, "driver": 0.1}) == "1.0/0.5/–/0.1"
     assert _cpu({"subject": 1.0, "services": 0.5, "moto": 2.0, "driver": 0.1}) == "1.0/0.5/2.0/0.1"
+
+
+def test_marginal_rate_cancels_start_up() -> None:
+    small = Sized(500, 3.0, {"subject": 4.0, "engine": 3.5})
+    large = Sized(1000, 4.0, {"subject": 6.5, "engine": 4.0})
+    result = marginal("feed-embedded", "null224", small, large, {"settings": {}})
+    assert (result.items, result.seconds) == (500, 1.0)
+    assert result.items_per_s == marginal_rate(result) == 500.0  # not 1000 / 4.0 = 250
+    assert result.cpu_seconds == {"subject": 2.5, "engine": 0.5}
+    assert result.cpu_ms_per_item("engine") == 1.0
+    assert result.extra["small"] == {"items": 500, "seconds": 3.0, "cpu_seconds": small.cpu_seconds}
+    assert result.extra["settings"] == {}
+    noise = marginal("feed-peer", "null224", Sized(8, 0.2, {}), Sized(16, 0.19, {}))
+    assert noise.seconds < 0 and marginal_rate(noise) is None  # not a rate: no ratio from it
+
+
+def _feed(case: str, items: int, seconds: float, **cpu: float) -> CaseResult:
+    return _case(case, "null224", items, seconds, cpu_seconds={"subject": 0.0, **cpu})
+
+
+def test_feed_rows() -> None:
+    results = [
+        _feed("feed-embedded", 2000, 4.0, subject=3.6, engine=0.1, children=3.5),  # 500/s
+        _feed("feed-embedded-1prep", 2000, 8.0, subject=3.5),  # 250/s
+        _feed("feed-worker", 2000, 5.0, subject=4.8, services=0.2, driver=0.1),  # 400/s
+        _feed("feed-peer", 2000, 4.4),  # 454.5/s
+        _feed("feed-decode-fit", 400, 0.7, subject=0.6),  # 1.5 ms/image
+    ]
+    rows = {t.name: t for t in targets(results, ["resnet18"], 16)}
+    assert rows["F1 feed: kiln run ÷ DataLoader peer (marginal)"].value == 1.1
+    assert rows["F1 feed: kiln run ÷ DataLoader peer (marginal)"].met is True
+    assert rows["F1 feed: kiln worker ÷ DataLoader peer (marginal)"].met is False  # 0.88
+    assert rows["F2 feed: 2 prep processes ÷ 1"].value == 2.0
+    engine = rows["F3 feed: engine-process CPU ms/item (kiln run)"]
+    assert (engine.value, engine.met) == (0.05, True)
+    outside = rows["F3 feed: Kiln CPU ms/item outside decode + fit (kiln run)"]
+    assert (outside.value, outside.met) == (0.3, True)  # 1.8 − 1.5
+    outside = rows["F3 feed: Kiln CPU ms/item outside decode + fit (kiln worker)"]
+    assert (outside.value, outside.met) == (0.9, False)  # 2.4 − 1.5
+    assert rows["F feed: decode + fit CPU ms/image (one core)"].informational
+    assert rows["F feed: feed-peer items/s (marginal)"].value == 454.5
+
+
+def test_feed_rows_without_a_marginal_rate_are_left_out() -> None:
+    results = [
+        _feed("feed-embedded", 8, -0.01, subject=0.01, engine=0.01),  # smaller run was slower
+        _feed("feed-peer", 8, 0.05),
+    ]
+    names = {t.name for t in targets(results, ["resnet18"], 16)}
+    assert names == {"F feed: feed-peer items/s (marginal)"}

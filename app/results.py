@@ -129,18 +129,21 @@ def items_table(items: Sequence[Result], output_fields: Sequence[pa.Field]) -> p
     return pa.Table.from_pylist(rows, schema=pa.schema([*BASE_FIELDS, *output_fields]))
 
 
+def write_table(place: Place, chunk: int, table: pa.Table) -> str:
+    """Write (or overwrite, on redelivery) the chunk's shard from its table; returns its key."""
+    key = shard_key(place, chunk)
+    place.store.put(key, to_parquet(table), "application/vnd.apache.parquet")
+    return key
+
+
 def write_shard(
     place: Place,
     chunk: int,
     items: Sequence[Result],
     output_fields: Sequence[pa.Field],
 ) -> str:
-    """Write (or overwrite, on redelivery) the chunk's shard; returns its key."""
-    key = shard_key(place, chunk)
-    place.store.put(
-        key, to_parquet(items_table(items, output_fields)), "application/vnd.apache.parquet"
-    )
-    return key
+    """Write (or overwrite, on redelivery) the chunk's shard of these rows; returns its key."""
+    return write_table(place, chunk, items_table(items, output_fields))
 
 
 def groups_key(place: Place) -> str:

@@ -71,7 +71,7 @@ def bench(
         changes["kiln_env"] = (*plan.kiln_env, *(_setting(s) for s in kiln_set))
     plan = plan.with_(**changes)
     ctx, results, failures = run_bench(plan, workdir.resolve(), console)
-    max_batch = ctx.stack.settings.max_batch if ctx.stack else 16
+    max_batch = ctx.stack.settings.batch_cap(on_gpu=False) if ctx.stack else 16
     goals = targets(results, list(plan.models), max_batch)
     console.print(report.rich_table(results))
     for goal in goals:

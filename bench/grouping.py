@@ -45,6 +45,8 @@ from kiln.app.families.phash import DEFAULT_MAX_DISTANCE
 from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.grouping import cosine_groups, cosine_pairs
+from kiln.workers.models.base import Pipeline
+from kiln.workers.models.direct import run_direct
 from kiln.workers.models.embed import EmbedPipeline
 from kiln.workers.models.phash import PhashPipeline, near_duplicate_groups, parse_hashes
 
@@ -85,19 +87,25 @@ def embedder(onnx: Path, input_size: int = RESNET_INPUT) -> EmbedPipeline:
     return EmbedPipeline(onnx.stem, engine, spec, max_pixels=MAX_PIXELS)
 
 
+def _outputs(pipeline: Pipeline, images: Sequence[bytes], batch: int) -> list[dict[str, Any]]:
+    """Each image's outputs, both halves of the pipeline run here; an image Kiln cannot read
+    stops the bench (its sets are generated: every image must have its answer)."""
+    found = []
+    for outcome in run_direct(pipeline, images, batch):
+        if isinstance(outcome, Exception):
+            raise outcome
+        found.append(outcome)
+    return found
+
+
 def embed_all(pipeline: EmbedPipeline, images: Sequence[bytes]) -> np.ndarray:
-    vectors: list[np.ndarray] = []
-    for start in range(0, len(images), BATCH):
-        rows = [pipeline.prepare(data) for data in images[start : start + BATCH]]
-        raw = pipeline.infer(rows)
-        vectors += [pipeline.finish(r, v)["embedding"] for r, v in zip(rows, raw, strict=True)]
-    return np.stack(vectors)
+    found = _outputs(pipeline, images, BATCH)
+    return np.asarray([out["embedding"] for out in found], dtype=np.float32)
 
 
 def hash_all(images: Sequence[bytes]) -> list[str]:
     pipeline = PhashPipeline(max_pixels=MAX_PIXELS)
-    rows = [pipeline.prepare(data) for data in images]
-    return [pipeline.finish(r, h)["phash"] for r, h in zip(rows, pipeline.infer(rows), strict=True)]
+    return [out["phash"] for out in _outputs(pipeline, images, pipeline.max_batch)]
 
 
 # --- scores -----------------------------------------------------------------------------------

@@ -1,23 +1,27 @@
-"""The Batcher: gathers rows from many callers into micro-batches for one engine.
+"""The Batcher: gathers blocks of rows from many callers into micro-batches for one engine.
 
-Generic on purpose: it knows nothing of Celery, images or ONNX. Callers `submit` rows and
-get one `Future` per row; runner threads block on a condition (no polling), release a batch at
-`max_batch` rows or `max_delay_s` after its first row, and resolve each future. A batch that
-raises is split in halves until the bad row is alone, so one bad input fails one row; a batch
-that runs out of memory also lowers the batch cap, so the engine is not asked for it again.
+Generic on purpose: it knows nothing of Celery, images or ONNX. Callers `submit` a *block* (a
+unit's rows: slots of decoded images, token ids, strips) and get one `Future` per block; runner
+threads block on a condition (no polling), cut a batch at `max_batch` rows — from as many
+blocks as it takes, splitting a block across batches — or `max_delay_s` after its first row,
+and run the batch function over the `Part`s (rows [start, stop) of a block) it took. Its result
+is cut back into parts and joined per block by a `Shape` (how this batcher's results are cut,
+joined and failed), so no row ever needs a future or an object of its own. A batch that raises
+is split in halves until the bad row is alone, so one bad input fails one row; a batch that
+runs out of memory also lowers the batch cap, so the engine is not asked for it again.
 
 Two refinements for a worker that serves both bulk and interactive jobs:
 - `greedy=True`: callers announce the rows they are about to submit (`expect`), and a partial
   batch waits only while announced rows are still on their way — a lone interactive image
   runs at once instead of waiting out the delay, while a chunk being decoded still fills
   its batch.
-- `max_queued`: `submit` blocks while that many rows wait, so decoding threads cannot run
-  arbitrarily far ahead of the engine (memory stays bounded, the CPU goes to the engine).
+- `max_queued`: `submit` blocks while that many rows wait, so callers cannot run arbitrarily
+  far ahead of the engine (memory stays bounded, the CPU goes to the engine).
 
 And two for a fleet that runs for weeks:
-- `deadline_s`: a watchdog fails the rows of a batch that has run longer (a wedged GPU call, a
-  deadlocked engine) with `BatchDeadlineError`, a transient error, starts a fresh runner in the
-  stuck one's place and calls `on_wedged` (the worker then reports itself unhealthy).
+- `deadline_s`: a watchdog fails the blocks of a batch that has run longer (a wedged GPU call,
+  a deadlocked engine) with `BatchDeadlineError`, a transient error, starts a fresh runner in
+  the stuck one's place and calls `on_wedged` (the worker then reports itself unhealthy).
 - `oom_recovery_s`: a cap lowered by an out-of-memory batch doubles back, one step per quiet
   period, up to the configured `max_batch`.
 """
@@ -30,11 +34,11 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.trace import SpanContext
 
@@ -43,10 +47,8 @@ from kiln.app.observability.tracing import batch_span, current_span_context
 
 log = logging.getLogger(__name__)
 
-In = TypeVar("In")
-Out = TypeVar("Out")
-
-BatchFn = Callable[[Sequence[In]], Sequence[Out]]
+B = TypeVar("B", bound=Sized)  # a block of rows
+R = TypeVar("R", bound=Sized)  # what the batch function answers for its rows (one per row)
 
 
 class BatcherClosedError(TransientError):
@@ -55,24 +57,81 @@ class BatcherClosedError(TransientError):
 
 
 class BatchDeadlineError(TransientError):
-    """The row's batch ran past its deadline: the engine is stuck; another run may succeed."""
+    """The block's batch ran past its deadline: the engine is stuck; another run may succeed."""
+
+
+class Shape(Protocol[R]):
+    """How a batcher's results are cut into parts, joined into a block's, and made for rows
+    that failed (an error that is not transient fails its rows, not the block)."""
+
+    def cut(self, result: R, start: int, stop: int) -> R: ...
+
+    def join(self, parts: Sequence[R]) -> R: ...
+
+    def failed(self, rows: int, error: Exception) -> R: ...
+
+
+class ListShape:
+    """Results as one list entry per row; a failed row holds its exception."""
+
+    def cut(self, result: list[Any], start: int, stop: int) -> list[Any]:
+        return result[start:stop]
+
+    def join(self, parts: Sequence[list[Any]]) -> list[Any]:
+        return [row for part in parts for row in part]
+
+    def failed(self, rows: int, error: Exception) -> list[Any]:
+        return [error] * rows
+
+
+@dataclass(frozen=True)
+class Part(Generic[B]):
+    """Rows [start, stop) of a block: what batches are made of."""
+
+    block: B
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+BatchFn = Callable[[Sequence[Part[B]]], R]
+
+
+class _Queued(Generic[B, R]):
+    """A submitted block: its rows not yet cut into a batch, and its parts' results."""
+
+    def __init__(self, block: B, urgent: bool) -> None:
+        self.block = block
+        self.rows = len(block)
+        self.urgent = urgent
+        self.future: Future[R] = Future()
+        self.cut = 0  # rows already taken into batches
+        self.remaining = self.rows  # rows without a result yet
+        self.parts: dict[int, R] = {}  # by start row
+        self.enqueued = time.monotonic()
+        self.origin: SpanContext = current_span_context()  # the submitter's span
+        self.lock = threading.Lock()
 
 
 @dataclass
-class _Running(Generic[In, Out]):
+class _Taken(Generic[B, R]):
+    queued: _Queued[B, R]
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class _Running(Generic[B, R]):
     """A batch a runner is executing, watched for its deadline."""
 
-    batch: list[_Pending[In, Out]]
+    batch: list[_Taken[B, R]]
     started: float
     expired: bool = False
-
-
-@dataclass
-class _Pending(Generic[In, Out]):
-    row: In
-    future: Future[Out]
-    enqueued: float = field(default_factory=time.monotonic)
-    origin: SpanContext = field(default_factory=current_span_context)  # the submitter's span
 
 
 @dataclass
@@ -96,26 +155,27 @@ class BatchStats:
         return self.rows / self.batches if self.batches else 0.0
 
 
-class Announcement(Generic[In, Out]):
+class Announcement(Generic[B, R]):
     """Rows a caller said it will submit; `submit` through it counts them down."""
 
-    def __init__(self, batcher: Batcher[In, Out], rows: int, urgent: bool = False) -> None:
+    def __init__(self, batcher: Batcher[B, R], rows: int, urgent: bool = False) -> None:
         self._batcher = batcher
         self.remaining = rows
         self.urgent = urgent
 
-    def submit(self, row: In) -> Future[Out]:
-        return self._batcher._submit(row, self)
+    def submit(self, block: B) -> Future[R]:
+        return self._batcher._submit(block, self)
 
     def skip(self, rows: int = 1) -> None:
         """Rows that will not come after all (a bad input, a cached result)."""
         self._batcher._write_off(self, rows)
 
 
-class Batcher(Generic[In, Out]):
+class Batcher(Generic[B, R]):
     def __init__(
         self,
-        fn: BatchFn[In, Out],
+        fn: BatchFn[B, R],
+        shape: Shape[R],
         *,
         max_batch: int,
         max_delay_s: float,
@@ -127,25 +187,33 @@ class Batcher(Generic[In, Out]):
         on_wedged: Callable[[str | None], None] | None = None,
         oom_recovery_s: float | None = None,
     ) -> None:
-        if max_batch < 1 or runners < 1 or max_delay_s < 0 or (max_queued or 1) < 1:
+        if (
+            max_batch < 1
+            or runners < 1
+            or max_delay_s < 0
+            or (max_queued is not None and max_queued < 1)
+        ):
             raise ValueError("max_batch, runners and max_queued must be >= 1, max_delay_s >= 0.")
         self.fn = fn
+        self.shape = shape
         self.max_batch = max_batch
         self.cap = max_batch  # what an out-of-memory cut grows back to
         self.oom_recovery_s = oom_recovery_s
         self._last_oom: float | None = None
         self.deadline_s = deadline_s
         self._on_wedged = on_wedged  # called with a sentence when stuck, None when it recovers
-        self._running: dict[int, _Running[In, Out]] = {}  # runner thread id → its batch
+        self._running: dict[int, _Running[B, R]] = {}  # runner thread id → its batch
         self.max_delay_s = max_delay_s
         self.name = name
         self.greedy = greedy
         self.max_queued = max_queued
         self.stats = BatchStats()
-        self._rows: deque[_Pending[In, Out]] = deque()
-        # Rows of interactive work: taken before any queued bulk row, never held back by a full
-        # queue (bulk rows fill it), so one uploaded image is not stuck behind a bucket.
-        self._urgent: deque[_Pending[In, Out]] = deque()
+        self._blocks: deque[_Queued[B, R]] = deque()
+        # Blocks of interactive work: taken before any queued bulk row, never held back by a
+        # full queue (bulk rows fill it), so one uploaded image is not stuck behind a bucket.
+        self._urgent: deque[_Queued[B, R]] = deque()
+        self._rows = 0  # rows queued and not yet cut into a batch, both queues
+        self._bulk_rows = 0
         self._announced = 0  # rows announced and not yet submitted
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
@@ -168,17 +236,14 @@ class Batcher(Generic[In, Out]):
 
     # --- callers -------------------------------------------------------------------------
 
-    def submit(self, row: In) -> Future[Out]:
-        return self._submit(row, None)
-
-    def submit_many(self, rows: Sequence[In]) -> list[Future[Out]]:
-        return [self.submit(row) for row in rows]
+    def submit(self, block: B) -> Future[R]:
+        return self._submit(block, None)
 
     @contextmanager
-    def expect(self, rows: int, urgent: bool = False) -> Iterator[Announcement[In, Out]]:
+    def expect(self, rows: int, urgent: bool = False) -> Iterator[Announcement[B, R]]:
         """Announce `rows` coming rows; rows not submitted by the end are written off.
         `urgent` rows go ahead of every queued row that is not."""
-        announcement: Announcement[In, Out] = Announcement(self, rows, urgent)
+        announcement: Announcement[B, R] = Announcement(self, rows, urgent)
         with self._cond:
             self._announced += rows
         try:
@@ -186,41 +251,47 @@ class Batcher(Generic[In, Out]):
         finally:
             self._write_off(announcement, announcement.remaining)
 
-    def _write_off(self, announcement: Announcement[In, Out], rows: int) -> None:
+    def _write_off(self, announcement: Announcement[B, R], rows: int) -> None:
         with self._cond:
             rows = min(rows, announcement.remaining)
             self._announced -= rows
             announcement.remaining -= rows
             self._cond.notify_all()  # a runner may be waiting for those rows
 
-    def _submit(self, row: In, announcement: Announcement[In, Out] | None) -> Future[Out]:
-        future: Future[Out] = Future()
+    def _submit(self, block: B, announcement: Announcement[B, R] | None) -> Future[R]:
         urgent = announcement is not None and announcement.urgent
+        queued: _Queued[B, R] = _Queued(block, urgent)
+        if not queued.rows:
+            queued.future.set_result(self.shape.join([]))
+            return queued.future
         with self._cond:
             while (
                 not urgent
                 and not self._closed
                 and self.max_queued is not None
-                and len(self._rows) >= self.max_queued
+                and self._bulk_rows >= self.max_queued
             ):
                 self._cond.wait()
             if self._closed:
                 raise BatcherClosedError(f"{self.name} is closed.")
-            (self._urgent if urgent else self._rows).append(_Pending(row, future))
-            if announcement is not None and announcement.remaining > 0:
-                announcement.remaining -= 1
-                self._announced -= 1
-            if self._worth_waking():
+            (self._urgent if urgent else self._blocks).append(queued)
+            before = self._rows
+            self._rows += queued.rows
+            if not urgent:
+                self._bulk_rows += queued.rows
+            if announcement is not None:
+                counted = min(queued.rows, announcement.remaining)
+                announcement.remaining -= counted
+                self._announced -= counted
+            if self._worth_waking(before):
                 self._cond.notify_all()
-        return future
+        return queued.future
 
-    def _worth_waking(self) -> bool:
-        """Whether a new row changes what a runner would do: the first row starts a runner's
+    def _worth_waking(self, before: int) -> bool:
+        """Whether a new block changes what a runner would do: the first rows start a runner's
         delay, a full batch is cut at once, and a greedy runner cuts when no announced row is
-        still coming. Any other row waits for the cut (waking every runner per row costs more
-        than the rows themselves on a busy host)."""
-        queued = self._queued()
-        return queued == 1 or queued >= self.max_batch or (self.greedy and self._announced <= 0)
+        still coming. Any other block waits for the cut."""
+        return before == 0 or self._rows >= self.max_batch or (self.greedy and self._announced <= 0)
 
     def snapshot(self) -> BatchStats:
         """A consistent copy of the running totals (runners keep updating the live one)."""
@@ -252,47 +323,58 @@ class Batcher(Generic[In, Out]):
             if batch and not self._execute(batch):
                 return  # the watchdog gave up on this runner and started another
 
-    def _gather(self) -> list[_Pending[In, Out]] | None:
-        """Block for a first row, then take more until full, the delay has passed, or (greedy)
-        no announced row is still coming. None once closed and drained."""
+    def _gather(self) -> list[_Taken[B, R]] | None:
+        """Block for a first row, then wait for more until full, the delay has passed, or
+        (greedy) no announced row is still coming. None once closed and drained."""
         with self._cond:
-            while not self._rows and not self._urgent:
+            while not self._rows:
                 if self._closed:
                     return None
                 self._cond.wait()
             self._grow_after_quiet()
-            first = self._urgent[0] if self._urgent else self._rows[0]
+            first = self._urgent[0] if self._urgent else self._blocks[0]
             deadline = first.enqueued + self.max_delay_s
-            # Rows stay queued until the cut, so submitters need not wake this runner per row.
-            while self._queued() < self.max_batch:
+            # Rows stay queued until the cut, so submitters need not wake this runner per block.
+            while self._rows < self.max_batch:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed or (self.greedy and self._announced <= 0):
                     break
                 self._cond.wait(remaining)
-                if not self._queued():  # another runner cut them meanwhile
+                if not self._rows:  # another runner cut them meanwhile
                     return [] if not self._closed else None
-            take = min(self.max_batch, self._queued())
-            batch = [self._next_row() for _ in range(take)]
+            batch = self._take(min(self.max_batch, self._rows))
             self._cond.notify_all()  # room in the queue for blocked submitters
             return batch
 
-    def _queued(self) -> int:
-        return len(self._rows) + len(self._urgent)
+    def _take(self, rows: int) -> list[_Taken[B, R]]:
+        """Under `_cond`: `rows` rows from the head blocks, urgent first; a block may be split."""
+        batch: list[_Taken[B, R]] = []
+        while rows:
+            queue = self._urgent if self._urgent else self._blocks
+            queued = queue[0]
+            take = min(rows, queued.rows - queued.cut)
+            batch.append(_Taken(queued, queued.cut, queued.cut + take))
+            queued.cut += take
+            rows -= take
+            self._rows -= take
+            if not queued.urgent:
+                self._bulk_rows -= take
+            if queued.cut == queued.rows:
+                queue.popleft()
+        return batch
 
-    def _next_row(self) -> _Pending[In, Out]:
-        return self._urgent.popleft() if self._urgent else self._rows.popleft()
-
-    def _execute(self, batch: list[_Pending[In, Out]]) -> bool:
+    def _execute(self, batch: list[_Taken[B, R]]) -> bool:
         """Run one batch; False when the watchdog expired it meanwhile (this runner retires)."""
         started = time.monotonic()
         batch_id = next(self._batch_ids)
-        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
-        origins = [p.origin for p in batch]
+        live = [t for t in batch if not t.queued.future.done()]  # an expired block is over
+        rows = sum(len(t) for t in batch)
         running = _Running(live, started)
         with self._stats_lock:
             self._running[threading.get_ident()] = running
         try:
-            with batch_span(origins, batcher=self.name, batch_id=batch_id, batch_size=len(batch)):
+            origins = [t.queued.origin for t in batch]
+            with batch_span(origins, batcher=self.name, batch_id=batch_id, batch_size=rows):
                 if live:
                     self._run_or_split(live)
         finally:
@@ -306,10 +388,10 @@ class Batcher(Generic[In, Out]):
                 self._on_wedged(None)
             return False
         seconds = time.monotonic() - started
-        self._record(batch, started, seconds)
+        self._record(batch, rows, started, seconds)
         log.debug(
-            "%s: batch %d of %d rows in %.1f ms", self.name, batch_id, len(batch), seconds * 1000,
-            extra={"batcher": self.name, "batch_id": batch_id, "batch_size": len(batch)},
+            "%s: batch %d of %d rows in %.1f ms", self.name, batch_id, rows, seconds * 1000,
+            extra={"batcher": self.name, "batch_id": batch_id, "batch_size": rows},
         )  # fmt: skip
         return True
 
@@ -326,8 +408,8 @@ class Batcher(Generic[In, Out]):
             self._expire(time.monotonic() - self.deadline_s)
 
     def _expire(self, started_before: float) -> None:
-        """Fail the rows of every batch started before `started_before`, once, and put a fresh
-        runner in each stuck one's place (the stuck thread cannot be interrupted)."""
+        """Fail the blocks of every batch started before `started_before`, once, and put a
+        fresh runner in each stuck one's place (the stuck thread cannot be interrupted)."""
         with self._stats_lock:
             stuck = [
                 r for r in self._running.values() if not r.expired and r.started < started_before
@@ -336,59 +418,93 @@ class Batcher(Generic[In, Out]):
                 running.expired = True
                 self.stats.expired_batches += 1
         for running in stuck:
+            rows = sum(len(t) for t in running.batch)
             sentence = (
-                f"{self.name}: a batch of {len(running.batch)} has run for more than "
+                f"{self.name}: a batch of {rows} has run for more than "
                 f"{self.deadline_s:g} s; the engine looks stuck."
             )
-            log.error(sentence, extra={"batcher": self.name, "batch_size": len(running.batch)})
+            log.error(sentence, extra={"batcher": self.name, "batch_size": rows})
             if self._on_wedged is not None:  # first: a caller woken below finds it reported
                 self._on_wedged(sentence)
+            for taken in running.batch:  # before a new runner could take their later rows
+                _settle(taken.queued.future, error=BatchDeadlineError(sentence))
             self._start_runner()
-            for pending in running.batch:
-                _settle(pending.future, error=BatchDeadlineError(sentence))
 
-    def _record(self, batch: list[_Pending[In, Out]], started: float, seconds: float) -> None:
+    def _record(self, batch: list[_Taken[B, R]], rows: int, started: float, seconds: float) -> None:
         with self._stats_lock:  # runners share the totals
             self.stats.batches += 1
-            self.stats.rows += len(batch)
-            self.stats.size_counts[len(batch)] += 1
+            self.stats.rows += rows
+            self.stats.size_counts[rows] += 1
             self.stats.engine_seconds += seconds
-            self.stats.queue_wait_seconds += sum(started - p.enqueued for p in batch)
             self.stats.engine_counts[seconds_bound(seconds)] += 1
-            self.stats.wait_counts.update(seconds_bound(started - p.enqueued) for p in batch)
+            for taken in batch:
+                wait = started - taken.queued.enqueued
+                self.stats.queue_wait_seconds += wait * len(taken)
+                self.stats.wait_counts[seconds_bound(wait)] += len(taken)  # a row's wait
 
-    def _run_or_split(self, batch: list[_Pending[In, Out]]) -> None:
-        if len(batch) > self.max_batch:  # the cap shrank after an out-of-memory: don't retry
-            self._split(batch)
+    def _run_or_split(self, batch: list[_Taken[B, R]]) -> None:
+        rows = sum(len(t) for t in batch)
+        if rows > self.max_batch:  # the cap shrank after an out-of-memory: don't retry
+            self._split(batch, rows)
             return
         try:
-            outputs = self.fn([p.row for p in batch])
-            if len(outputs) != len(batch):
+            result = self.fn([Part(t.queued.block, t.start, t.stop) for t in batch])
+            if len(result) != rows:
                 raise RuntimeError(
-                    f"{self.name}: the batch function returned {len(outputs)} results "
-                    f"for {len(batch)} rows."
+                    f"{self.name}: the batch function returned {len(result)} results "
+                    f"for {rows} rows."
                 )
         except Exception as error:
             with self._stats_lock:
                 self.stats.failed_batches += 1
             if is_out_of_memory(error):
-                self._shrink(len(batch), error)
-            if len(batch) == 1:
-                _settle(batch[0].future, error=error)
+                self._shrink(rows, error)
+            if rows == 1:
+                self._fail(batch[0], error)
                 return
             log.info(
-                "%s: batch of %d failed (%s); splitting", self.name, len(batch), error,
-                extra={"batcher": self.name, "batch_size": len(batch)},
+                "%s: batch of %d failed (%s); splitting", self.name, rows, error,
+                extra={"batcher": self.name, "batch_size": rows},
             )  # fmt: skip
-            self._split(batch)
+            self._split(batch, rows)
             return
-        for pending, output in zip(batch, outputs, strict=True):
-            _settle(pending.future, result=output)
+        offset = 0
+        for taken in batch:
+            self._answered(taken, self.shape.cut(result, offset, offset + len(taken)))
+            offset += len(taken)
 
-    def _split(self, batch: list[_Pending[In, Out]]) -> None:
-        middle = len(batch) // 2
-        self._run_or_split(batch[:middle])
-        self._run_or_split(batch[middle:])
+    def _split(self, batch: list[_Taken[B, R]], rows: int) -> None:
+        middle, left, right = rows // 2, [], []
+        for taken in batch:
+            if middle >= len(taken):
+                left.append(taken)
+            elif middle <= 0:
+                right.append(taken)
+            else:  # the part that straddles the middle
+                cut = taken.start + middle
+                left.append(_Taken(taken.queued, taken.start, cut))
+                right.append(_Taken(taken.queued, cut, taken.stop))
+            middle -= len(taken)
+        self._run_or_split(left)
+        self._run_or_split(right)
+
+    def _fail(self, taken: _Taken[B, R], error: Exception) -> None:
+        """A row that fails alone: a transient error fails its whole block (the chunk runs
+        again); any other is that row's answer."""
+        if isinstance(error, TransientError):
+            _settle(taken.queued.future, error=error)
+        else:
+            self._answered(taken, self.shape.failed(len(taken), error))
+
+    def _answered(self, taken: _Taken[B, R], result: R) -> None:
+        queued = taken.queued
+        with queued.lock:
+            queued.parts[taken.start] = result
+            queued.remaining -= len(taken)
+            if queued.remaining:
+                return
+            parts = [queued.parts[start] for start in sorted(queued.parts)]
+        _settle(queued.future, result=self.shape.join(parts))
 
     def _shrink(self, failed_size: int, error: Exception) -> None:
         """A batch ran out of memory: later batches stay below its size (never below 1), so
@@ -419,13 +535,14 @@ class Batcher(Generic[In, Out]):
                  self.name, self.oom_recovery_s, self.max_batch)  # fmt: skip
 
 
-def _settle(future: Future[Out], result: object = None, error: BaseException | None = None) -> None:
-    """Resolve a row's future unless the watchdog already failed it."""
+def _settle(future: Future[Any], result: object = None, error: BaseException | None = None) -> None:
+    """Resolve a block's future unless it is settled already (the watchdog failed it, or a
+    transient failure of one of its parts did)."""
     try:
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(result)  # type: ignore[arg-type]
+            future.set_result(result)
     except InvalidStateError:
         pass  # expired past its deadline: the caller already has its error
 

@@ -31,9 +31,12 @@ from kiln.app.dispatch.contract import QUEUES
 from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.storage import open_store
 from kiln.workers.celery.app import KilnCelery, make_celery
+from kiln.workers.prep.slots import reclaim
+from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
+PROGRESS_S = 1.0  # the longest a progress report waits when no chunk finishes
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
 LOCAL_TENANT = "local"
 
@@ -162,6 +165,7 @@ def run_embedded(
     options: dict[str, Any] | None = None,
 ) -> RunOutcome:
     upgrade(settings)
+    reclaim()  # shared memory a killed run on this host could not unlink
     text = _model_input(settings, model) == "text"
     inputs = text_inputs(source) if text else image_inputs(source)
     # A local run reads the files in place, and the API's per-job cap does not apply to it.
@@ -191,7 +195,7 @@ def run_embedded(
                 ),
             )
             job_id = submitted.job.id
-        report = _wait(runtime.sessions, job_id, on_progress)
+        report = _wait(runtime, job_id, on_progress)
     return RunOutcome(
         job_id,
         report,
@@ -201,13 +205,17 @@ def run_embedded(
 
 
 def _wait(
-    sessions: Callable[[], object], job_id: str, on_progress: Callable[[jobs.Progress], None]
+    runtime: WorkerRuntime, job_id: str, on_progress: Callable[[jobs.Progress], None]
 ) -> jobs.Progress:
+    """Until the job closes: woken as each chunk finishes (and once a second besides, for a
+    close that is not a chunk's), one read of its progress each time."""
+    seen = 0
     while True:
-        with sessions() as session:  # type: ignore[attr-defined]
+        with runtime.sessions() as session:
             job = session.get(Job, job_id)
+            assert job is not None  # this run made it
             report = jobs.progress(session, job)
         on_progress(report)
         if not is_open(report.job):
             return report
-        time.sleep(0.1)
+        seen = runtime.wait_for_chunk(seen, timeout=PROGRESS_S)

@@ -27,6 +27,11 @@ RESTART_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 LIVE_MAX_AGE_S = 60.0  # as the Kubernetes livenessProbe of a one-GPU worker
 
 
+def prep_share(cores: int, gpus: int) -> int:
+    """Prep processes per device's worker: the host's cores split between its GPUs."""
+    return max(1, cores // max(1, gpus))
+
+
 def live_path(live: Path, gpu: Gpu) -> Path:
     return live.with_name(f"{live.name}.gpu{gpu.index}")
 

@@ -22,6 +22,8 @@ class EngineHealth:
     budget: int | None = None  # None until the first model loads
     unloaded: int = 0  # models unloaded to stay within the budget
     build_failures: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, backend)
+    prep_processes: int = 0  # running (0 until the first chunk, or prep on the chunk's thread)
+    prep_replaced: int = 0  # prep processes that died and were replaced
 
 
 class Health:

@@ -200,6 +200,14 @@ def health_metrics(health: EngineHealth) -> Iterator[GaugeMetricFamily | Counter
     for (model, backend), attempts in health.build_failures.items():
         failures.add_metric([model, backend], float(attempts))
     yield failures
+    yield GaugeMetricFamily(
+        "kiln_prep_processes", "Processes decoding inputs for this worker.", health.prep_processes
+    )
+    yield CounterMetricFamily(
+        "kiln_prep_processes_replaced",
+        "Prep processes that died (killed, crashed on an input) and were replaced.",
+        health.prep_replaced,
+    )
 
 
 def worker_registry(view: WorkerView) -> CollectorRegistry:

@@ -1,4 +1,5 @@
-"""Everything heavy a worker process holds: DB engine, store, and one Batcher per model.
+"""Everything heavy a worker process holds: DB engine, store, the prep processes, the lease
+keeper, and per model its pipeline, shared-memory slots and Batcher.
 
 Built lazily inside the process that uses it (never before a fork), and owned by the
 Celery app object rather than a module global.
@@ -16,11 +17,11 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
+import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,21 +33,27 @@ from kiln.app.db.session import engine_for, make_session_factory, unit_of_work
 from kiln.app.observability.tracing import traced_infer
 from kiln.app.results import Place, place_for
 from kiln.app.storage import ObjectStore, open_store
-from kiln.workers.batching import Batcher, BatchStats
-from kiln.workers.chunk.fetch import Fetcher
+from kiln.workers.batching import Batcher, BatchStats, Part
+from kiln.workers.chunk.lease import Leases
 from kiln.workers.chunk.stats import ChunkStats, ChunkTotals
+from kiln.workers.engines.batch_size import choose_batch
 from kiln.workers.engines.failures import BuildFailures
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.health import EngineHealth, Health
 from kiln.workers.memory import ModelMemory, budget_bytes, engine_bytes, host_memory_bytes
-from kiln.workers.models.base import Pipeline, Prepared
+from kiln.workers.models.base import Answers, AnswersShape, Batch, Pipeline, Rows
 from kiln.workers.models.loader import load_pipeline
+from kiln.workers.prep.fetch import Fetcher
+from kiln.workers.prep.pool import InlinePrep, Preparer, PrepPool, usable_cores
+from kiln.workers.prep.slots import Lender, SlotPool, shm_free
+from kiln.workers.prep.units import UNIT_ROWS
 
 log = logging.getLogger(__name__)
 
 # Engine backend names (Engine.backend) that run on the GPU.
 GPU_BACKENDS = ("tensorrt", "onnxruntime:CUDA", "torch:cuda")
 QUEUED_BATCHES = 4  # decoded rows may run this many batches ahead of the engine
+SLOT_BYTES = 512 * 2**20  # shared memory for one model's slots, at most (if a batch fits)
 
 
 class ModelUnavailableError(KilnError):
@@ -57,8 +64,36 @@ class ModelUnavailableError(KilnError):
 class ModelRunner:
     info: ModelInfo
     pipeline: Pipeline
-    batcher: Batcher[Prepared, Any]
+    batcher: Batcher[Rows, Answers]
+    # What bounds this model's rows in prep and queued: its shared-memory slots (slot
+    # families), or tickets without memory (rows that travel as objects).
+    lender: Lender
     memory_bytes: int = 0
+
+    @property
+    def slots(self) -> SlotPool | None:
+        return self.lender if isinstance(self.lender, SlotPool) else None
+
+    def close(self) -> None:
+        self.batcher.close()
+        self.pipeline.close()
+        self.lender.close()
+
+
+def gather(parts: Sequence[Part[Rows]], slots: SlotPool | None) -> Batch:
+    """A batch's rows from the blocks it was cut from: pixels copied out of the slots in one
+    take (the slots go back when their block settles), meta and objects joined."""
+    pixels = None
+    if slots is not None:
+        taken = [p.block.slots[p.start : p.stop] for p in parts if p.block.slots is not None]
+        pixels = slots.gather(np.concatenate(taken))
+    metas = [p.block.meta[p.start : p.stop] for p in parts if p.block.meta is not None]
+    objects = [o for p in parts for o in (p.block.objects or [])[p.start : p.stop]]
+    return Batch(
+        pixels,
+        np.concatenate(metas) if metas else None,
+        objects if any(p.block.objects is not None for p in parts) else None,
+    )
 
 
 class WorkerRuntime:
@@ -79,6 +114,47 @@ class WorkerRuntime:
         self._memory: ModelMemory | None = None
         self.load_failures = BuildFailures(settings.engine_retry_s)
         self.health = Health()
+        self._leases: Leases | None = None
+        self._prep: Preparer | None = None
+        self._prep_lock = threading.Lock()
+        self._progress = threading.Condition()  # notified as chunks finish (`kiln run` waits)
+        self._chunks_done = 0
+
+    def chunk_done(self, job_id: str) -> None:
+        """A chunk of `job_id` has written its results."""
+        with self._progress:
+            self._chunks_done += 1
+            self._progress.notify_all()
+
+    def wait_for_chunk(self, seen: int, timeout: float) -> int:
+        """Wait until a chunk finishes after the `seen`-th (or `timeout` passes); returns how
+        many have finished in this process."""
+        with self._progress:
+            self._progress.wait_for(lambda: self._chunks_done != seen, timeout)
+            return self._chunks_done
+
+    @property
+    def leases(self) -> Leases:
+        """The process's one lease keeper, made on first use."""
+        with self._prep_lock:
+            if self._leases is None:
+                s = self.settings
+                self._leases = Leases(
+                    self.sessions, s.lease_s, s.lease_renew_s, s.run_max_s, self.health
+                )
+            return self._leases
+
+    def prep(self) -> Preparer:
+        """The prep processes, started on first use (after any fork: they are spawned)."""
+        with self._prep_lock:
+            if self._prep is None:
+                count = self.settings.prep_count(usable_cores())
+                if count == 0:
+                    self._prep = InlinePrep(self.settings, self.fetcher)
+                else:
+                    self._prep = PrepPool(self.settings, count)
+                    log.info("%d prep processes started", count)
+            return self._prep
 
     def place(self, job_id: str, output: str | None) -> Place:
         """Where this job's results go (Kiln's store, or the user's `output` prefix)."""
@@ -141,7 +217,17 @@ class WorkerRuntime:
         except KilnError as error:  # it is built: run it, over budget, rather than waste the build
             log.warning("model %s loads over the memory budget: %s", info.ref, error)
         memory.add(info.cache_key, size)
-        runner = ModelRunner(info, pipeline, self._batcher(info, pipeline), size)
+        try:
+            max_batch = self._batch_size(info, pipeline, engines)
+            lender = self._lender(info, pipeline, max_batch, engines.runners)
+        except Exception as error:  # built, but it cannot run here: let its memory go
+            pipeline.close()
+            memory.unload(info.cache_key)
+            self.load_failures.record(info.cache_key, "load", str(error).rstrip("."))
+            raise
+        slots = lender if isinstance(lender, SlotPool) else None
+        batcher = self._batcher(info, pipeline, max_batch, slots)
+        runner = ModelRunner(info, pipeline, batcher, lender, size)
         device = self._report(info, pipeline, engines)
         log.info(
             "model %s ready on %s, %.0f MiB", info.ref, pipeline.backend, size / 2**20,
@@ -150,9 +236,37 @@ class WorkerRuntime:
         )  # fmt: skip
         return runner
 
-    def _batcher(self, info: ModelInfo, pipeline: Pipeline) -> Batcher[Prepared, Any]:
+    def _batch_size(self, info: ModelInfo, pipeline: Pipeline, engines: EngineFactory) -> int:
+        """The model's batch: as configured, or under `auto` the knee of a short sweep of its
+        GPU engine (16 on a CPU); never above what the engine was built for."""
+        cap = pipeline.max_batch
+        if self.settings.max_batch != "auto":
+            return min(self.settings.max_batch, cap)
+        gpu = [b.engine for b in engines.built if b.engine.backend.startswith(GPU_BACKENDS)]
+        if len(engines.built) != 1 or not gpu:  # a CPU engine, or several (OCR's own sizes)
+            return min(self.settings.batch_cap(on_gpu=bool(gpu)), cap)
+        return choose_batch(gpu[0], cap, name=info.ref)
+
+    def _lender(self, info: ModelInfo, pipeline: Pipeline, max_batch: int, runners: int) -> Lender:
+        """What bounds the model's rows in prep and queued: enough for the batches queued and
+        running and a unit or two per prep process. Slot families get shared-memory slots,
+        within SLOT_BYTES and what /dev/shm has free (never fewer than a batch and a unit);
+        object families get as many tickets, with one unit per prep process (their rows —
+        OCR pages — can be large)."""
+        prep = max(1, self.prep().processes)
+        least = max_batch + UNIT_ROWS
+        queued = QUEUED_BATCHES * max_batch * runners
+        layout = pipeline.prep.layout
+        if layout is None:
+            return Lender(max(least, queued + UNIT_ROWS * prep))
+        room = min(SLOT_BYTES, shm_free() // 2) // max(1, layout.nbytes)
+        count = max(least, min(queued + 2 * UNIT_ROWS * prep, room))
+        return SlotPool(layout, count, label=info.name)
+
+    def _batcher(
+        self, info: ModelInfo, pipeline: Pipeline, max_batch: int, slots: SlotPool | None
+    ) -> Batcher[Rows, Answers]:
         runners = min(self.engines().runners, pipeline.max_runners)
-        max_batch = min(self.settings.max_batch, pipeline.max_batch)
         deadlines = self.settings.batch_deadlines
         deadline = deadlines.get(info.ref, deadlines.get(info.name, self.settings.batch_deadline_s))
         key = f"batch:{info.ref}"
@@ -163,14 +277,20 @@ class WorkerRuntime:
             else:
                 self.health.fail(key, sentence)
 
+        infer = traced_infer(pipeline.infer, model=info.ref, backend=pipeline.backend)
+
+        def run(parts: Sequence[Part[Rows]]) -> Answers:
+            return infer(gather(parts, slots))
+
         return Batcher(
-            traced_infer(pipeline.infer, model=info.ref, backend=pipeline.backend),
+            run,
+            AnswersShape(),
             max_batch=max_batch,
             max_delay_s=self.settings.max_delay_s,
             runners=runners,
             name=f"batcher-{info.ref}",
             greedy=True,  # chunks announce their rows (see workers.chunk)
-            max_queued=QUEUED_BATCHES * max_batch * runners,  # the model's batch: OCR rows are big
+            max_queued=QUEUED_BATCHES * max_batch * runners,  # object rows (OCR pages) are big
             deadline_s=deadline,
             on_wedged=wedged,
             oom_recovery_s=self.settings.oom_recovery_s,
@@ -187,8 +307,7 @@ class WorkerRuntime:
                 memory.unload(key)
             if runner is None:
                 continue
-            runner.batcher.close()
-            runner.pipeline.close()
+            runner.close()
             log.info("model %s unloaded to stay within the memory budget (%.0f MiB freed)",
                      runner.info.ref, runner.memory_bytes / 2**20)  # fmt: skip
         if keys:
@@ -246,7 +365,11 @@ class WorkerRuntime:
             **self.load_failures.snapshot(),
             **(engines.failures.snapshot() if engines else {}),
         }
+        with self._prep_lock:
+            prep = self._prep
         return EngineHealth(
+            prep_processes=prep.processes if prep else 0,
+            prep_replaced=prep.replaced if prep else 0,
             problems=self.health.problems(),
             memory={r.info.ref: r.memory_bytes for r in self.runners().values()},
             budget=memory.budget if memory else None,
@@ -275,9 +398,14 @@ class WorkerRuntime:
         return {r.info.ref: r.info.tenant for r in self.runners().values()}
 
     def close(self) -> None:
+        if self._leases is not None:
+            self._leases.close()
         for runner in self.runners().values():
-            runner.batcher.close()
-            runner.pipeline.close()
+            runner.close()
+        with self._prep_lock:
+            prep, self._prep = self._prep, None
+        if prep is not None:
+            prep.close()
         self.db.dispose()
 
 

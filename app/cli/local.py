@@ -70,6 +70,7 @@ def _progress(model: str) -> Iterator[Callable[[Any], None]]:
         TextColumn("{task.fields[rate]}"),
         TimeRemainingColumn(),
         console=errors,
+        auto_refresh=False,  # redrawn per report (a chunk, or a second): no 10 Hz thread
     )
     task = bar.add_task(model, total=None, rate="")
 
@@ -77,6 +78,7 @@ def _progress(model: str) -> Iterator[Callable[[Any], None]]:
         bar.start()  # the first report draws it; later calls do nothing
         rate = f"{p.items_per_second:.1f} items/s" if p.items_per_second else ""
         bar.update(task, total=p.counts.total, completed=p.counts.done, rate=rate)
+        bar.refresh()
 
     try:
         yield show

@@ -98,10 +98,12 @@ def _work(
     from kiln.workers.facts import start_publishing
     from kiln.workers.liveness import Heartbeat
     from kiln.workers.metrics import serve_metrics, worker_registry
+    from kiln.workers.prep.slots import reclaim
     from kiln.workers.readiness import install, parse_models, warm_models
 
     current = settings()
     observe(current, "worker", loglevel.upper())  # before Celery: it keeps a configured root
+    reclaim()  # shared memory a worker killed on this host could not unlink
     celery = make_celery(current)
     celery.node_name = node
     if ready is not None:
@@ -136,7 +138,8 @@ def _fleet(
     live: Path | None = None,
 ) -> int:
     from kiln.workers.device import list_gpus
-    from kiln.workers.fleet import Fleet, child_args, live_path
+    from kiln.workers.fleet import Fleet, child_args, live_path, prep_share
+    from kiln.workers.prep.pool import usable_cores
 
     if devices != "all":
         raise fail(KilnError("--devices takes 'all'; use --device N for one GPU."))
@@ -151,6 +154,8 @@ def _fleet(
         return 0
     port = metrics_port or settings().worker_metrics_port
     typer.echo(f"{len(gpus)} GPU(s): " + ", ".join(f"{g.index}: {g.name}" for g in gpus), err=True)
+    # The host's cores are shared out: each device's worker gets its part as prep processes.
+    os.environ.setdefault("KILN_PREP_PROCESSES", str(prep_share(usable_cores(), len(gpus))))
     commands = [child_args(g, host, extra, port, live) for g in gpus]
     return Fleet(commands, [live_path(live, g) if live else None for g in gpus]).run()
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Rows per engine call under KILN_MAX_BATCH=auto: on a CPU the knee measured with the bench's
+# models (docs/capacity.md); on a GPU the most a model's warm-up sweep may choose.
+CPU_BATCH = 16
+GPU_BATCH_LIMIT = 256
 
 
 class Settings(BaseSettings):
@@ -28,17 +34,26 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(20, ge=0, le=1000, description="Extra connections in bursts.")
     db_pool_timeout_s: float = Field(30.0, gt=0, description="Wait for a free connection.")
 
-    max_batch: int = Field(16, ge=1, le=4096)
+    max_batch: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
+        "auto",
+        description="Rows per engine call; auto = per model when it loads: on a GPU the knee "
+        "of a short sweep (16 to 256), on a CPU 16.",
+    )
     max_delay_ms: float = Field(10.0, ge=0, le=60_000)
     chunk_size: int = Field(
         32, ge=1, le=10_000, description="Items per chunk (one message) of an interactive job."
     )
     bulk_chunk_size: int = Field(
-        128,
+        512,
         ge=1,
         le=10_000,
         description="Items per chunk of a bulk job (over 256 items, or a bucket): fewer, larger "
         "chunks spread each chunk's fixed cost (lease, results, shard, message) thinner.",
+    )
+    prep_processes: Annotated[int, Field(ge=0, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="Processes that fetch and decode inputs for each worker; auto = one per "
+        "core (split between GPUs under --devices all); 0 = none, on the chunk's own thread.",
     )
     runners: int = Field(
         0, ge=0, le=64, description="Engine runner threads per model; 0 = one per core on CPU."
@@ -78,11 +93,20 @@ class Settings(BaseSettings):
     oom_recovery_s: float = Field(
         300.0, gt=0, description="Quiet time after an out-of-memory batch before the cap grows."
     )
+    gpu_decode: bool = Field(
+        True,
+        description="On the PyTorch CUDA engine, decode JPEGs on the GPU (nvJPEG) a batch at a "
+        "time; false: the prep processes decode on the CPU.",
+    )
     precision: Literal["auto", "fp16", "fp32"] = Field(
         "auto", description="TensorRT and torch precision; auto = FP16 where the GPU does it fast."
     )
     worker_concurrency: int = Field(
-        0, ge=0, le=1024, description="Task threads per worker; 0 = twice max_batch (min 8)."
+        0,
+        ge=0,
+        le=1024,
+        description="Chunks in flight per worker (task threads); 0 = enough to keep four "
+        "batches of the largest batch queued: ceil(4 × batch / bulk chunk) + 1, at least 16.",
     )
     worker_metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Prometheus port of `kiln worker`; unset = off."
@@ -230,8 +254,22 @@ class Settings(BaseSettings):
 
     @property
     def task_threads(self) -> int:
-        """Chunks in flight per worker: enough one-image jobs to fill a batch twice over."""
-        return self.worker_concurrency or max(8, 2 * self.max_batch)
+        """Chunks in flight per worker: four batches' worth of bulk chunks, and at least 16,
+        so one-image jobs still fill a batch. It does not grow with the batch: a chunk's rows
+        are blocks, and threads wait on them rather than on a row each."""
+        batch = self.batch_cap(on_gpu=True)
+        return self.worker_concurrency or max(16, math.ceil(4 * batch / self.bulk_chunk_size) + 1)
+
+    def batch_cap(self, on_gpu: bool) -> int:
+        """The largest batch an engine is built for: `max_batch`, or under auto the most a
+        sweep may choose on a GPU and the measured knee on a CPU."""
+        if self.max_batch != "auto":
+            return self.max_batch
+        return GPU_BATCH_LIMIT if on_gpu else CPU_BATCH
+
+    def prep_count(self, cores: int) -> int:
+        """Prep processes for a worker on `cores` cores (0: prep on the chunk's thread)."""
+        return cores if self.prep_processes == "auto" else self.prep_processes
 
     @property
     def max_delay_s(self) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import bindparam, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
@@ -67,9 +67,10 @@ def cache_results(
     an expired entry not purged yet is replaced, so the input is cached again at once."""
     if not entries:
         return
-    now = utcnow()
+    now, cutoff = utcnow(), _cutoff(ttl_s)
     rows = [
         {
+            "cutoff": cutoff,
             "model_key": model_key,
             "sha256": sha,
             "outputs": outputs,
@@ -79,20 +80,21 @@ def cache_results(
         }
         for sha, (outputs, vector, dtype) in sorted(entries.items())  # one lock order
     ]
-    insert = dialect.insert(session, ContentCache).values(rows)
+    # Many parameter sets for one statement (executemany): its text is the same for every
+    # chunk, so it is compiled once, unlike a multi-row VALUES list.
+    insert = dialect.insert(session, ContentCache)
     fresh = insert.excluded
-    session.execute(
-        insert.on_conflict_do_update(
-            index_elements=[ContentCache.model_key, ContentCache.sha256],
-            set_={
-                "outputs": fresh.outputs,
-                "vector": fresh.vector,
-                "vector_dtype": fresh.vector_dtype,
-                "created_at": fresh.created_at,
-            },
-            where=ContentCache.created_at < _cutoff(ttl_s),
-        )
+    statement = insert.on_conflict_do_update(
+        index_elements=[ContentCache.model_key, ContentCache.sha256],
+        set_={
+            "outputs": fresh.outputs,
+            "vector": fresh.vector,
+            "vector_dtype": fresh.vector_dtype,
+            "created_at": fresh.created_at,
+        },
+        where=ContentCache.created_at < bindparam("cutoff"),
     )
+    session.execute(statement, rows)
 
 
 def purge(session: Session, ttl_s: float, max_entries: int, batch: int = PURGE_BATCH) -> Purged:

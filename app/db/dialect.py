@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, any_, bindparam
+from sqlalchemy import BigInteger, ColumnElement, Text, any_, bindparam
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import QueryableAttribute, Session
 
@@ -29,4 +29,13 @@ def among(
     however many values (an IN list renders a parameter per value on every execution)."""
     if on_postgres(session):
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(BigInteger)))
+    return column.in_(values)
+
+
+def among_text(
+    session: Session, column: QueryableAttribute[str | None], values: Sequence[str]
+) -> ColumnElement[bool]:
+    """`column IN values` for strings: `= ANY(:array)` on Postgres, as `among` does for ids."""
+    if on_postgres(session):
+        return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(Text)))
     return column.in_(values)

@@ -7,7 +7,7 @@ run of its chunk. Functions here never commit: the caller owns the transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -152,6 +152,35 @@ def renew(session: Session, job_id: str, owner: str, lease_s: float) -> tuple[in
     )
     status = session.scalar(select(Job.status).where(Job.id == job_id))
     return int(result.rowcount), status  # type: ignore[attr-defined]
+
+
+def renew_many(session: Session, owners: Sequence[str], lease_s: float) -> dict[str, int]:
+    """Push out the leases of many runs in one statement (a worker's one keeper); returns how
+    many items each run still holds (a run missing from the answer holds none)."""
+    if not owners:
+        return {}
+    rows = session.execute(
+        update(Item)
+        .where(
+            Item.status == ItemStatus.RUNNING,
+            dialect.among_text(session, Item.lease_owner, owners),
+        )
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+        .returning(Item.lease_owner),
+        execution_options={"synchronize_session": False},
+    )
+    counts: dict[str, int] = {}
+    for (owner,) in rows:
+        counts[str(owner)] = counts.get(str(owner), 0) + 1
+    return counts
+
+
+def job_statuses(session: Session, job_ids: Collection[str]) -> dict[str, str]:
+    """The status of each of these jobs (a missing job is left out)."""
+    if not job_ids:
+        return {}
+    rows = session.execute(select(Job.id, Job.status).where(Job.id.in_(sorted(job_ids))))
+    return {job_id: str(status) for job_id, status in rows}
 
 
 def holds(session: Session, job_id: str, owner: str) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, or_, select, text, true, update
+from sqlalchemy import DateTime, and_, bindparam, case, exists, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, dialect
@@ -92,23 +92,28 @@ def upsert_results(
     session: Session,
     job_id: str,
     chunk: int,
-    results: Sequence[dict[str, Any]],
+    results: Sequence[Sequence[Any]],
     owner: str | None = None,
 ) -> None:
     """One statement for the whole chunk, keyed by (job_id, key): a replay changes nothing.
 
-    Only a running item takes a result, so a cancelled item stays cancelled; with `owner`,
-    only one this run still leases (a run whose lease was taken over writes nothing). The
-    rows that did change are added to the job's counters, in the same transaction.
+    `results`: one row per item, its values in `RESULT_COLUMNS` order. The rows travel as one
+    JSON document (one C-encoded string) joined to the items in one UPDATE whose text never
+    changes, so the driver prepares it once. Only a running item takes a result, so a
+    cancelled item stays cancelled; with `owner`, only one this run still leases (a run whose
+    lease was taken over writes nothing). The rows that did change are added to the job's
+    counters, in the same transaction.
     """
     if not results:
         return
-    if dialect.on_postgres(session):
-        changed = _update_results_postgres(session, job_id, results, owner)
-    else:
-        changed = _upsert_results_sqlite(session, job_id, results, owner)
-    fell_back = [status for status, fell in changed if fell]
-    tally = counters.ended([status for status, _ in changed], fell_back)
+    statement = _UPDATE_POSTGRES if dialect.on_postgres(session) else _UPDATE_SQLITE
+    params = {"job_id": job_id, "owner": owner, "finished_at": utcnow()}
+    changed = session.execute(statement, params | {"rows": json.dumps(results)})
+    # The reason itself, not `IS NOT NULL`: SQLite 3.40 answers that wrongly in the RETURNING
+    # of an UPDATE … FROM (true for a null).
+    statuses = [(str(status), reason is not None) for status, reason in changed]
+    fell_back = [status for status, fell in statuses if fell]
+    tally = counters.ended([status for status, _ in statuses], fell_back)
     counters.add(session, job_id, counters.slot_of(chunk), tally)
 
 
@@ -117,60 +122,44 @@ RESULT_COLUMNS = (
     "stages_ms",
 )  # fmt: skip
 
+# `json` has no equality, so a JSON null (a failed item's outputs) is told by its type.
+_UPDATE_POSTGRES = text(
+    """
+    UPDATE items SET status = v.status, error = v.error,
+           outputs = CASE WHEN json_typeof(v.outputs) = 'null' THEN NULL ELSE v.outputs END,
+           duration_ms = v.duration_ms, sha256 = v.sha256, answered_by = v.answered_by,
+           fallback_reason = v.fallback_reason,
+           stages_ms = CASE WHEN json_typeof(v.stages_ms) = 'null' THEN NULL ELSE v.stages_ms END,
+           finished_at = :finished_at
+    FROM (SELECT e->>0 AS key, e->>1 AS status, e->>2 AS error, e->3 AS outputs,
+                 CAST(e->>4 AS float8) AS duration_ms, e->>5 AS sha256, e->>6 AS answered_by,
+                 e->>7 AS fallback_reason, e->8 AS stages_ms
+          FROM json_array_elements(CAST(:rows AS json)) AS e) AS v
+    WHERE items.job_id = :job_id AND items.key = v.key AND items.status = 'running'
+      AND (CAST(:owner AS text) IS NULL OR items.lease_owner = :owner)
+    RETURNING items.status, items.fallback_reason
+    """
+).bindparams(bindparam("finished_at", type_=DateTime(timezone=True)))
 
-# The chunk's results as one JSON document, joined to the items in one UPDATE: the statement
-# text never changes (compiled and planned once), and one C-encoded string carries every row.
-_UPDATE_RESULTS = text(
+_UPDATE_SQLITE = text(
     """
     UPDATE items SET status = v.status, error = v.error, outputs = v.outputs,
            duration_ms = v.duration_ms, sha256 = v.sha256, answered_by = v.answered_by,
            fallback_reason = v.fallback_reason, stages_ms = v.stages_ms,
            finished_at = :finished_at
-    FROM json_to_recordset(CAST(:rows AS json))
-         AS v(key text, status text, error text, outputs json, duration_ms float8, sha256 text,
-              answered_by text, fallback_reason text, stages_ms json)
+    FROM (SELECT value ->> 0 AS key, value ->> 1 AS status, value ->> 2 AS error,
+                 CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE value -> 3 END
+                     AS outputs,
+                 value ->> 4 AS duration_ms, value ->> 5 AS sha256, value ->> 6 AS answered_by,
+                 value ->> 7 AS fallback_reason,
+                 CASE json_type(value, '$[8]') WHEN 'null' THEN NULL ELSE value -> 8 END
+                     AS stages_ms
+          FROM json_each(:rows)) AS v
     WHERE items.job_id = :job_id AND items.key = v.key AND items.status = 'running'
-      AND (CAST(:owner AS text) IS NULL OR items.lease_owner = :owner)
-    RETURNING items.status, items.fallback_reason IS NOT NULL
+      AND (:owner IS NULL OR items.lease_owner = :owner)
+    RETURNING items.status, items.fallback_reason
     """
-)
-
-
-def _update_results_postgres(
-    session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None
-) -> list[tuple[str, bool]]:
-    """(status, fell back) of each row that changed."""
-    rows = [{k: r.get(k) for k in RESULT_COLUMNS} for r in results]
-    params = {"job_id": job_id, "owner": owner, "finished_at": utcnow(), "rows": json.dumps(rows)}
-    return [(str(status), bool(fell)) for status, fell in session.execute(_UPDATE_RESULTS, params)]
-
-
-def _upsert_results_sqlite(
-    session: Session, job_id: str, results: Sequence[dict[str, Any]], owner: str | None
-) -> list[tuple[str, bool]]:
-    now = utcnow()
-    blank = dict.fromkeys(RESULT_COLUMNS)  # one statement: every row names every column
-    rows = [{"job_id": job_id, "finished_at": now, **blank, **r} for r in results]
-    statement = dialect.insert(session, Item).values(rows)
-    excluded = statement.excluded
-    statement = statement.on_conflict_do_update(
-        index_elements=[Item.job_id, Item.key],
-        set_={
-            "status": excluded.status,
-            "error": excluded.error,
-            "outputs": excluded.outputs,
-            "duration_ms": excluded.duration_ms,
-            "sha256": excluded.sha256,
-            "answered_by": excluded.answered_by,
-            "fallback_reason": excluded.fallback_reason,
-            "stages_ms": excluded.stages_ms,
-            "finished_at": excluded.finished_at,
-        },
-        where=(Item.status == ItemStatus.RUNNING)
-        & (true() if owner is None else Item.lease_owner == owner),
-    )
-    changed = session.execute(statement.returning(Item.status, Item.fallback_reason))
-    return [(str(status), reason is not None) for status, reason in changed]
+).bindparams(bindparam("finished_at", type_=DateTime(timezone=True)))
 
 
 def finished_chunk_items(session: Session, job_id: str, chunk: int) -> list[Item]:

@@ -19,7 +19,7 @@ the other requests' traces can find the batch they waited for).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
 from functools import wraps
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Rows = TypeVar("Rows", bound=Sized)  # a batch: its len() is the span's row count
+Result = TypeVar("Result")
 
 TRACER = "kiln"
 TRACES_PATH = "/v1/traces"
@@ -179,12 +181,12 @@ def _kiln(attributes: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]
 
 
 def traced_infer(
-    fn: Callable[[Sequence[Any]], Sequence[Any]], **attributes: AttributeValue
-) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    fn: Callable[[Rows], Result], **attributes: AttributeValue
+) -> Callable[[Rows], Result]:
     """Wrap a model's batch function in a `kiln.engine.infer` span (rows, model, backend)."""
     static = _kiln(attributes)
 
-    def infer(rows: Sequence[Any]) -> Sequence[Any]:
+    def infer(rows: Rows) -> Result:
         with tracer().start_as_current_span("kiln.engine.infer") as span:
             if span.is_recording():
                 span.set_attributes({**static, "kiln.rows": len(rows)})

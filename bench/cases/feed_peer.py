@@ -99,7 +99,7 @@ def _decode_fit(args: dict[str, Any]) -> CaseResult:
     datas = [Path(f).read_bytes() for f in args["files"]]
 
     def sizer(width: int, height: int) -> tuple[int, int]:
-        return fit_size(pre, width, height)  # as ImageModelPipeline.prepare drafts
+        return fit_size(pre, width, height)  # as the image prep (ImagePrep) drafts
 
     def one(data: bytes) -> None:
         fit_image(decode_image(data, max_pixels=MAX_PIXELS, draft_to=sizer), pre)

@@ -107,7 +107,7 @@ def capacity(
         extra={
             "clients": CLOSED_LOOP_CLIENTS,
             "mean_batch": mean_batch(before, stack.batch_stats(), model),
-            "max_batch": stack.settings.max_batch,
+            "max_batch": stack.settings.batch_cap(on_gpu=False),
         },
     )
 
@@ -129,7 +129,7 @@ def run(ctx: Context, model: str) -> list[CaseResult]:
             "offered_per_s": round(rate, 2),
             "fraction_of_capacity": fraction,
             "mean_batch": mean_batch(before, stack.batch_stats(), model),
-            "max_batch": stack.settings.max_batch,
+            "max_batch": stack.settings.batch_cap(on_gpu=False),
         }
         out.append(
             CaseResult.from_usage(

@@ -1,4 +1,4 @@
-"""Writing a chunk's results on Postgres (one UPDATE over arrays): the same rules as the
+"""Writing a chunk's results on Postgres (one UPDATE over a JSON document): the same rules as the
 SQLite upsert, and counters that move only with the rows that changed."""
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ def job_of(session: Session, keys: list[str]) -> tuple[str, list[int]]:
     return job.id, ids
 
 
-def row(key: str, status: str = ItemStatus.SUCCEEDED, **extra: Any) -> dict[str, Any]:
+def row(key: str, status: str = ItemStatus.SUCCEEDED, **extra: Any) -> tuple[Any, ...]:
+    """One item's result as `upsert_results` takes it (values in `RESULT_COLUMNS` order)."""
     base = {"key": key, "status": status, "error": None, "duration_ms": 2.5}
-    return {"outputs": {"labels": [{"label": "cat", "score": 0.5}]}, **base, **extra}
+    values = {"outputs": {"labels": [{"label": "cat", "score": 0.5}]}, **base, **extra}
+    return tuple(values.get(name) for name in queries.RESULT_COLUMNS)
 
 
 def by_key(session: Session, job_id: str) -> dict[str, Item]:
@@ -49,7 +51,9 @@ def test_results_land_once_and_only_for_the_lease_holder(sessions: sessionmaker[
         session.commit()
 
         items = by_key(session, job_id)
-        assert items["a"].status == "succeeded" and items["a"].outputs == results[0]["outputs"]
+        assert items["a"].status == "succeeded" and items["a"].outputs == {
+            "labels": [{"label": "cat", "score": 0.5}]
+        }
         assert (items["b"].status, items["b"].error, items["b"].outputs) == ("failed", "Bad.", None)
         assert (items["c"].status, items["d"].status) == ("running", "pending")
         assert items["a"].duration_ms == 2.5 and items["a"].finished_at is not None

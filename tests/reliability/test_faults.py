@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
+import psutil
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
@@ -39,6 +40,7 @@ from kiln.app.core.config import Settings
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.models import Item
 from kiln.app.db.session import make_engine, make_session_factory
+from kiln.workers.prep.slots import PREFIX, shm_dir
 from tests.models import oom_embedder
 from tests.reliability.faults import PrivatePostgres, PrivateRedis, TcpProxy
 from tests.reliability.jobs import items_by_key, upload, wait_closed
@@ -181,13 +183,18 @@ def _assert_workers_lived(workers: list[Process]) -> None:
 
 
 def test_three_workers_killed_mid_job(stack: Stack) -> None:
+    """Each kill -9 leaves the victim's shared memory behind (it cannot unlink it) and its
+    prep processes orphaned: they exit by themselves, and the next worker reclaims the
+    segments when it starts its prep processes."""
     faults, client = stack[0], stack[1]
     faults.ensure_workers(2)
     files = _images(IMAGES, "kill")
     job_id = _submit(client, files)
+    orphans: list[psutil.Process] = []
     for kill, fraction in enumerate((0.15, 0.35, 0.55)):
         _wait_done(client, job_id, int(IMAGES * fraction))
         victim = faults.live_workers()[0]
+        orphans += _prep_processes(victim)
         victim.kill()  # SIGKILL: no acks, no lease release, chunks held mid-batch
         faults.start_worker()
         print(f"kill {kill + 1}: {victim.name} at {_done(client, job_id)}/{IMAGES}")
@@ -195,6 +202,40 @@ def test_three_workers_killed_mid_job(stack: Stack) -> None:
     rerun = sum(1 for i in items.values() if i["attempts"] > 1)
     print(f"{rerun} items ran more than once (their run was killed); none duplicated")
     assert rerun > 0, "no kill landed on a running chunk; the test proved nothing"
+    assert orphans, "the killed workers had no prep processes; the test proved nothing"
+    _gone, alive = psutil.wait_procs(orphans, timeout=10)
+    assert not alive, f"prep processes outlived their killed worker: {alive}"
+    assert _dead_segments() == [], "a killed worker's shared memory was never reclaimed"
+
+
+def test_a_prep_process_killed_mid_job(stack: Stack) -> None:
+    """SIGKILL to one prep process of a running worker: the pool replaces it, the units it
+    held run again, every item ends once, and the worker never notices beyond a log line."""
+    faults = stack[0]
+
+    def kill_a_prep_process() -> None:
+        worker = faults.live_workers()[0]
+        preps = _prep_processes(worker)
+        assert preps, f"{worker.name} has no prep processes"
+        preps[0].kill()
+
+    _survives(stack, "prep-kill", kill_a_prep_process)
+
+
+def _prep_processes(worker: Process) -> list[psutil.Process]:
+    """A worker's prep processes: its children started by multiprocessing's spawn."""
+    children = psutil.Process(worker.pid).children(recursive=True)
+    return [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+
+def _dead_segments() -> list[str]:
+    """Kiln shared-memory segments whose owner process is gone."""
+    found = []
+    for path in shm_dir().glob(f"{PREFIX}*"):
+        owner = path.name[len(PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
+            found.append(path.name)
+    return found
 
 
 def _survives(stack: Stack, name: str, fault: Callable[[], None]) -> None:

@@ -1,7 +1,9 @@
-"""The Batcher on its own: batch release rules, futures, bisection, close, stats."""
+"""The Batcher on its own: batch release rules, one future per block, blocks cut across and
+shared between batches, bisection, close, stats."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -9,23 +11,38 @@ from typing import Any
 
 import pytest
 
-from kiln.app.core.errors import KilnError
-from kiln.workers.batching import Batcher, BatcherClosedError
+from kiln.app.core.errors import KilnError, TransientError
+from kiln.workers.batching import Batcher, BatcherClosedError, ListShape, Part
 
 RESULT_TIMEOUT = 2.0
 
+Block = list[Any]  # a block of rows: a list, cut by `Part`s
+BatchFn = Callable[[Sequence[Part[Block]]], list[Any]]
+
+
+def rows_of(parts: Sequence[Part[Block]]) -> list[Any]:
+    """The batch's rows, in order, from the block parts it was cut from."""
+    return [row for part in parts for row in part.block[part.start : part.stop]]
+
+
+def doubled(parts: Sequence[Part[Block]]) -> list[Any]:
+    return [x * 2 for x in rows_of(parts)]
+
 
 class Recorder:
-    """A batch function that records every batch it is given."""
+    """A batch function over rows that records every batch (its rows, and its parts)."""
 
-    def __init__(self, fn: Callable[[Sequence[Any]], Sequence[Any]] | None = None) -> None:
+    def __init__(self, fn: Callable[[list[Any]], list[Any]] | None = None) -> None:
         self.fn = fn or (lambda rows: [x * 2 for x in rows])
         self.calls: list[list[Any]] = []
+        self.parts: list[list[tuple[int, int, int]]] = []  # (id of the block, start, stop)
         self._lock = threading.Lock()
 
-    def __call__(self, rows: Sequence[Any]) -> Sequence[Any]:
+    def __call__(self, parts: Sequence[Part[Block]]) -> list[Any]:
+        rows = rows_of(parts)
         with self._lock:
-            self.calls.append(list(rows))
+            self.calls.append(rows)
+            self.parts.append([(id(p.block), p.start, p.stop) for p in parts])
         return self.fn(rows)
 
     @property
@@ -35,11 +52,11 @@ class Recorder:
 
 
 @pytest.fixture
-def make_batcher() -> Iterator[Callable[..., Batcher[Any, Any]]]:
-    made: list[Batcher[Any, Any]] = []
+def make_batcher() -> Iterator[Callable[..., Batcher[Block, list[Any]]]]:
+    made: list[Batcher[Block, list[Any]]] = []
 
-    def make(fn: Callable[[Sequence[Any]], Sequence[Any]], **kwargs: Any) -> Batcher[Any, Any]:
-        batcher: Batcher[Any, Any] = Batcher(fn, **kwargs)
+    def make(fn: BatchFn, **kwargs: Any) -> Batcher[Block, list[Any]]:
+        batcher: Batcher[Block, list[Any]] = Batcher(fn, ListShape(), **kwargs)
         made.append(batcher)
         return batcher
 
@@ -58,17 +75,16 @@ def make_batcher() -> Iterator[Callable[..., Batcher[Any, Any]]]:
 )
 def test_rejects_bad_knobs(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=">= 1"):
-        Batcher(lambda rows: rows, **kwargs)
+        Batcher(rows_of, ListShape(), **kwargs)
 
 
 def test_full_batch_is_released_without_waiting_for_the_delay(make_batcher) -> None:
     fn = Recorder()
     batcher = make_batcher(fn, max_batch=4, max_delay_s=5.0)
     started = time.monotonic()
-    futures = batcher.submit_many([1, 2, 3, 4])
-    results = [f.result(timeout=RESULT_TIMEOUT) for f in futures]
+    result = batcher.submit([1, 2, 3, 4]).result(timeout=RESULT_TIMEOUT)
     elapsed = time.monotonic() - started
-    assert results == [2, 4, 6, 8]
+    assert result == [2, 4, 6, 8]
     assert elapsed < 0.5, f"a full batch waited {elapsed:.3f}s (max_delay is 5s)"
     assert fn.sizes == [4]
 
@@ -77,49 +93,131 @@ def test_partial_batch_is_released_after_max_delay(make_batcher) -> None:
     fn = Recorder()
     batcher = make_batcher(fn, max_batch=10, max_delay_s=0.05)
     started = time.monotonic()
-    futures = batcher.submit_many([1, 2, 3])
-    results = [f.result(timeout=RESULT_TIMEOUT) for f in futures]
+    result = batcher.submit([1, 2, 3]).result(timeout=RESULT_TIMEOUT)
     elapsed = time.monotonic() - started
-    assert results == [2, 4, 6]
+    assert result == [2, 4, 6]
     assert fn.sizes == [3]
     assert 0.045 <= elapsed < 0.5
 
 
-def test_one_future_per_row_with_its_own_result(make_batcher) -> None:
+def test_one_future_per_block_with_its_rows_results_in_order(make_batcher) -> None:
     fn = Recorder()
     batcher = make_batcher(fn, max_batch=4, max_delay_s=0.01)
-    rows = list(range(10))
-    futures = batcher.submit_many(rows)
-    assert len(futures) == len(rows)
-    assert [f.result(timeout=RESULT_TIMEOUT) for f in futures] == [x * 2 for x in rows]
+    blocks = [list(range(0, 3)), list(range(3, 10)), [10], list(range(11, 16))]
+    futures = [batcher.submit(block) for block in blocks]
+    assert len(futures) == len(blocks)
+    for block, future in zip(blocks, futures, strict=True):
+        assert future.result(timeout=RESULT_TIMEOUT) == [x * 2 for x in block]
     assert all(size <= 4 for size in fn.sizes)
-    assert sorted(x for call in fn.calls for x in call) == rows
+    assert sorted(x for call in fn.calls for x in call) == list(range(16))
+
+
+def test_a_block_split_across_two_batches_gets_its_results_joined_in_order(
+    make_batcher,
+) -> None:
+    """max_batch 4 over blocks of 3 and 3: the second block's rows go in two batches, and its
+    one future holds all three results, in the block's order."""
+    fn = Recorder(lambda rows: [f"r{x}" for x in rows])
+    batcher = make_batcher(fn, max_batch=4, max_delay_s=5.0, greedy=True)
+    first, second = ["a", "b", "c"], ["d", "e", "f"]
+    with batcher.expect(6) as announced:
+        a = announced.submit(first)
+        b = announced.submit(second)
+    assert a.result(timeout=RESULT_TIMEOUT) == ["ra", "rb", "rc"]
+    assert b.result(timeout=RESULT_TIMEOUT) == ["rd", "re", "rf"]
+    assert fn.calls == [["a", "b", "c", "d"], ["e", "f"]]
+    assert fn.parts == [
+        [(id(first), 0, 3), (id(second), 0, 1)],
+        [(id(second), 1, 3)],
+    ]
+
+
+def test_blocks_from_several_callers_share_one_batch(make_batcher) -> None:
+    fn = Recorder()
+    batcher = make_batcher(fn, max_batch=6, max_delay_s=5.0)
+    gate = threading.Barrier(3)
+    blocks = [[1, 2], [10, 20], [100, 200]]
+    results: dict[int, list[Any]] = {}
+
+    def caller(k: int) -> None:
+        gate.wait(RESULT_TIMEOUT)
+        results[k] = batcher.submit(blocks[k]).result(timeout=RESULT_TIMEOUT)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(3)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RESULT_TIMEOUT)
+    assert time.monotonic() - started < 1.0  # the full batch went without waiting the delay
+    assert results == {k: [x * 2 for x in block] for k, block in enumerate(blocks)}
+    assert fn.sizes == [6]
+    assert sorted((start, stop) for _, start, stop in fn.parts[0]) == [(0, 2)] * 3
+    assert len({block for block, _, _ in fn.parts[0]}) == 3  # three callers' blocks
+
+
+def test_an_empty_block_is_answered_at_once(make_batcher) -> None:
+    fn = Recorder()
+    batcher = make_batcher(fn, max_batch=4, max_delay_s=5.0)
+    assert batcher.submit([]).result(timeout=0) == []
+    assert fn.calls == []
 
 
 def test_a_bad_row_fails_alone_by_bisection(make_batcher) -> None:
-    def fn_(rows: Sequence[Any]) -> list[Any]:
+    def fn_(rows: list[Any]) -> list[Any]:
         if "bad" in rows:
             raise ValueError("bad row in batch")
         return [f"ok:{r}" for r in rows]
 
     fn = Recorder(fn_)
     batcher = make_batcher(fn, max_batch=8, max_delay_s=0.5)
-    rows: list[Any] = [0, 1, 2, 3, 4, "bad", 6, 7]
-    futures = batcher.submit_many(rows)
+    first: list[Any] = [0, 1, 2, 3]
+    second: list[Any] = [4, "bad", 6, 7]
+    with batcher.expect(8) as announced:
+        futures = [announced.submit(first), announced.submit(second)]
 
-    for row, future in zip(rows, futures, strict=True):
-        if row == "bad":
-            with pytest.raises(ValueError, match="bad row"):
-                future.result(timeout=RESULT_TIMEOUT)
+    assert futures[0].result(timeout=RESULT_TIMEOUT) == [f"ok:{r}" for r in first]
+    answers = futures[1].result(timeout=RESULT_TIMEOUT)
+    assert len(answers) == len(second)
+    for row, answer in zip(second, answers, strict=True):
+        if row == "bad":  # the row's answer is its error; the rest of its block stands
+            assert isinstance(answer, ValueError) and "bad row" in str(answer)
         else:
-            assert future.result(timeout=RESULT_TIMEOUT) == f"ok:{row}"
+            assert answer == f"ok:{row}"
 
     # Depth first: [0..7] fails → [0..3] ok, [4..7] fails → [4, bad] fails → [4] ok,
     # [bad] fails → [6, 7] ok. Failures at sizes 8, 4, 2 and 1.
+    rows = first + second
     assert fn.calls == [rows, rows[:4], rows[4:], [4, "bad"], [4], ["bad"], [6, 7]]
     assert batcher.stats.failed_batches == 4
     assert batcher.stats.batches == 1
     assert batcher.stats.rows == 8
+
+
+class FlakyEngine(TransientError):
+    """An error that says another try may succeed (a lost device, a stuck engine)."""
+
+
+def test_a_transient_error_of_one_row_fails_only_its_blocks_future(make_batcher) -> None:
+    """Alone, a row whose error is transient fails its whole block (the chunk runs again);
+    the blocks that shared its batch keep their answers."""
+
+    def fn_(rows: list[Any]) -> list[Any]:
+        if "flaky" in rows:
+            raise FlakyEngine("the device went away")
+        return [f"ok:{r}" for r in rows]
+
+    fn = Recorder(fn_)
+    batcher = make_batcher(fn, max_batch=6, max_delay_s=5.0)
+    blocks: list[Block] = [[1, 2], [3, "flaky"], [5, 6]]
+    with batcher.expect(6) as announced:
+        futures = [announced.submit(block) for block in blocks]
+    assert futures[0].result(timeout=RESULT_TIMEOUT) == ["ok:1", "ok:2"]
+    with pytest.raises(FlakyEngine, match="the device went away"):
+        futures[1].result(timeout=RESULT_TIMEOUT)
+    assert futures[2].result(timeout=RESULT_TIMEOUT) == ["ok:5", "ok:6"]
+    assert ["flaky"] in fn.calls  # isolated by bisection before it failed the block
+    assert fn.sizes[0] == 6
 
 
 class FakeCudaOutOfMemory(RuntimeError):
@@ -145,37 +243,32 @@ def test_out_of_memory_splits_the_batch_and_lowers_the_cap(
     """An engine that cannot hold more than 2 rows: the batch of 8 is split, every row gets
     its answer, and later batches are never larger than what fit."""
 
-    def fn_(rows: Sequence[Any]) -> list[Any]:
+    def fn_(rows: list[Any]) -> list[Any]:
         if len(rows) > 2:
             raise oom(len(rows))
         return [r * 10 for r in rows]
 
     fn = Recorder(fn_)
     batcher = make_batcher(fn, max_batch=8, max_delay_s=0.5)
-    assert [f.result(RESULT_TIMEOUT) for f in batcher.submit_many(range(8))] == [
-        r * 10 for r in range(8)
-    ]
+    assert batcher.submit(list(range(8))).result(RESULT_TIMEOUT) == [r * 10 for r in range(8)]
     assert fn.sizes[:3] == [8, 4, 2]  # halved until it fits
     assert batcher.max_batch == 2
     assert batcher.stats.out_of_memory == 2  # the batches of 8 and 4
 
     fn.calls.clear()
-    assert [f.result(RESULT_TIMEOUT) for f in batcher.submit_many(range(6))] == [
-        r * 10 for r in range(6)
-    ]
+    assert batcher.submit(list(range(6))).result(RESULT_TIMEOUT) == [r * 10 for r in range(6)]
     assert max(fn.sizes) <= 2 and batcher.stats.out_of_memory == 2
 
 
 def test_an_ordinary_error_does_not_lower_the_cap(make_batcher) -> None:
-    def fn_(rows: Sequence[Any]) -> list[Any]:
+    def fn_(rows: list[Any]) -> list[Any]:
         if "bad" in rows:
             raise ValueError("bad row")
         return list(rows)
 
-    batcher = make_batcher(fn_, max_batch=4, max_delay_s=0.5)
-    futures = batcher.submit_many([1, "bad", 3, 4])
-    for future in futures:
-        future.exception(RESULT_TIMEOUT)
+    batcher = make_batcher(Recorder(fn_), max_batch=4, max_delay_s=0.5)
+    answers = batcher.submit([1, "bad", 3, 4]).result(RESULT_TIMEOUT)
+    assert answers[0] == 1 and isinstance(answers[1], ValueError) and answers[2:] == [3, 4]
     assert batcher.max_batch == 4 and batcher.stats.out_of_memory == 0
 
 
@@ -188,46 +281,52 @@ def test_an_ordinary_error_does_not_lower_the_cap(make_batcher) -> None:
 )
 def test_wrong_number_of_results_fails_the_rows(make_batcher, wrong) -> None:
     batcher = make_batcher(Recorder(wrong), max_batch=4, max_delay_s=0.5)
-    futures = batcher.submit_many([1, 2, 3, 4])
-    for future in futures:
-        with pytest.raises(RuntimeError, match=r"returned \d+ results for 1 rows"):
-            future.result(timeout=RESULT_TIMEOUT)
+    answers = batcher.submit([1, 2, 3, 4]).result(timeout=RESULT_TIMEOUT)
+    assert len(answers) == 4
+    for answer in answers:
+        assert isinstance(answer, RuntimeError)
+        assert re.search(r"returned \d+ results for 1 rows", str(answer)), answer
     assert batcher.stats.failed_batches > 0
 
 
-def test_cancelled_rows_are_not_sent_to_the_engine(make_batcher) -> None:
+def test_cancelled_blocks_are_not_sent_to_the_engine(make_batcher) -> None:
     fn = Recorder()
     batcher = make_batcher(fn, max_batch=10, max_delay_s=0.2)
-    futures = batcher.submit_many([1, 2, 3])
+    futures = [batcher.submit([1]), batcher.submit([2, 20]), batcher.submit([3])]
     assert futures[1].cancel()
-    assert futures[0].result(timeout=RESULT_TIMEOUT) == 2
-    assert futures[2].result(timeout=RESULT_TIMEOUT) == 6
+    assert futures[0].result(timeout=RESULT_TIMEOUT) == [2]
+    assert futures[2].result(timeout=RESULT_TIMEOUT) == [6]
     assert futures[1].cancelled()
     assert fn.calls == [[1, 3]]
 
 
 def test_submit_after_close_raises() -> None:
-    batcher: Batcher[int, int] = Batcher(lambda rows: rows, max_batch=2, max_delay_s=0.01)
+    batcher: Batcher[Block, list[Any]] = Batcher(
+        rows_of, ListShape(), max_batch=2, max_delay_s=0.01
+    )
     batcher.close()
     with pytest.raises(BatcherClosedError) as caught:
-        batcher.submit(1)
+        batcher.submit([1])
     assert isinstance(caught.value, KilnError)  # a sentence Kiln raised on purpose
     assert str(caught.value).endswith("is closed.")
-    with pytest.raises(BatcherClosedError):
-        batcher.submit_many([1, 2])
+    with pytest.raises(BatcherClosedError), batcher.expect(2) as announced:
+        announced.submit([1, 2])
+    assert batcher._announced == 0
     batcher.close()  # a second close is harmless
 
 
-def test_close_drains_queued_rows_without_waiting_out_the_delay() -> None:
+def test_close_drains_queued_blocks_without_waiting_out_the_delay() -> None:
     fn = Recorder()
-    batcher: Batcher[int, int] = Batcher(fn, max_batch=100, max_delay_s=5.0, runners=2)
-    futures = batcher.submit_many([1, 2, 3, 4, 5])
+    batcher: Batcher[Block, list[Any]] = Batcher(
+        fn, ListShape(), max_batch=100, max_delay_s=5.0, runners=2
+    )
+    futures = [batcher.submit([1, 2]), batcher.submit([3]), batcher.submit([4, 5])]
     started = time.monotonic()
     batcher.close(timeout=2.0)
     elapsed = time.monotonic() - started
     assert elapsed < 1.0
     assert all(f.done() for f in futures)
-    assert [f.result(timeout=0) for f in futures] == [2, 4, 6, 8, 10]
+    assert [f.result(timeout=0) for f in futures] == [[2, 4], [6], [8, 10]]
     assert not any(t.is_alive() for t in batcher._threads)
 
 
@@ -251,14 +350,16 @@ def test_idle_batcher_does_not_poll(make_batcher) -> None:
 
 
 def test_runners_work_concurrently(make_batcher) -> None:
-    def slow(rows: Sequence[int]) -> list[int]:
+    """One block of two rows, one row a batch: two runners run its batches at once, and the
+    block's future joins their results in order."""
+
+    def slow(parts: Sequence[Part[Block]]) -> list[Any]:
         time.sleep(0.1)
-        return list(rows)
+        return rows_of(parts)
 
     batcher = make_batcher(slow, max_batch=1, max_delay_s=0.0, runners=2)
     started = time.monotonic()
-    futures = batcher.submit_many([1, 2])
-    assert [f.result(timeout=RESULT_TIMEOUT) for f in futures] == [1, 2]
+    assert batcher.submit([1, 2]).result(timeout=RESULT_TIMEOUT) == [1, 2]
     elapsed = time.monotonic() - started
     assert elapsed < 0.18, f"two 0.1s batches on two runners took {elapsed:.3f}s"
     assert batcher.stats.batches == 2
@@ -268,9 +369,9 @@ def test_stats_count_sizes_and_mean(make_batcher) -> None:
     fn = Recorder()
     batcher = make_batcher(fn, max_batch=3, max_delay_s=0.1)
     assert batcher.stats.mean_batch == 0.0
-    futures = batcher.submit_many(list(range(7)))
-    for future in futures:
-        future.result(timeout=RESULT_TIMEOUT)
+    assert batcher.submit(list(range(7))).result(timeout=RESULT_TIMEOUT) == [
+        x * 2 for x in range(7)
+    ]
     batcher.close()  # the totals are written after the futures resolve
     stats = batcher.stats
     assert fn.sizes == [3, 3, 1]
@@ -281,26 +382,28 @@ def test_stats_count_sizes_and_mean(make_batcher) -> None:
     assert stats.failed_batches == 0
     assert stats.engine_seconds >= 0.0
     assert stats.queue_wait_seconds >= 0.0
+    assert sum(stats.wait_counts.values()) == 7  # one per row (the block went in three parts)
+    assert sum(stats.engine_counts.values()) == 3  # one per batch
 
 
-def test_greedy_runs_a_lone_row_at_once(make_batcher) -> None:
-    """Nothing else is announced: an interactive row does not wait out the delay."""
+def test_greedy_runs_a_lone_block_at_once(make_batcher) -> None:
+    """Nothing else is announced: an interactive block does not wait out the delay."""
     fn = Recorder()
     batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
     started = time.monotonic()
-    assert batcher.submit(1).result(timeout=RESULT_TIMEOUT) == 2
+    assert batcher.submit([1]).result(timeout=RESULT_TIMEOUT) == [2]
     assert time.monotonic() - started < 1.0
 
 
 def test_greedy_waits_for_announced_rows(make_batcher) -> None:
-    """A chunk announces its rows and submits them as it decodes them: one batch."""
+    """A chunk announces its rows and submits them in blocks as it decodes them: one batch."""
     fn = Recorder()
     batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
     with batcher.expect(3) as announced:
-        futures = [announced.submit(1)]
-        time.sleep(0.1)  # decoding the next input
-        futures += [announced.submit(2), announced.submit(3)]
-        assert [f.result(timeout=RESULT_TIMEOUT) for f in futures] == [2, 4, 6]
+        futures = [announced.submit([1])]
+        time.sleep(0.1)  # decoding the next inputs
+        futures += [announced.submit([2, 3])]
+        assert [f.result(timeout=RESULT_TIMEOUT) for f in futures] == [[2], [4, 6]]
     assert fn.sizes == [3]
 
 
@@ -310,8 +413,8 @@ def test_greedy_stops_waiting_when_announced_rows_are_written_off(make_batcher) 
     batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
     started = time.monotonic()
     with batcher.expect(2) as announced:
-        future = announced.submit(1)
-    assert future.result(timeout=RESULT_TIMEOUT) == 2
+        future = announced.submit([1])
+    assert future.result(timeout=RESULT_TIMEOUT) == [2]
     assert time.monotonic() - started < 1.0
 
 
@@ -320,7 +423,7 @@ def test_greedy_still_caps_the_wait_at_max_delay(make_batcher) -> None:
     batcher = make_batcher(fn, max_batch=8, max_delay_s=0.05, greedy=True)
     with batcher.expect(2) as announced:
         started = time.monotonic()
-        assert announced.submit(1).result(timeout=RESULT_TIMEOUT) == 2
+        assert announced.submit([1]).result(timeout=RESULT_TIMEOUT) == [2]
         assert 0.045 <= time.monotonic() - started < 1.0
     assert fn.sizes == [1]
 
@@ -328,15 +431,15 @@ def test_greedy_still_caps_the_wait_at_max_delay(make_batcher) -> None:
 def test_max_queued_makes_submit_wait_for_the_engine(make_batcher) -> None:
     gate = threading.Event()
 
-    def slow(rows: Sequence[int]) -> list[int]:
+    def slow(parts: Sequence[Part[Block]]) -> list[Any]:
         gate.wait(RESULT_TIMEOUT)
-        return list(rows)
+        return rows_of(parts)
 
     batcher = make_batcher(slow, max_batch=1, max_delay_s=0.0, max_queued=2)
-    batcher.submit_many([1])  # taken by the runner, which blocks on the gate
+    batcher.submit([1])  # taken by the runner, which blocks on the gate
     time.sleep(0.05)
-    batcher.submit_many([2, 3])  # fills the queue
-    blocked = threading.Thread(target=batcher.submit, args=(4,))
+    batcher.submit([2, 3])  # a block of two rows fills the queue (counted in rows)
+    blocked = threading.Thread(target=batcher.submit, args=([4],))
     blocked.start()
     blocked.join(0.2)
     assert blocked.is_alive(), "submit should wait while the queue is full"
@@ -348,17 +451,18 @@ def test_max_queued_makes_submit_wait_for_the_engine(make_batcher) -> None:
 def test_close_releases_a_blocked_submitter(make_batcher) -> None:
     gate = threading.Event()
     batcher = make_batcher(
-        lambda rows: gate.wait(RESULT_TIMEOUT) and list(rows),
+        lambda parts: gate.wait(RESULT_TIMEOUT) and rows_of(parts),
         max_batch=1,
         max_delay_s=0.0,
         max_queued=1,
     )
-    batcher.submit_many([1, 2])
+    batcher.submit([1])
+    batcher.submit([2])
     errors: list[BaseException] = []
 
     def submit_late() -> None:
         try:
-            batcher.submit(3)
+            batcher.submit([3])
         except BatcherClosedError as error:
             errors.append(error)
 
@@ -378,9 +482,9 @@ def test_skipped_rows_stop_the_wait_at_once(make_batcher) -> None:
     batcher = make_batcher(fn, max_batch=8, max_delay_s=5.0, greedy=True)
     with batcher.expect(3) as announced:
         started = time.monotonic()
-        future = announced.submit(1)
+        future = announced.submit([1])
         announced.skip(2)  # e.g. both found in the content cache
-        assert future.result(timeout=RESULT_TIMEOUT) == 2
+        assert future.result(timeout=RESULT_TIMEOUT) == [2]
         assert time.monotonic() - started < 1.0
         announced.skip(5)  # more than announced: harmless
     assert batcher._announced == 0

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiln.workers.batching import SECONDS_BOUNDS, Batcher, BatchStats, seconds_bound
+from kiln.workers.batching import (
+    SECONDS_BOUNDS,
+    Batcher,
+    BatchStats,
+    ListShape,
+    Part,
+    seconds_bound,
+)
 from kiln.workers.chunk.stats import ChunkTotals
 from kiln.workers.health import EngineHealth
 from kiln.workers.metrics import batch_size_histogram, size_buckets, worker_registry
@@ -32,6 +40,10 @@ class View:
 
     def engine_health(self) -> EngineHealth:
         return self.health
+
+
+def rows_of(parts: Sequence[Part[list[int]]]) -> list[int]:
+    return [row for part in parts for row in part.block[part.start : part.stop]]
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -65,9 +77,11 @@ def test_no_runtime_yet_means_no_series() -> None:
 
 
 def test_a_batchers_totals_are_exported() -> None:
-    batcher: Batcher[int, int] = Batcher(lambda rows: list(rows), max_batch=4, max_delay_s=0.5)
+    batcher: Batcher[list[int], list[int]] = Batcher(
+        rows_of, ListShape(), max_batch=4, max_delay_s=0.5
+    )
     try:
-        for future in batcher.submit_many(range(10)):
+        for future in [batcher.submit([i]) for i in range(10)]:  # ten blocks of one row
             future.result(timeout=5)
     finally:
         batcher.close()
@@ -94,9 +108,12 @@ def test_seconds_bound_picks_the_smallest_holding_bucket() -> None:
 
 
 def test_engine_and_queue_wait_histograms_count_batches_and_rows() -> None:
-    batcher: Batcher[int, int] = Batcher(lambda rows: list(rows), max_batch=4, max_delay_s=0.05)
+    batcher: Batcher[list[int], list[int]] = Batcher(
+        rows_of, ListShape(), max_batch=4, max_delay_s=0.05
+    )
     try:
-        for future in batcher.submit_many(range(10)):
+        blocks = [list(range(0, 3)), list(range(3, 10))]  # ten rows, cut across batches
+        for future in [batcher.submit(block) for block in blocks]:
             future.result(timeout=5)
     finally:
         batcher.close()

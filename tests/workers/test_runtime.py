@@ -7,11 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from kiln.app.catalog import ModelInfo
@@ -20,7 +21,8 @@ from kiln.workers import runtime as runtime_module
 from kiln.workers.engines.base import Choice, EngineRequest, TensorSpec
 from kiln.workers.engines.select import EngineFactory, Host
 from kiln.workers.memory import MemoryBudgetFullError
-from kiln.workers.models.base import Prepared
+from kiln.workers.models.base import Answers, Batch, Rows
+from kiln.workers.prep.spec import prep_spec
 from kiln.workers.runtime import ModelUnavailableError, WorkerRuntime
 from tests.support import migrated_settings
 
@@ -39,9 +41,17 @@ class SizedEngine:
         raise AssertionError("not called: the fake pipeline answers itself")
 
 
+class FakePrep:
+    """Rows as objects (no slots): the fake pipeline answers without looking at them."""
+
+    def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
+        return data
+
+
 class FakePipeline:
     max_batch = 4
     max_runners = 1
+    prep = prep_spec("tests.workers.test_runtime:FakePrep", {})
 
     def __init__(self, name: str, engines: EngineFactory) -> None:
         self.name = name
@@ -49,14 +59,11 @@ class FakePipeline:
         self.backend = self.engine.backend
         self.closed = False
 
-    def prepare(self, data: bytes | str) -> Prepared:
-        return Prepared(np.zeros(1))
+    def infer(self, batch: Batch) -> Answers:
+        return Answers(len(batch), {"model": pa.array([self.name] * len(batch))})
 
-    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
-        return [self.name for _ in rows]
-
-    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        return {"model": raw}
+    def finish(self, answers: Answers) -> Answers:
+        return answers
 
     def close(self) -> None:
         self.closed = True
@@ -120,8 +127,9 @@ def test_a_slow_build_does_not_hold_other_models(runtime: WorkerRuntime, loads: 
     assert loads.building.wait(5)
     started = time.monotonic()
     fast = runtime.runner(info("fast"))  # loads while "slow" is still building
-    rows = [fast.batcher.submit(Prepared(np.zeros(1))) for _ in range(3)]
-    assert [row.result(timeout=5) for row in rows] == ["fast"] * 3
+    blocks = [fast.batcher.submit(Rows(objects=[b"x"] * n)) for n in (1, 2)]
+    answers = [block.result(timeout=5) for block in blocks]
+    assert [a.columns["model"].to_pylist() for a in answers] == [["fast"], ["fast"] * 2]
     assert time.monotonic() - started < 2
     assert slow.is_alive()  # still building all along
     loads.gates["slow"].set()

@@ -17,7 +17,7 @@ from kiln.app.auth import create_key
 from kiln.app.core.config import Settings
 from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.observability.tracing import tracer
-from kiln.workers.batching import Batcher
+from kiln.workers.batching import Batcher, ListShape
 from kiln.workers.celery.app import make_celery
 from kiln.workers.runtime import WorkerRuntime
 from tests.tracing import in_memory_tracing
@@ -99,14 +99,18 @@ def test_one_job_is_one_trace_from_the_api_to_the_engine(
 def test_a_batch_of_two_tasks_rows_links_the_second(settings: Settings) -> None:
     with in_memory_tracing(settings) as exporter:
         gate = threading.Barrier(2)
-        batcher: Batcher[int, int] = Batcher(
-            lambda rows: list(rows), max_batch=2, max_delay_s=5.0, name="t"
+        batcher: Batcher[list[int], list[Any]] = Batcher(
+            lambda parts: [row for p in parts for row in p.block[p.start : p.stop]],
+            ListShape(),
+            max_batch=2,
+            max_delay_s=5.0,
+            name="t",
         )
 
         def caller(name: str) -> None:
             with tracer().start_as_current_span(name):
                 gate.wait()
-                batcher.submit(1).result(timeout=10)
+                batcher.submit([1]).result(timeout=10)
 
         threads = [threading.Thread(target=caller, args=(f"task-{i}",)) for i in range(2)]
         for thread in threads:

@@ -7,13 +7,15 @@ JSON would triple its size and lose float32 exactness. The rows: kiln.app.db.con
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
+from kiln.workers.chunk.rows import Piece
 from kiln.workers.models.base import VECTOR_OUTPUTS
 
 Entry = tuple[dict[str, Any], bytes | None, str | None]  # outputs, vector bytes, vector dtype
@@ -47,3 +49,34 @@ def decode(outputs: Mapping[str, Any], vector: bytes | None, dtype: str | None) 
         (name,) = VECTOR_OUTPUTS
         restored[name] = np.frombuffer(vector, dtype=np.dtype(dtype).newbyteorder("<")).copy()
     return restored
+
+
+def hits_piece(
+    rows: np.ndarray, entries: Sequence[Entry], fields: Sequence[pa.Field], model: ModelInfo
+) -> Piece:
+    """Rows the cache answered, as a piece of the chunk's results."""
+    return Piece.of_outputs(rows, [decode(*entry) for entry in entries], fields, model)
+
+
+def fresh_entries(
+    settings: Settings, tenant: str, pieces: Sequence[Piece], sha256: Sequence[str | None]
+) -> dict[str, dict[str, Entry]]:
+    """What this run computed, for the cache: by the scope of the model that answered each
+    row (a job's model's entries never hold its fallback's answers), then by input sha256."""
+    fresh: dict[str, dict[str, Entry]] = {}
+    for piece in pieces:
+        if piece.outputs is not None:  # answered by the cache itself
+            continue
+        scope = fresh.setdefault(scope_key(settings, tenant, piece.model), {})
+        vectors = {k: c for k, c in piece.columns.items() if k in VECTOR_OUTPUTS}
+        for i, (row, small) in enumerate(
+            zip(piece.rows.tolist(), piece.small_outputs(), strict=True)
+        ):
+            digest = sha256[row]
+            if digest is None:
+                continue
+            whole = small | {
+                k: c[i].values.to_numpy(zero_copy_only=False) for k, c in vectors.items()
+            }
+            scope[digest] = encode(whole)
+    return {k: v for k, v in fresh.items() if v}

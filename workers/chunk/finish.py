@@ -9,12 +9,12 @@ was left undone; all writes are idempotent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from sqlalchemy.orm import Session
 
@@ -26,13 +26,13 @@ from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus, Job, aware
 from kiln.app.db.session import unit_of_work
 from kiln.app.families.fallback import FallbackOptions
-from kiln.app.results import Result, ResultRow
 from kiln.workers import identical
-from kiln.workers.chunk import content_cache
+from kiln.workers.chunk.content_cache import fresh_entries
 from kiln.workers.chunk.fallback import Fallback, job_fallback, shard_fields
+from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.library import library_place
 from kiln.workers.library import update as update_library
-from kiln.workers.models.base import VECTOR_OUTPUTS, ClosedJob
+from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.loader import job_closed, library_columns
 from kiln.workers.runtime import WorkerRuntime
 
@@ -60,42 +60,42 @@ class Lease:
 
 
 def finish_chunk(
-    runtime: WorkerRuntime,
-    lease: Lease,
-    rows: Sequence[ResultRow],
-    fresh: Mapping[str, Mapping[str, content_cache.Entry]] | None = None,
+    runtime: WorkerRuntime, lease: Lease, rows: ChunkRows, stages: bool = False
 ) -> str | None:
-    """Write the shard, the results (and `fresh` results into the content cache: by scope, the
-    model's that answered them, then by input sha256); close the job if nothing is open.
-    Returns the final status if this call closed the job."""
+    """Write the shard, the results in one statement (and what this run computed into the
+    content cache, when it is on); close the job if nothing is open. `stages`: keep each
+    item's milliseconds per stage (interactive chunks). Returns the final status if this call
+    closed the job."""
     fields = shard_fields(lease.model, lease.fallback)
+    settings = runtime.settings
     with runtime.sessions() as session:
         with unit_of_work(session):  # reads only
             if lease.items and not leases.holds(session, lease.job_id, lease.owner):
                 log.warning("chunk %s/%d: lease taken over; not writing", lease.job_id, lease.chunk)
                 return None
-            shard = _shard_rows(session, lease, rows)
-        if shard:  # before the results commit: whoever sees an item finished can read its row
-            results.write_shard(lease.place, lease.chunk, shard, fields)
+            shard = _shard(session, lease, rows, fields)
+        if shard.num_rows:  # before the results commit: whoever sees an item finished can read it
+            results.write_table(lease.place, lease.chunk, shard)
         with unit_of_work(session):
-            queries.upsert_results(
-                session, lease.job_id, lease.chunk, [_upsert_row(r) for r in rows], lease.owner
-            )
-            ttl_s = runtime.settings.content_cache_ttl_s
-            for scope, entries in (fresh or {}).items():
-                cache_rows.cache_results(session, scope, entries, ttl_s)
+            document = rows.document(stages)
+            queries.upsert_results(session, lease.job_id, lease.chunk, document, lease.owner)
+            if settings.content_cache:
+                fresh = fresh_entries(settings, lease.tenant, rows.pieces, rows.sha256)
+                for scope, entries in fresh.items():
+                    cache_rows.cache_results(session, scope, entries, settings.content_cache_ttl_s)
             if lease.pipeline_id is not None:
-                done = [r.key for r in rows if r.status == ItemStatus.SUCCEEDED]
+                done = [row[0] for row in document if row[1] == ItemStatus.SUCCEEDED]
                 ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
         steps = _steps_before_close(runtime, session, lease, fields) if lease.was_open else None
         # Closing is its own unit, after the results commit, and takes no lock shared by the
         # job's chunks: whichever chunk commits last sees every other chunk's results, so it
         # closes the job (two seeing it at once race on one conditional update, and one wins).
         with unit_of_work(session):
-            final, shards = _close_if_done(session, lease, bool(shard), fields)
+            final, shards = _close_if_done(session, lease, bool(shard.num_rows), fields)
         if final is not None or not lease.was_open:
             closed_now = final is not None
             ensure_manifest(runtime, session, lease.job_id, lease.model, closed_now, shards, steps)
+        runtime.chunk_done(lease.job_id)
     return final
 
 
@@ -115,34 +115,20 @@ def _steps_before_close(
     return _close_steps(runtime, session, job, lease.model, lease.place)
 
 
-def _shard_rows(session: Session, lease: Lease, rows: Sequence[ResultRow]) -> list[Result]:
+def _shard(session: Session, lease: Lease, rows: ChunkRows, fields: list[pa.Field]) -> pa.Table:
     """This run's rows, plus the chunk's items finished earlier (a replay, a cancel, a run
-    before a crash): a shard always holds each of its chunk's items once."""
+    before a crash): a shard always holds each of its chunk's items once, in id order."""
+    table = rows.table(fields)
     if len(rows) == len(lease.item_ids):
-        return list(rows)
-    position = {item.key: item.id for item in lease.items}  # shards list items in id order
+        return table
+    mine = {item.key for item in lease.items}
     chunk = queries.finished_chunk_items(session, lease.job_id, lease.chunk)
-    earlier = [i for i in chunk if i.key not in position]
-    position |= {item.key: item.id for item in earlier}
-    return sorted([*earlier, *rows], key=lambda r: position[r.key])
-
-
-def _upsert_row(row: ResultRow) -> dict[str, Any]:
-    """The database's copy: vectors stay in the Parquet shard (docs/architecture.md)."""
-    outputs = None
-    if row.outputs is not None:
-        outputs = {k: v for k, v in row.outputs.items() if k not in VECTOR_OUTPUTS}
-    return {
-        "key": row.key,
-        "status": row.status,
-        "error": row.error,
-        "outputs": outputs,
-        "duration_ms": row.duration_ms,
-        "sha256": row.sha256,
-        "answered_by": row.answered_by,
-        "fallback_reason": row.fallback_reason,
-        "stages_ms": row.stages_ms,
-    }
+    earlier = [item for item in chunk if item.key not in mine]
+    if not earlier:
+        return table
+    ids = [item.id for item in lease.items] + [item.id for item in earlier]
+    merged = pa.concat_tables([table, results.items_table(earlier, fields)])
+    return merged.take(pa.array(np.argsort(ids, kind="stable")))
 
 
 def _close_if_done(

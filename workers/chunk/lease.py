@@ -1,11 +1,13 @@
-"""Keep a chunk run's lease alive while it works, and notice a cancel or a lost lease.
+"""Keep every chunk run's lease alive while it works, and notice a cancel or a lost lease.
 
-A thread renews the lease every `lease_renew_s`. A renewal that fails (the database is
-restarting) is retried at the next tick: the lease is long enough to ride out a short outage,
-and if it does run out, another run takes the items and this run's results are discarded.
+One thread per worker process (`Leases`) renews the leases of every run it holds in one
+statement every `lease_renew_s`, and reads their jobs' statuses in one more. A renewal that
+fails (the database is restarting) is retried at the next tick: the lease is long enough to
+ride out a short outage, and if it does run out, another run takes the items and this run's
+results are discarded.
 
-Renewal is bounded: a run older than `max_s` (a deadlocked work thread, an engine call that
-never returns) is no longer renewed — its lease runs out and the reconciler gives its items to
+Renewal is bounded: a run older than `max_s` (a deadlocked thread, an engine call that never
+returns) is no longer renewed — its lease runs out and the reconciler gives its items to
 another run — and the worker's `health` says so until the run ends, so a liveness probe
 restarts a worker whose run never does.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from types import TracebackType
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,78 +31,108 @@ from kiln.workers.health import Health
 log = logging.getLogger(__name__)
 
 
-class LeaseKeeper:
-    """Renews `owner`'s lease on the job's items until closed; a context manager."""
+@dataclass
+class Held:
+    """One chunk run's lease, as the keeper sees it."""
+
+    job_id: str
+    owner: str
+    # False for a run that leased nothing (a replay that only heals shards and the manifest):
+    # nothing to renew, and holding nothing is not losing.
+    watched: bool = True
+    # Set once its results are being written: they end its items' lease, which is no loss.
+    writing: bool = False
+    started: float = field(default_factory=time.monotonic)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # stop taking work
+    lost: threading.Event = field(default_factory=threading.Event)  # another run has the items
+
+    def stopping(self) -> bool:
+        return self.cancelled.is_set() or self.lost.is_set()
+
+    @property
+    def health_key(self) -> str:
+        return f"run:{self.owner}"
+
+
+class Leases:
+    """The process's one lease keeper; `hold` registers a run for as long as it works."""
 
     def __init__(
         self,
         sessions: sessionmaker[Session],
-        job_id: str,
-        owner: str,
         lease_s: float,
         renew_s: float,
         max_s: float = float("inf"),
         health: Health | None = None,
     ) -> None:
-        self.job_id, self.owner = job_id, owner
         self.lease_s, self.renew_s, self.max_s = lease_s, renew_s, max_s
         self.health = health or Health()
-        self._started = time.monotonic()
-        self.cancelled = threading.Event()  # the job is cancelling: stop taking new work
-        self.lost = threading.Event()  # another run holds the items now
         self._sessions = sessions
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{owner[:8]}", daemon=True)
+        self._held: dict[str, Held] = {}  # by owner
+        self._lock = threading.Lock()
+        self._wake = threading.Event()  # close() ends the thread at once
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
-    def __enter__(self) -> LeaseKeeper:
-        self._started = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.health.clear(self._health_key)
-
-    @property
-    def _health_key(self) -> str:
-        return f"run:{self.owner}"
-
-    def overran(self) -> bool:
-        """Past its longest lease: stop renewing, give the items up, report it (once)."""
-        if time.monotonic() - self._started <= self.max_s:
-            return False
-        if not self.lost.is_set():
-            sentence = (
-                f"a chunk run of job {self.job_id} has held its items for more than "
-                f"{self.max_s:g} s (KILN_RUN_MAX_S); its lease is left to run out"
-            )
-            log.error(sentence, extra={"job_id": self.job_id})
-            self.health.fail(self._health_key, sentence)
-            self.lost.set()  # whatever it finishes is not written: the items went elsewhere
-        return True
+    @contextmanager
+    def hold(self, job_id: str, owner: str, watched: bool = True) -> Iterator[Held]:
+        held = Held(job_id, owner, watched)
+        with self._lock:
+            self._held[owner] = held
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="kiln-leases", daemon=True)
+                self._thread.start()
+        try:
+            yield held
+        finally:
+            with self._lock:
+                self._held.pop(owner, None)
+            self.health.clear(held.health_key)
 
     def renew_once(self) -> None:
+        """One tick: every held lease pushed out in one statement; cancels and losses seen."""
+        with self._lock:
+            runs = [h for h in self._held.values() if h.watched and not self._overran(h)]
+        if not runs:
+            return
         with self._sessions() as session, unit_of_work(session):
-            held, status = leases.renew(session, self.job_id, self.owner, self.lease_s)
-        if status == JobStatus.CANCELLING:
-            self.cancelled.set()
-        if held == 0 and not self._stop.is_set():
-            log.warning("chunk run %s of job %s lost its lease", self.owner, self.job_id)
-            self.lost.set()
+            held = leases.renew_many(session, [h.owner for h in runs], self.lease_s)
+            statuses = leases.job_statuses(session, {h.job_id for h in runs})
+        for run in runs:
+            if statuses.get(run.job_id) == JobStatus.CANCELLING:
+                run.cancelled.set()
+            if not held.get(run.owner):
+                with self._lock:  # a run ending, or writing its results, holds nothing
+                    still = run.owner in self._held and not run.writing
+                if still:
+                    log.warning("chunk run %s of job %s lost its lease", run.owner, run.job_id)
+                    run.lost.set()
+
+    def _overran(self, held: Held) -> bool:
+        """Past its longest lease: stop renewing, give the items up, report it (once)."""
+        if time.monotonic() - held.started <= self.max_s:
+            return False
+        if not held.lost.is_set():
+            sentence = (
+                f"a chunk run of job {held.job_id} has held its items for more than "
+                f"{self.max_s:g} s (KILN_RUN_MAX_S); its lease is left to run out"
+            )
+            log.error(sentence, extra={"job_id": held.job_id})
+            self.health.fail(held.health_key, sentence)
+            held.lost.set()  # whatever it finishes is not written: the items went elsewhere
+        return True
 
     def _run(self) -> None:
-        while not self._stop.wait(self.renew_s):
-            if self.overran():
-                continue
+        while not self._wake.wait(self.renew_s):
             try:
                 self.renew_once()
             except Exception as error:  # the database is away: try again next tick
-                log.warning(
-                    "could not renew lease %s of job %s: %s", self.owner, self.job_id, error
-                )
+                log.warning("could not renew leases: %s", error)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(5)

@@ -192,6 +192,12 @@ class EngineFactory:
                  ", ".join(c.backend for c in self.candidates), self.choice.reason,
                  self.runners)  # fmt: skip
 
+    @property
+    def batch_cap(self) -> int:
+        """The largest batch engines are built for here (`KILN_MAX_BATCH`, or under auto what
+        a GPU's sweep may choose, or the CPU's knee)."""
+        return self.settings.batch_cap(self.choice.on_gpu)
+
     def scoped(self) -> EngineFactory:
         """The same factory, recording into its own `built` (one model's load)."""
         view = copy.copy(self)

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -266,10 +267,25 @@ class TorchEngine:
         """CuPy sees the tensor's memory through DLPack, on this thread's torch stream."""
         cp = self._cupy
         assert cp is not None
-        stream = self._torch.cuda.current_stream(self._device).cuda_stream
-        with cp.cuda.ExternalStream(stream):
+        with self._cupy_stream():
             ready = cp.ascontiguousarray(step(cp, cp.from_dlpack(raw)))
             return self._torch.from_dlpack(ready)
+
+    def _cupy_stream(self) -> Any:
+        """This thread's torch stream as CuPy sees it, made once per runner thread. CuPy 14
+        deprecates `ExternalStream` (for a `Stream.from_external` that takes a stream
+        object): only that warning is silenced, once per thread, not per batch."""
+        wrapped = getattr(self._local, "cupy_stream", None)
+        if wrapped is None:
+            cp = self._cupy
+            assert cp is not None
+            handle = self._torch.cuda.current_stream(self._device).cuda_stream
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", "ExternalStream is deprecated", DeprecationWarning
+                )
+                wrapped = self._local.cupy_stream = cp.cuda.ExternalStream(handle)
+        return wrapped
 
     def _collect(self, result: Any) -> dict[str, np.ndarray]:
         """Host arrays in the ONNX file's dtypes: FP32 outputs come back FP32 under autocast."""

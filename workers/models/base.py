@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
-from kiln.app.core.errors import InputError
+from kiln.app.core.errors import InputError, KilnError
 from kiln.app.db.models import Job
 from kiln.app.results import Place
 from kiln.workers.library import Library
+from kiln.workers.prep.spec import PrepSpec
 
 # Outputs too large for a database row (embeddings go to storage, not rows): they
 # reach the Parquet shard and the content cache, and are left out of `items.outputs`.
@@ -25,36 +27,151 @@ class Refusal(InputError):
 
 
 @dataclass
-class Prepared:
-    """One decoded input, ready to be stacked into a batch (`pixels` may be token ids)."""
+class Rows:
+    """A block of one model's prepared rows, as the prep processes left them: slot indices
+    (slot families: the pixels are in the model's shared-memory slots), each row's fit
+    metadata, or objects (families whose rows have no fixed shape: OCR pages, token ids,
+    encoded images for a GPU decoder)."""
 
-    pixels: np.ndarray
-    meta: dict[str, Any] = field(default_factory=dict)
+    slots: np.ndarray | None = None
+    meta: np.ndarray | None = None  # (rows, meta_width) float32
+    objects: list[Any] | None = None
+
+    def __len__(self) -> int:
+        if self.slots is not None:
+            return len(self.slots)
+        return len(self.objects or [])
+
+
+@dataclass
+class Batch:
+    """What a pipeline's `infer` gets: a batch's rows gathered from one or more blocks."""
+
+    pixels: np.ndarray | None = None  # (rows, *slot shape), uint8: gathered from the slots
+    meta: np.ndarray | None = None
+    objects: list[Any] | None = None
+
+    def __len__(self) -> int:
+        if self.pixels is not None:
+            return len(self.pixels)
+        return len(self.objects or [])
+
+
+def failure_sentence(error: Exception) -> str:
+    """What an item that failed in the engine or its post-processing says."""
+    if isinstance(error, KilnError):
+        return str(error)
+    return f"The model failed on this input: {error}."
+
+
+@dataclass
+class Answers:
+    """Outputs of some rows as columns (one value per row; null where a row failed), the
+    sentence of each failed row, and whether that failure was a refusal ("no answer", which a
+    fallback model may take). `raw`: per-row values a family finishes on the chunk's thread."""
+
+    rows: int
+    columns: dict[str, pa.Array] = field(default_factory=dict)
+    errors: list[str | None] | None = None
+    refused: list[bool] | None = None
+    raw: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def slice(self, start: int, stop: int) -> Answers:
+        return Answers(
+            stop - start,
+            {name: column.slice(start, stop - start) for name, column in self.columns.items()},
+            None if self.errors is None else self.errors[start:stop],
+            None if self.refused is None else self.refused[start:stop],
+            None if self.raw is None else self.raw[start:stop],
+        )
+
+    def error_list(self) -> list[str | None]:
+        return self.errors if self.errors is not None else [None] * self.rows
+
+    def refused_list(self) -> list[bool]:
+        return self.refused if self.refused is not None else [False] * self.rows
+
+    @staticmethod
+    def failed(rows: int, error: Exception) -> Answers:
+        refused = isinstance(error, Refusal)
+        return Answers(rows, {}, [failure_sentence(error)] * rows, [refused] * rows)
+
+    @staticmethod
+    def join(parts: Sequence[Answers]) -> Answers:
+        """Parts in order; a column some part lacks (it failed whole) is null there."""
+        if len(parts) == 1:
+            return parts[0]
+        types = {name: col.type for part in parts for name, col in part.columns.items()}
+        columns = {
+            name: pa.concat_arrays([p.columns.get(name, pa.nulls(p.rows, kind)) for p in parts])
+            for name, kind in types.items()
+        }
+        errors = any(p.errors is not None for p in parts)
+        refused = any(p.refused is not None for p in parts)
+        raw = any(p.raw is not None for p in parts)
+        return Answers(
+            sum(p.rows for p in parts),
+            columns,
+            [e for p in parts for e in p.error_list()] if errors else None,
+            [r for p in parts for r in p.refused_list()] if refused else None,
+            [v for p in parts for v in (p.raw or [None] * p.rows)] if raw else None,
+        )
+
+
+class AnswersShape:
+    """The Batcher's `Shape` for pipelines: Answers are cut, joined and failed as columns."""
+
+    def cut(self, result: Answers, start: int, stop: int) -> Answers:
+        return result.slice(start, stop)
+
+    def join(self, parts: Sequence[Answers]) -> Answers:
+        return Answers.join(parts) if parts else Answers(0)
+
+    def failed(self, rows: int, error: Exception) -> Answers:
+        return Answers.failed(rows, error)
+
+
+def row_errors(rows: int, failed: dict[int, Exception]) -> tuple[list[str | None], list[bool]]:
+    """Per-row sentences and refusal flags for the rows of a batch that failed."""
+    errors: list[str | None] = [None] * rows
+    refused = [False] * rows
+    for i, error in failed.items():
+        errors[i] = failure_sentence(error)
+        refused[i] = isinstance(error, Refusal)
+    return errors, refused
 
 
 class Pipeline(Protocol):
-    """A model family: `prepare` and `finish` run on task threads, `infer` on the Batcher's.
+    """A model family's batch half, run in the engine-owning process. Its prep half (`prep`)
+    runs in the prep processes; `infer` on the Batcher's runner threads, a batch at a time;
+    `finish` on the chunk's thread once a block's answers are in (most families answer in
+    `infer` and return them as they are).
 
-    Inputs are bytes (an image) or `str` (a text item). `finish` returns JSON-able values,
-    except those named in `VECTOR_OUTPUTS`: 1-D NumPy arrays (float32, or float16).
+    Output columns are Arrow arrays named as the family's Parquet fields; floats are rounded
+    as the results show them (the shard's schema casts them to its own types). Vectors (named
+    in `VECTOR_OUTPUTS`) stay out of the database's copy.
     """
 
     name: str
     backend: str
     max_batch: int
     max_runners: int  # runner threads that may call `infer` at once
+    prep: PrepSpec
 
-    def prepare(self, data: bytes | str) -> Prepared:
-        """Decode and resize one input; raise `InputError` with a sentence if it is bad."""
+    def infer(self, batch: Batch) -> Answers:
+        """One batch through the engine and its post-processing."""
+        ...
 
-    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
-        """Run one batch through the engine; one raw result per row."""
-
-    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        """Turn one raw result into the item's outputs; raise `Refusal` for "no answer"."""
+    def finish(self, answers: Answers) -> Answers:
+        """What is left to do per row on the chunk's thread (OCR reads its lines here)."""
+        ...
 
     def close(self) -> None:
         """Release what the pipeline holds beyond its engine (inner Batchers, threads)."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 The built-in is NudeNet's YOLOv8n (320 px) body-part/nudity detector, not a general object
 detector: its labels are NudeNet's (FACE_FEMALE, BUTTOCKS_EXPOSED, …). A registered detector
-brings its own labels, preprocessing and NMS settings; both decode boxes and run NMS here, in
-NumPy."""
+brings its own labels, preprocessing and NMS settings; both decode boxes and run NMS here, a
+batch at a time in NumPy."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ import pyarrow as pa
 
 from kiln.app.model_spec import Detection
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Prepared
+from kiln.workers.models.base import Answers, Batch, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.prep.images import placement_row
 from kiln.workers.preprocess import Placement
 
 LABELS = (
@@ -41,21 +43,132 @@ def model_path() -> Path:
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, iou_threshold: float) -> list[int]:
-    """Greedy non-maximum suppression over xyxy boxes; indices kept, best first."""
+    """Greedy non-maximum suppression over one image's xyxy boxes; indices kept, best first."""
     order = np.argsort(-scores, kind="stable")
     areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     keep: list[int] = []
     while order.size:
         best, rest = int(order[0]), order[1:]
         keep.append(best)
-        x1 = np.maximum(boxes[best, 0], boxes[rest, 0])
-        y1 = np.maximum(boxes[best, 1], boxes[rest, 1])
-        x2 = np.minimum(boxes[best, 2], boxes[rest, 2])
-        y2 = np.minimum(boxes[best, 3], boxes[rest, 3])
-        inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
-        iou = inter / np.maximum(areas[best] + areas[rest] - inter, 1e-9)
+        iou = _iou(boxes[best], boxes[rest], areas[best], areas[rest])
         order = rest[iou <= iou_threshold]
     return keep
+
+
+def _iou(box: np.ndarray, others: np.ndarray, area: Any, areas: np.ndarray) -> np.ndarray:
+    x1 = np.maximum(box[..., 0], others[..., 0])
+    y1 = np.maximum(box[..., 1], others[..., 1])
+    x2 = np.minimum(box[..., 2], others[..., 2])
+    y2 = np.minimum(box[..., 3], others[..., 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    return np.asarray(inter / np.maximum(area + areas - inter, 1e-9))
+
+
+BATCHED_NMS_MAX = 256  # candidates per image above which NMS runs image by image (memory)
+
+
+def batched_nms(boxes: np.ndarray, valid: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """Greedy NMS for many images at once: `boxes` (images, M, 4) each image's candidates
+    sorted best first, `valid` (images, M) which are real. The kept mask; one Python step per
+    candidate rank, the same work for every image at once."""
+    areas = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    iou = _iou(boxes[:, :, None, :], boxes[:, None, :, :], areas[:, :, None], areas[:, None, :])
+    alive = valid.copy()
+    keep = np.zeros_like(valid)
+    for i in range(boxes.shape[1]):
+        kept = alive[:, i]
+        keep[:, i] = kept
+        alive[:, i + 1 :] &= ~(kept[:, None] & (iou[:, i, i + 1 :] > iou_threshold))
+    return keep
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A batch's boxes above the score floor, flat, sorted by image then score (best first)."""
+
+    image: np.ndarray  # which image of the batch each belongs to
+    boxes: np.ndarray  # (n, 4) xyxy in original pixels
+    scores: np.ndarray
+    classes: np.ndarray
+
+
+def candidates(raw: np.ndarray, fits: np.ndarray, score_threshold: float) -> Candidates:
+    """YOLOv8 outputs [images, 4 + classes, anchors] → boxes in original pixels, each image's
+    fit (scale across, scale down, upright width, height: `prep.images.placement_row`)."""
+    predictions = raw.transpose(0, 2, 1)  # images, anchors, 4 + classes
+    class_scores = predictions[:, :, 4:]
+    class_ids = class_scores.argmax(axis=2)
+    scores = np.take_along_axis(class_scores, class_ids[..., None], axis=2)[..., 0]
+    image, anchor = np.nonzero(scores >= score_threshold)
+    cx, cy, w, h = (predictions[image, anchor, i] for i in range(4))
+    fit = fits[image].astype(predictions.dtype)
+    scales = np.stack([fit[:, 0], fit[:, 1], fit[:, 0], fit[:, 1]], axis=1)
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1) / scales
+    limits = np.stack([fit[:, 2], fit[:, 3], fit[:, 2], fit[:, 3]], axis=1)
+    boxes = np.clip(boxes, 0, limits)
+    kept = scores[image, anchor]
+    order = np.lexsort((anchor, -kept, image))  # by image, best first, ties in anchor order
+    return Candidates(image[order], boxes[order], kept[order], class_ids[image, anchor][order])
+
+
+def _kept(found: Candidates, images: int, iou_threshold: float) -> np.ndarray:
+    """Which candidates NMS keeps (per image, greedily, best first)."""
+    counts = np.bincount(found.image, minlength=images)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    keep = np.zeros(len(found.image), dtype=bool)
+    small = counts <= BATCHED_NMS_MAX
+    if small.any() and len(found.image):
+        width = int(counts[small].max())
+        rank = np.arange(len(found.image)) - starts[found.image]
+        chosen = small[found.image]
+        slot = np.searchsorted(np.flatnonzero(small), found.image[chosen])
+        padded = np.zeros((int(small.sum()), width, 4), dtype=found.boxes.dtype)
+        valid = np.zeros((int(small.sum()), width), dtype=bool)
+        padded[slot, rank[chosen]] = found.boxes[chosen]
+        valid[slot, rank[chosen]] = True
+        keep[chosen] = batched_nms(padded, valid, iou_threshold)[slot, rank[chosen]]
+    for i in np.flatnonzero(~small):  # a crowded image: its own loop, memory O(candidates)
+        span = slice(starts[i], starts[i] + counts[i])
+        keep[
+            np.arange(span.start, span.stop)[
+                nms(found.boxes[span], found.scores[span], iou_threshold)
+            ]
+        ] = True
+    return keep
+
+
+def detection_lists(
+    raw: np.ndarray,
+    fits: np.ndarray,
+    *,
+    score_threshold: float,
+    iou_threshold: float,
+    labels: Sequence[str] = LABELS,
+    max_boxes: int | None = None,
+) -> pa.Array:
+    """Each image's detections, best first, at most `max_boxes`, as a list of {label, score,
+    box} in Arrow: the whole batch's decoding and NMS in NumPy."""
+    images = raw.shape[0]
+    found = candidates(raw, fits, score_threshold)
+    keep = _kept(found, images, iou_threshold)
+    if max_boxes is not None:  # the first max_boxes kept of each image
+        image = found.image[keep]
+        rank = np.arange(len(image)) - np.searchsorted(image, image)
+        keep[np.flatnonzero(keep)[rank >= max_boxes]] = False
+    image, classes = found.image[keep], found.classes[keep]
+    classes_seen = int(classes.max()) + 1 if len(classes) else 0
+    names = pa.array([*labels, *(str(i) for i in range(len(labels), classes_seen))])
+    boxes = np.round(found.boxes[keep].astype(np.float64), 1)
+    values = pa.StructArray.from_arrays(
+        [
+            names.take(pa.array(classes)),
+            pa.array(np.round(found.scores[keep].astype(np.float64), 4)),
+            pa.FixedSizeListArray.from_arrays(pa.array(boxes.ravel()), 4),
+        ],
+        names=["label", "score", "box"],
+    )
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(image, minlength=images))])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
 def decode_yolo(
@@ -68,27 +181,13 @@ def decode_yolo(
     max_boxes: int | None = None,
 ) -> list[dict[str, Any]]:
     """One image's YOLOv8 output [4 + classes, anchors] → boxes in original pixels, best
-    first, at most `max_boxes` of them."""
-    predictions = raw.T
-    class_scores = predictions[:, 4:]
-    class_ids = class_scores.argmax(axis=1)
-    scores = class_scores[np.arange(len(class_ids)), class_ids]
-    mask = scores >= score_threshold
-    cx, cy, w, h = (predictions[mask, i] for i in range(4))
-    scale_x, scale_y = fit.scales
-    scales = np.asarray([scale_x, scale_y, scale_x, scale_y], dtype=predictions.dtype)
-    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1) / scales
-    boxes = np.clip(boxes, 0, [fit.width, fit.height, fit.width, fit.height])
-    scores, class_ids = scores[mask], class_ids[mask]
-    kept = nms(boxes, scores, iou_threshold)
-    return [
-        {
-            "label": labels[int(class_ids[i])] if class_ids[i] < len(labels) else str(class_ids[i]),
-            "score": round(float(scores[i]), 4),
-            "box": [round(float(v), 1) for v in boxes[i]],
-        }
-        for i in (kept if max_boxes is None else kept[:max_boxes])
-    ]
+    first, at most `max_boxes` of them (the batch path, for one image)."""
+    fits = np.asarray([placement_row(fit)], dtype=np.float32)
+    lists = detection_lists(
+        raw[np.newaxis], fits, score_threshold=score_threshold, iou_threshold=iou_threshold,
+        labels=labels, max_boxes=max_boxes,
+    )  # fmt: skip
+    return list(lists[0].as_py())
 
 
 class YoloPipeline(ImageModelPipeline):
@@ -97,33 +196,34 @@ class YoloPipeline(ImageModelPipeline):
 
     kind = "detect"
 
-    def __init__(self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int):
-        super().__init__(name, engine, spec, max_pixels=max_pixels)
+    def __init__(
+        self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int, **kw: Any
+    ) -> None:
+        super().__init__(name, engine, spec, max_pixels=max_pixels, **kw)
         self.labels = tuple(self.declared.labels)
         self.detection = self.declared.detection()
 
-    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
-        output = self._output(rows)
+    def infer(self, batch: Batch) -> Answers:
+        output, failed = self._output(batch)
         if output.ndim != 3 or output.shape[1] != 4 + len(self.labels):
             raise ValueError(
                 f"Model {self.name!r} returned shape {list(output.shape)}, not "
                 f"[N, {4 + len(self.labels)}, anchors] (4 box values and {len(self.labels)} "
                 f"class scores per anchor)."
             )
-        return list(output)
-
-    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        self._raise_if_failed(row)
+        assert batch.meta is not None  # each image's fit: where its boxes map back to
         found = self.detection
-        detections = decode_yolo(
-            raw,
-            row.meta["fit"],
-            score_threshold=found.score_threshold,
-            iou_threshold=found.iou_threshold,
-            labels=self.labels,
-            max_boxes=found.max_boxes,
-        )
-        return {"detections": detections}
+        columns = {
+            "detections": detection_lists(
+                output, batch.meta, score_threshold=found.score_threshold,
+                iou_threshold=found.iou_threshold, labels=self.labels,
+                max_boxes=found.max_boxes,
+            )
+        }  # fmt: skip
+        if not failed:
+            return Answers(len(batch), columns)
+        errors, refused = row_errors(len(batch), failed)
+        return Answers(len(batch), columns, errors, refused)
 
 
 class DetectorPipeline(YoloPipeline):
@@ -134,11 +234,12 @@ class DetectorPipeline(YoloPipeline):
         engine: Engine,
         *,
         max_pixels: int,
+        gpu_decode: bool = True,
         size: int = 320,
         score_threshold: float = 0.25,
         iou_threshold: float = 0.45,
     ) -> None:
         spec = {"input_size": size, "labels": list(LABELS), "fit": "letterbox"}
-        super().__init__("detector", engine, spec, max_pixels=max_pixels)
+        super().__init__("detector", engine, spec, max_pixels=max_pixels, gpu_decode=gpu_decode)
         # NudeNet's answer keeps every box NMS keeps.
         self.detection = Detection(score_threshold, iou_threshold, max_boxes=None)

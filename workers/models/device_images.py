@@ -74,25 +74,37 @@ def read_header(data: bytes, *, max_pixels: int) -> Header:
     if orientation in _ROTATED:
         width, height = height, width
     jpeg = isinstance(image, JpegImagePlugin.JpegImageFile) and image.mode in _NVJPEG_MODES
-    return Header(width, height, orientation, jpeg)
+    # nvJPEG decodes a truncated JPEG without an error (the missing rows come out grey), where
+    # Pillow refuses it: a JPEG without its end marker goes to Pillow, which says why it fails.
+    complete = data.rstrip(b"\0").endswith(b"\xff\xd9")
+    return Header(width, height, orientation, jpeg and complete)
 
 
 def decode_batch(
-    datas: Sequence[bytes], device: Any, *, max_pixels: int, nvjpeg: bool | None = None
+    datas: Sequence[bytes],
+    device: Any,
+    *,
+    max_pixels: int,
+    nvjpeg: bool | None = None,
+    headers: Sequence[Header] | None = None,
 ) -> list[Any]:
     """Each image as an upright CHW uint8 RGB tensor on `device`, or the `InputError` that
     says why it could not be decoded, in the order given. `nvjpeg` (default: on a CUDA
-    device) sends JPEGs through torchvision's `decode_jpeg` on `device`."""
+    device) sends JPEGs through torchvision's `decode_jpeg` on `device`. `headers`: read
+    already (by the prep processes), so not read again."""
     import torch
 
     where = torch.device(device)
-    headers = [_header_or_error(data, max_pixels) for data in datas]
-    results: list[Any] = list(headers)  # errors stay; headers are replaced by pixels
-    on_device = [i for i, h in enumerate(headers) if isinstance(h, Header) and h.nvjpeg]
+    read: list[Header | InputError] = (
+        list(headers) if headers is not None
+        else [_header_or_error(data, max_pixels) for data in datas]
+    )  # fmt: skip
+    results: list[Any] = list(read)  # errors stay; headers are replaced by pixels
+    on_device = [i for i, h in enumerate(read) if isinstance(h, Header) and h.nvjpeg]
     if (where.type == "cuda" if nvjpeg is None else nvjpeg) and on_device:
         decoded = _nvjpeg([datas[i] for i in on_device], where)
         for i, tensor in zip(on_device, decoded, strict=True):
-            header = headers[i]
+            header = read[i]
             if tensor is not None and isinstance(header, Header):
                 results[i] = orient(tensor, header.orientation)  # decode_jpeg leaves EXIF be
     for i, result in enumerate(results):
@@ -171,7 +183,7 @@ def fit_batch(
     images: Sequence[Any], pre: Preprocessing, *, dtype: str = "float32"
 ) -> tuple[Any, list[dict[str, Any]]]:
     """The model's input for upright CHW uint8 `images` (all on one device), normalised as
-    `preprocess.normalize` does, and per image the `Prepared.meta` the CPU path gives."""
+    `preprocess.normalize` does, and per image the fit the CPU path records (`{"fit": …}`)."""
     import torch
 
     if not supports(pre):
@@ -235,7 +247,8 @@ def _pass(pixels: Any, height: int, width: int, filter_name: str) -> Any:
 
 def normalize_batch(pixels: Any, pre: Preprocessing, *, dtype: str = "float32") -> Any:
     """NCHW RGB pixel values → (x·scale − mean) / std in the model's channel order, layout and
-    dtype: `preprocess.normalize`'s arithmetic, in float32, step for step."""
+    dtype: the textbook formula in float32 (`preprocess.normalize` folds it into one multiply
+    and one add: the same within float32 rounding)."""
     import torch
 
     if pre.channel_order == "BGR":

@@ -3,7 +3,6 @@ image."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -11,7 +10,7 @@ import pyarrow as pa
 
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Prepared
+from kiln.workers.models.base import Answers, Batch, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
 
 
@@ -28,7 +27,10 @@ def fields(spec: dict[str, Any]) -> list[pa.Field]:
 def require_finite(vector: np.ndarray) -> None:
     """A vector with NaN or infinity cannot be compared or searched: the item fails."""
     if not np.isfinite(vector).all():
-        raise InputError("The model returned NaN or infinity for this input; no vector kept.")
+        raise InputError(NOT_FINITE)
+
+
+NOT_FINITE = "The model returned NaN or infinity for this input; no vector kept."
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
@@ -38,11 +40,33 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return (wide / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
+def vector_answers(
+    vectors: np.ndarray, failed: dict[int, Exception], extra: dict[str, pa.Array]
+) -> Answers:
+    """Vectors as the `embedding` column (null where a row failed or is not finite), beside
+    the family's other columns."""
+    rows = len(vectors)
+    bad = ~np.isfinite(vectors).all(axis=1)
+    failed = {int(i): InputError(NOT_FINITE) for i in bad.nonzero()[0]} | failed
+    mask = np.zeros(rows, dtype=bool)
+    mask[list(failed)] = True
+    width = vectors.shape[1]
+    offsets = pa.array(np.arange(0, rows * width + 1, width), pa.int32())
+    embedding = pa.ListArray.from_arrays(offsets, pa.array(vectors.ravel()), mask=pa.array(mask))
+    columns = {"embedding": embedding, **extra}
+    if not failed:
+        return Answers(rows, columns)
+    errors, refused = row_errors(rows, failed)
+    return Answers(rows, columns, errors, refused)
+
+
 class EmbedPipeline(ImageModelPipeline):
     kind = "embed"
 
-    def __init__(self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int):
-        super().__init__(name, engine, spec, max_pixels=max_pixels)
+    def __init__(
+        self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int, **kw: Any
+    ) -> None:
+        super().__init__(name, engine, spec, max_pixels=max_pixels, **kw)
         self.dim = int(spec["dim"])
         self.dtype = np.float16 if spec.get("fp16") else np.float32
         self._check_output()
@@ -55,15 +79,11 @@ class EmbedPipeline(ImageModelPipeline):
                 f"with dim {self.dim}."
             )
 
-    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
-        vectors = self._run(rows)
+    def infer(self, batch: Batch) -> Answers:
+        vectors, failed = self._run(batch)
         if vectors.shape[1] != self.dim:
             raise ValueError(
                 f"Model {self.name!r} returned {vectors.shape[1]} values, not {self.dim}."
             )
-        return list(l2_normalize(vectors).astype(self.dtype))
-
-    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        self._raise_if_failed(row)
-        require_finite(raw)
-        return {"embedding": raw, "dim": self.dim}
+        dims = pa.array(np.full(len(batch), self.dim, dtype=np.int32))
+        return vector_answers(l2_normalize(vectors).astype(self.dtype), failed, {"dim": dims})

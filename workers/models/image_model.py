@@ -4,15 +4,14 @@ resize filter), normalised on the engine's device (channel order, pixel range, m
 layout, dtype), and one output tensor with a row per image. Each family keeps what differs:
 how it reads that row.
 
-On the PyTorch CUDA engine with nvJPEG, images are decoded, fitted and normalised on the GPU
-for the whole batch (`device_images`): `prepare` only checks the header on the task thread, and
-an image that fails to decode fails its own item (`_raise_if_failed` in each family's finish).
-Everywhere else the CPU path below runs."""
+The prep processes decode and fit each image into the model's slot (`workers/prep/images.py`);
+a batch arrives here as uint8 pixels and is normalised where the engine keeps it. On the
+PyTorch CUDA engine with nvJPEG, images are decoded, fitted and normalised on the GPU for the
+whole batch (`device_images`): prep only checks the header, and an image that fails to decode
+fails its own row."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import ModuleType
 from typing import Any, cast
 
 import numpy as np
@@ -21,18 +20,29 @@ from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.engines.base import Engine
 from kiln.workers.models import device_images
-from kiln.workers.models.base import Prepared
-from kiln.workers.preprocess import decode_image, fit_image, fit_size, normalize, stack
+from kiln.workers.models.base import Answers, Batch
+from kiln.workers.prep.images import FIT_WIDTH
+from kiln.workers.prep.slots import SlotLayout
+from kiln.workers.prep.spec import PrepSpec, prep_spec
+from kiln.workers.preprocess import normalize
 
 
 class ImageModelPipeline:
     """The `Pipeline` half shared by registered image models; subclasses add `infer` (usually
-    `rows` → `_run` → scores or vectors) and `finish`."""
+    `_run(batch)` → scores or vectors → columns)."""
 
     max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
     kind = "classify"  # whose defaults a stored spec's missing fields take
 
-    def __init__(self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int):
+    def __init__(
+        self,
+        name: str,
+        engine: Engine,
+        spec: dict[str, Any],
+        *,
+        max_pixels: int,
+        gpu_decode: bool = True,
+    ) -> None:
         self.name = name
         self.engine = engine
         self.backend = engine.backend
@@ -44,23 +54,25 @@ class ImageModelPipeline:
         self.input_name = engine.inputs[0].name
         # A model that takes half-precision input gets it straight from `normalize`.
         self.input_dtype = "float16" if engine.inputs[0].dtype == "float16" else "float32"
-        self.device = device_decoding(engine, self.pre)  # None: decode on the CPU
+        # None: the prep processes decode on the CPU
+        self.device = device_decoding(engine, self.pre) if gpu_decode else None
+        self.prep = self._prep_spec()
 
-    def prepare(self, data: bytes | str) -> Prepared:
-        if isinstance(data, str):
-            raise InputError("This model takes images, not text.")
-        if self.device is not None:  # the batch decodes on the GPU: check what is cheap here
-            device_images.read_header(data, max_pixels=self.max_pixels)
-            return Prepared(np.frombuffer(data, dtype=np.uint8), {})
-        # JPEGs decode straight to the smallest DCT scale that still covers the resize.
-        decoded = decode_image(data, max_pixels=self.max_pixels, draft_to=self._resized)
-        pixels, placement = fit_image(decoded, self.pre)
-        return Prepared(pixels, {} if placement is None else {"fit": placement})
+    def _prep_spec(self) -> PrepSpec:
+        if self.device is not None:  # the batch decodes on the GPU: prep checks headers only
+            return prep_spec(
+                "kiln.workers.prep.images:HeaderPrep",
+                {"max_pixels": self.max_pixels},
+                meta_width=FIT_WIDTH,  # the fits the device makes are recorded per batch
+            )
+        return prep_spec(
+            "kiln.workers.prep.images:ImagePrep",
+            {"preprocessing": self.pre, "max_pixels": self.max_pixels},
+            layout=SlotLayout((self.size, self.size, 3)),
+            meta_width=FIT_WIDTH,
+        )
 
-    def _resized(self, width: int, height: int) -> tuple[int, int]:
-        return fit_size(self.pre, width, height)
-
-    def _normalize(self, xp: ModuleType, batch: Any) -> Any:
+    def _normalize(self, xp: Any, batch: Any) -> Any:
         pre = self.pre
         return normalize(
             xp,
@@ -73,46 +85,52 @@ class ImageModelPipeline:
             channel_order=pre.channel_order,
         )
 
-    def _output(self, rows: Sequence[Prepared]) -> np.ndarray:
-        """The engine's first output for `rows`, as the engine gives it."""
+    def _output(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
+        """The engine's first output for the batch, and the rows that failed before it (an
+        image the GPU could not decode gets a row of zeros and its error)."""
         if self.device is not None:
-            return self._output_on_device(rows)
-        pixels = stack([r.pixels for r in rows])  # uint8: 4x less to copy to a GPU than floats
-        outputs = self.engine.infer({self.input_name: pixels}, {self.input_name: self._normalize})
-        return next(iter(outputs.values()))
+            return self._output_on_device(batch)
+        assert batch.pixels is not None  # uint8: 4x less to copy to a GPU than floats
+        outputs = self.engine.infer(
+            {self.input_name: batch.pixels}, {self.input_name: self._normalize}
+        )
+        return next(iter(outputs.values())), {}
 
-    def _output_on_device(self, rows: Sequence[Prepared]) -> np.ndarray:
-        """Decode, fit and normalise the batch on the engine's device; a row whose image does
-        not decode keeps its error in `meta` and gets a row of zeros."""
-        datas = [r.pixels.tobytes() for r in rows]
-        images = device_images.decode_batch(datas, self.device, max_pixels=self.max_pixels)
-        good = [i for i, image in enumerate(images) if not isinstance(image, InputError)]
+    def _output_on_device(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
+        """Decode, fit and normalise the batch on the engine's device."""
+        rows = batch.objects or []
+        datas = [data for data, _header in rows]
+        images = device_images.decode_batch(
+            datas, self.device, max_pixels=self.max_pixels, headers=[h for _d, h in rows]
+        )
+        failed: dict[int, Exception] = {
+            i: image for i, image in enumerate(images) if isinstance(image, InputError)
+        }
+        good = [i for i in range(len(images)) if i not in failed]
         if not good:  # nothing to run: the Batcher splits the batch, each row gets its error
-            raise images[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
-        for row, image in zip(rows, images, strict=True):
-            if isinstance(image, InputError):
-                row.meta["error"] = image
-        batch, metas = device_images.fit_batch(
+            raise failed[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
+        pixels, metas = device_images.fit_batch(
             [images[i] for i in good], self.pre, dtype=self.input_dtype
         )
-        for i, meta in zip(good, metas, strict=True):
-            rows[i].meta.update(meta)
         engine = cast(Any, self.engine)  # the torch engine: it takes device tensors
-        output = next(iter(engine.infer_tensors({self.input_name: batch}).values()))
+        output = next(iter(engine.infer_tensors({self.input_name: pixels}).values()))
         full = np.zeros((len(rows), *output.shape[1:]), dtype=output.dtype)
         full[good] = output
-        return full
+        if batch.meta is not None:  # the fits the device made, as the CPU path records them
+            from kiln.workers.prep.images import placement_row
 
-    @staticmethod
-    def _raise_if_failed(row: Prepared) -> None:
-        """The image of this row did not decode on the device: fail its item alone."""
-        error = row.meta.get("error")
-        if error is not None:
-            raise error
+            for i, meta in zip(good, metas, strict=True):
+                if "fit" in meta:
+                    batch.meta[i] = placement_row(meta["fit"])
+        return full, failed
 
-    def _run(self, rows: Sequence[Prepared]) -> np.ndarray:
-        """The engine's first output for `rows`, one flat row per image."""
-        return self._output(rows).reshape(len(rows), -1)
+    def _run(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
+        """The engine's first output, one flat row per image, and the rows that failed."""
+        output, failed = self._output(batch)
+        return output.reshape(len(batch), -1), failed
+
+    def finish(self, answers: Answers) -> Answers:
+        return answers  # everything was answered per batch
 
     def close(self) -> None:
         """Nothing beyond the engine to release."""

@@ -26,8 +26,10 @@ _REGISTERED: dict[str, Callable[..., Pipeline]] = {
 def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
     settings, store = engines.settings, engines.store
     if info.kind == "detect" and info.builtin:
-        engine = engines.build(info.name, detect.model_path(), settings.max_batch)
-        return detect.DetectorPipeline(engine, max_pixels=settings.max_image_pixels)
+        engine = engines.build(info.name, detect.model_path(), engines.batch_cap)
+        return detect.DetectorPipeline(
+            engine, max_pixels=settings.max_image_pixels, gpu_decode=settings.gpu_decode
+        )
     if info.kind == "ocr":
         return ocr.OcrPipeline(engines, max_pixels=settings.max_image_pixels)
     if info.kind == "text-embed":
@@ -35,10 +37,13 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
     if info.kind == "phash":
         return phash.PhashPipeline(max_pixels=settings.max_image_pixels)
     if info.kind in _REGISTERED:
-        max_batch = min(settings.max_batch, info.spec.get("max_batch") or settings.max_batch)
+        max_batch = min(engines.batch_cap, info.spec.get("max_batch") or engines.batch_cap)
         engine = engines.build(info.ref, fetch_onnx(info, settings, store), max_batch)
         family = _REGISTERED[info.kind]
-        return family(info.ref, engine, info.spec, max_pixels=settings.max_image_pixels)
+        return family(
+            info.ref, engine, info.spec, max_pixels=settings.max_image_pixels,
+            gpu_decode=settings.gpu_decode,
+        )  # fmt: skip
     raise ValueError(f"Model {info.name!r} has kind {info.kind!r}, which this worker cannot run.")
 
 

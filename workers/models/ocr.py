@@ -1,11 +1,12 @@
 """The built-in OCR model: PP-OCRv4 det / cls / rec ONNX files shipped by rapidocr-onnxruntime,
 run on Kiln's engines, with lines from many images batched together.
 
-- `prepare` (task thread): decode, the working image, the detector's resized input.
+- prep (a prep process, `workers/prep/ocr.py`): decode, the working image, the detector's
+  resized input — shapes vary, so they travel as objects, not slots.
 - `infer` (the model's Batcher): the detector over a batch of images, then DB boxes.
-- `finish` (task thread): crop the lines, pass them through two inner Batchers owned by the
-  pipeline — the angle classifier, then the recogniser — shared by every image in flight on
-  the worker's threads, and decode the text.
+- `finish` (the chunk's thread): crop every line of the block's images, pass them through two
+  inner Batchers owned by the pipeline — the angle classifier, then the recogniser — shared by
+  every chunk in flight on the worker, and decode the text.
 
 Parameters come from rapidocr's config.yaml; its pure pre/post-processing is reused (see
 `ocr_det`, `ocr_lines`), never its ONNX sessions.
@@ -14,26 +15,25 @@ Parameters come from rapidocr's config.yaml; its pure pre/post-processing is reu
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.core.errors import InputError
-from kiln.workers.batching import Batcher
+from kiln.workers.batching import Batcher, ListShape, Part
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.base import Prepared
+from kiln.workers.models.base import Answers, Batch, row_errors
 from kiln.workers.models.ocr_config import load_config
 from kiln.workers.models.ocr_det import DET_AXES, Detection, Page, to_original
 from kiln.workers.models.ocr_lines import (
     REC_MAX_WIDTH,
     LineReader,
-    Reading,
     Strip,
     group_indices,
     strip_axes,
 )
-from kiln.workers.preprocess import decode_image, stack
+from kiln.workers.prep.spec import prep_spec
+from kiln.workers.preprocess import stack
 
 # Images per detector call on a GPU (only equal input shapes share a tensor). On a CPU one:
 # a batch of large images is no faster per image there and holds all their activations
@@ -51,9 +51,6 @@ _LINE = pa.struct(
 )
 FIELDS = [pa.field("text", pa.string()), pa.field("lines", pa.list_(_LINE))]
 
-In = TypeVar("In")
-Out = TypeVar("Out")
-
 
 class OcrPipeline:
     name = "ocr"
@@ -61,7 +58,6 @@ class OcrPipeline:
 
     def __init__(self, engines: EngineFactory, *, max_pixels: int) -> None:
         config = self.config = load_config()
-        self.max_pixels = max_pixels
         det_batch = DET_GPU_BATCH if engines.choice.on_gpu else 1
         self.det_engine = engines.build("ocr-det", config.det_model, det_batch, axes=DET_AXES)
         cls_axes = strip_axes(config.cls_height, config.cls_width, config.cls_width)
@@ -73,53 +69,88 @@ class OcrPipeline:
         self.backend = ", ".join(dict.fromkeys(e.backend for e in engines_used))  # one, usually
         self.detection = Detection(config)
         self.reader = LineReader(config, cls_engine, rec_engine)
+        self.prep = prep_spec("kiln.workers.prep.ocr:OcrPrep", {"max_pixels": max_pixels})
         self._det_input = self.det_engine.inputs[0].name
         self._det_prepare = self.detection.normalizer()
-        self.cls_batcher: Batcher[Strip, tuple[str, float]] = _inner(
+        self.cls_batcher: Batcher[list[Strip], list[Any]] = _inner(
             self.reader.classify, cls_engine.max_batch, engines, "ocr-cls"
         )
-        self.rec_batcher: Batcher[Strip, Reading] = _inner(
+        self.rec_batcher: Batcher[list[Strip], list[Any]] = _inner(
             self.reader.recognise, rec_engine.max_batch, engines, "ocr-rec"
         )
 
-    def prepare(self, data: bytes | str) -> Prepared:
-        if isinstance(data, str):
-            raise InputError("This model takes images, not text.")
-        # JPEGs decode straight to a smaller DCT scale when far larger than the working image.
-        decoded = decode_image(data, max_pixels=self.max_pixels, draft_to=self.config.max_side_len)
-        page = self.detection.page(decoded)
-        return Prepared(self.detection.input(page), {"page": page})
-
-    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
+    def infer(self, batch: Batch) -> Answers:
         """Boxes per image. Inputs keep each image's aspect, so only equal shapes (common in
         bulk scans) share an engine call; the others run one by one."""
-        boxes: list[Any] = [None] * len(rows)
-        for group in group_indices([r.pixels.shape for r in rows]):
-            feeds = {self._det_input: stack([rows[i].pixels for i in group])}
+        rows = batch.objects or []
+        raw: list[Any] = [None] * len(rows)
+        for group in group_indices([pixels.shape for pixels, _page in rows]):
+            feeds = {self._det_input: stack([rows[i][0] for i in group])}
             outputs = self.det_engine.infer(feeds, {self._det_input: self._det_prepare})
             for i, probabilities in zip(group, next(iter(outputs.values())), strict=True):
-                boxes[i] = self.detection.boxes(probabilities, rows[i].meta["page"])
-        return boxes
+                page = rows[i][1]
+                raw[i] = (page, self.detection.boxes(probabilities, page))
+        return Answers(len(rows), raw=raw)
 
-    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        page: Page = row.meta["page"]
-        boxes: np.ndarray = raw
+    def finish(self, answers: Answers) -> Answers:
+        """The text of every image of the block: all their lines go through the inner
+        Batchers together, so lines of many images share the classifier's and recogniser's
+        batches."""
+        raw, errors = answers.raw or [], answers.error_list()
+        pages = [(i, value) for i, value in enumerate(raw) if value is not None and not errors[i]]
+        outputs: list[dict[str, Any] | None] = [None] * answers.rows
+        failed: dict[int, Exception] = {}
+        for (i, _), lines in zip(pages, self._read([v for _i, v in pages]), strict=True):
+            if isinstance(lines, Exception):
+                failed[i] = lines
+            else:
+                outputs[i] = {
+                    "text": "\n".join(str(line["text"]) for line in lines),
+                    "lines": lines,
+                }
+        columns = {
+            f.name: pa.array([o[f.name] if o else None for o in outputs], f.type) for f in FIELDS
+        }
+        if failed:
+            more, _refused = row_errors(answers.rows, failed)
+            errors = [e or m for e, m in zip(errors, more, strict=True)]
+        return Answers(answers.rows, columns, errors if any(errors) else None, answers.refused)
+
+    def _read(self, pages: list[tuple[Page, np.ndarray]]) -> list[list[dict[str, Any]] | Exception]:
+        """Crops → upright (classifier) → text (recogniser), for many pages at once."""
+        reader = self.reader
+        crops = [reader.crops(page.image, boxes) if len(boxes) else [] for page, boxes in pages]
+        flat = [crop for page_crops in crops for crop in page_crops]
+        angles = _through(self.cls_batcher, [reader.cls_strip(c) for c in flat])
+        upright = [
+            crop if isinstance(a, Exception) else reader.upright(crop, a)
+            for crop, a in zip(flat, angles, strict=True)
+        ]
+        readings = _through(
+            self.rec_batcher,
+            [reader.rec_strip(c) for c, a in zip(upright, angles, strict=True)],
+        )
+        results: list[list[dict[str, Any]] | Exception] = []
+        start = 0
+        for (page, boxes), page_crops in zip(pages, crops, strict=True):
+            stop = start + len(page_crops)
+            results.append(self._lines(page, boxes, angles[start:stop], readings[start:stop]))
+            start = stop
+        return results
+
+    def _lines(
+        self, page: Page, boxes: np.ndarray, angles: list[Any], readings: list[Any]
+    ) -> list[dict[str, Any]] | Exception:
+        failure = next((r for r in [*angles, *readings] if isinstance(r, Exception)), None)
+        if failure is not None:
+            return failure
         lines = []
         if len(boxes):
-            readings = self._read(page, boxes)
-            for box, (text, score) in zip(to_original(boxes, page), readings, strict=True):
+            texts = [self.reader.text(r) for r in readings]
+            for box, (text, score) in zip(to_original(boxes, page), texts, strict=True):
                 if score >= self.config.text_score:
                     lines.append(_line(box, text, score))
-        return {"text": "\n".join(str(line["text"]) for line in lines), "lines": lines}
-
-    def _read(self, page: Page, boxes: np.ndarray) -> list[tuple[str, float]]:
-        """Crops → upright (classifier) → text (recogniser), through the shared Batchers."""
-        reader = self.reader
-        crops = reader.crops(page.image, boxes)
-        angles = _through(self.cls_batcher, [reader.cls_strip(c) for c in crops])
-        crops = [reader.upright(c, a) for c, a in zip(crops, angles, strict=True)]
-        readings = _through(self.rec_batcher, [reader.rec_strip(c) for c in crops])
-        return [reader.text(r) for r in readings]
+        return lines
 
     def close(self) -> None:
         """Stop the inner Batchers (after finishing the strips already queued)."""
@@ -128,26 +159,35 @@ class OcrPipeline:
 
 
 def _inner(
-    fn: Callable[[Sequence[In]], Sequence[Out]], max_batch: int, engines: EngineFactory, name: str
-) -> Batcher[In, Out]:
+    fn: Callable[[Sequence[Strip]], Sequence[Any]],
+    max_batch: int,
+    engines: EngineFactory,
+    name: str,
+) -> Batcher[list[Strip], list[Any]]:
     runners = engines.runners
+
+    def batch(parts: Sequence[Part[list[Strip]]]) -> list[Any]:
+        return list(fn([strip for p in parts for strip in p.block[p.start : p.stop]]))
+
     return Batcher(
-        fn,
+        batch,
+        ListShape(),
         max_batch=max_batch,
         max_delay_s=engines.settings.max_delay_s,
         runners=runners,
         name=f"batcher-{name}",
-        greedy=True,  # `_through` announces an image's strips: a lone image runs at once
+        greedy=True,  # `_through` announces a block's strips: a lone image runs at once
         max_queued=QUEUED_BATCHES * max_batch * runners,
     )
 
 
-def _through(batcher: Batcher[In, Out], rows: list[In]) -> list[Out]:
-    """All rows submitted under one announcement (so a runner does not start a batch with
-    only the first of them), then their results in order."""
+def _through(batcher: Batcher[list[Strip], list[Any]], rows: list[Strip]) -> list[Any]:
+    """All rows as one block (a failed row holds its exception)."""
+    if not rows:
+        return []
     with batcher.expect(len(rows)) as announced:
-        futures = [announced.submit(row) for row in rows]
-    return [future.result() for future in futures]
+        future = announced.submit(rows)
+    return future.result()
 
 
 def _line(box: np.ndarray, text: str, score: float) -> dict[str, Any]:

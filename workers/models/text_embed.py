@@ -24,14 +24,13 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.app.core.digest import file_sha256, sha256_hex
-from kiln.app.core.errors import InputError, KilnError
+from kiln.app.core.errors import KilnError
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Prepared
-from kiln.workers.models.embed import require_finite
+from kiln.workers.models.base import Answers, Batch
+from kiln.workers.models.embed import vector_answers
+from kiln.workers.prep.spec import prep_spec
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
     from kiln.app.core.config import Settings
     from kiln.app.storage import ObjectStore
     from kiln.workers.engines.select import EngineFactory
@@ -85,8 +84,6 @@ class TextEmbedPipeline:
     max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
 
     def __init__(self, engine: Engine, model: TextEmbedModel, *, name: str = NAME) -> None:
-        from tokenizers import Tokenizer
-
         self.name = name
         self.engine = engine
         self.backend = engine.backend
@@ -94,45 +91,36 @@ class TextEmbedPipeline:
         self.input_names = [spec.name for spec in engine.inputs]
         if not {"input_ids", "attention_mask"} <= set(self.input_names):
             raise ValueError(f"{model.onnx_path} does not take input_ids and attention_mask.")
-        self.tokenizer: Tokenizer = Tokenizer.from_file(str(model.tokenizer_path))
-        # tokenizer.json pads and cuts at 128; sentence-transformers cuts at max_seq_length.
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=model.max_length)
+        self.prep = prep_spec(
+            "kiln.workers.prep.text:TextPrep",
+            {"tokenizer": str(model.tokenizer_path), "max_length": model.max_length},
+            texts=True,
+        )
 
-    def prepare(self, data: bytes | str) -> Prepared:
-        if not isinstance(data, str):
-            raise InputError("This model takes text, not bytes; send the text itself.")
-        if not data.strip():
-            raise InputError("The text is empty.")
-        encoding = self.tokenizer.encode(data)
-        if all(encoding.special_tokens_mask):
-            raise InputError("The text has no characters the model can read.")
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        return Prepared(ids, {"type_ids": np.asarray(encoding.type_ids, dtype=np.int64)})
-
-    def infer(self, rows: Sequence[Prepared]) -> list[Any]:
+    def infer(self, batch: Batch) -> Answers:
+        rows = batch.objects or []
         feeds = _padded(rows)
         outputs = self.engine.infer({name: feeds[name] for name in self.input_names})
-        vectors = outputs.get("embedding", next(iter(outputs.values())))
-        return [np.array(vector, dtype=np.float32) for vector in vectors]
+        vectors = np.asarray(outputs.get("embedding", next(iter(outputs.values()))), np.float32)
+        tokens = pa.array(np.asarray([len(ids) for ids, _types in rows], dtype=np.int32))
+        return vector_answers(vectors, {}, {"tokens": tokens})
 
-    def finish(self, row: Prepared, raw: Any) -> dict[str, Any]:
-        require_finite(raw)
-        return {"embedding": raw, "tokens": len(row.pixels)}
+    def finish(self, answers: Answers) -> Answers:
+        return answers
 
     def close(self) -> None:
         """Nothing beyond the engine to release."""
 
 
-def _padded(rows: Sequence[Prepared]) -> dict[str, np.ndarray]:
+def _padded(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
     """Right-pad to the longest row; the attention mask keeps padding out of every result."""
-    length = max(len(row.pixels) for row in rows)
+    length = max(len(ids) for ids, _types in rows)
     feeds = {name: np.zeros((len(rows), length), dtype=np.int64) for name in INPUTS}
-    for i, row in enumerate(rows):
-        n = len(row.pixels)
-        feeds["input_ids"][i, :n] = row.pixels  # padding id 0 is [PAD], and masked anyway
+    for i, (ids, types) in enumerate(rows):
+        n = len(ids)
+        feeds["input_ids"][i, :n] = ids  # padding id 0 is [PAD], and masked anyway
         feeds["attention_mask"][i, :n] = 1
-        feeds["token_type_ids"][i, :n] = row.meta["type_ids"]
+        feeds["token_type_ids"][i, :n] = types
     return feeds
 
 
@@ -141,7 +129,7 @@ def load_text_embed(engines: EngineFactory, name: str = NAME) -> TextEmbedPipeli
     model = ensure_text_embed(engines.settings, engines.store)
     # TensorRT compiles for a range of shapes: sequences from one token to the model's limit.
     sequence = (1, 1, min(128, model.max_length), model.max_length)
-    engine = engines.build(name, model.onnx_path, engines.settings.max_batch, axes=(sequence,))
+    engine = engines.build(name, model.onnx_path, engines.batch_cap, axes=(sequence,))
     return TextEmbedPipeline(engine, model, name=name)
 
 
@@ -361,7 +349,7 @@ def _sample_batch(folder: Path) -> dict[str, np.ndarray]:
     rows = []
     for text in texts:
         encoding = tokenizer.encode(text)
-        rows.append(Prepared(np.asarray(encoding.ids), {"type_ids": np.asarray(encoding.type_ids)}))
+        rows.append((np.asarray(encoding.ids), np.asarray(encoding.type_ids)))
     return _padded(rows)
 
 

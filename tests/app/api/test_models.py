@@ -17,6 +17,7 @@ from kiln.app.db import queries
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models import detect
+from kiln.workers.models.direct import run_direct
 from kiln.workers.models.loader import load_pipeline, output_fields
 from tests.app.api.conftest import TestClient
 from tests.models import colour_classifier
@@ -191,11 +192,9 @@ def test_a_registered_detector_runs_with_its_labels(
         info = get_model(session, "boxes", "acme")
     assert output_fields(info) == detect.FIELDS
     pipeline = load_pipeline(info, EngineFactory(settings, store))
-    rows = [pipeline.prepare(red_png((64, 48)))]
-    (raw,) = pipeline.infer(rows)
-    assert pipeline.finish(rows[0], raw) == {
-        "detections": [{"label": "red", "score": 0.75, "box": [8.0, 8.0, 24.0, 24.0]}]
-    }
+    assert run_direct(pipeline, [red_png((64, 48))]) == [
+        {"detections": [{"label": "red", "score": 0.75, "box": [8.0, 8.0, 24.0, 24.0]}]}
+    ]
 
 
 def test_a_detector_can_be_named_by_a_job(client: TestClient, yolo_bytes: bytes) -> None:

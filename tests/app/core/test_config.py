@@ -39,7 +39,10 @@ def test_embedded_defaults_live_under_the_data_dir(clean_env: Path) -> None:
 
 def test_plain_defaults() -> None:
     settings = get_settings()
-    assert settings.max_batch == 16
+    assert settings.max_batch == "auto"  # a sweep on a GPU, 16 on a CPU
+    assert settings.batch_cap(on_gpu=False) == 16 and settings.batch_cap(on_gpu=True) == 256
+    assert settings.prep_processes == "auto" and settings.prep_count(cores=16) == 16
+    assert settings.bulk_chunk_size == 512
     assert settings.max_delay_ms == 10.0
     assert settings.max_delay_s == pytest.approx(0.01)
     assert settings.runners == 0  # auto: one per core on CPU, one on a GPU
@@ -77,7 +80,7 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_variables_without_the_prefix_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAX_BATCH", "99")
-    assert get_settings().max_batch == 16
+    assert get_settings().max_batch == "auto"
 
 
 def test_explicit_overrides_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,7 +89,7 @@ def test_explicit_overrides_beat_the_environment(monkeypatch: pytest.MonkeyPatch
 
 
 def test_each_call_reads_the_environment_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert get_settings().max_batch == 16
+    assert get_settings().max_batch == "auto"
     monkeypatch.setenv("KILN_MAX_BATCH", "32")
     assert get_settings().max_batch == 32
 
@@ -125,7 +128,25 @@ def test_embedded_broker(broker_url: str, embedded: bool) -> None:
 
 @pytest.mark.parametrize(
     ("overrides", "threads"),
-    [({}, 32), ({"max_batch": 2}, 8), ({"max_batch": 64}, 128), ({"worker_concurrency": 5}, 5)],
+    [
+        ({}, 16),  # auto: four batches of 256 are two bulk chunks of 512; one-image jobs want 16
+        ({"max_batch": 2}, 16),
+        ({"max_batch": 4096}, 33),  # ceil(4 × 4096 / 512) + 1
+        ({"max_batch": 1024, "bulk_chunk_size": 64}, 65),
+        ({"worker_concurrency": 5}, 5),
+    ],
 )
-def test_task_threads_follow_max_batch_unless_set(overrides: dict, threads: int) -> None:
+def test_task_threads_count_chunks_in_flight_not_rows(overrides: dict, threads: int) -> None:
     assert get_settings(**overrides).task_threads == threads
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "4097", "many"])
+def test_a_bad_max_batch_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("KILN_MAX_BATCH", value)
+    with pytest.raises(ValidationError):
+        get_settings()
+
+
+def test_prep_processes_zero_means_on_the_chunk_thread() -> None:
+    assert get_settings(prep_processes=0).prep_count(cores=8) == 0
+    assert get_settings(prep_processes=3).prep_count(cores=8) == 3

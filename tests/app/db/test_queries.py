@@ -56,17 +56,17 @@ def snapshot(session: Session, job_id: str) -> list[tuple[Any, ...]]:
     ]
 
 
-def result_row(key: str, status: str = ItemStatus.SUCCEEDED, **extra: Any) -> dict[str, Any]:
+def result_row(key: str, status: str = ItemStatus.SUCCEEDED, **extra: Any) -> tuple[Any, ...]:
+    """One item's result as `upsert_results` takes it (values in `RESULT_COLUMNS` order)."""
     row = {
         "key": key,
-        "chunk": 0,
         "status": status,
         "error": None,
         "outputs": {"labels": [{"label": "cat", "score": 0.9}]},
         "duration_ms": 12.5,
-        "finished_at": utcnow(),
     }
-    return {**row, **extra}
+    row |= extra
+    return tuple(row.get(name) for name in queries.RESULT_COLUMNS)
 
 
 # --- job_counts ---------------------------------------------------------------------------

@@ -24,10 +24,11 @@ from tests.workers.colours import MODEL, colours_runtime
 
 @pytest.fixture
 def impatient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerRuntime]:
-    """A runtime whose batches may take 0.3 s and whose runs may hold their lease for 0.5 s."""
+    """A runtime whose batches may take 0.3 s and whose runs may hold their lease for 0.5 s;
+    prep on the chunk's thread (a test's stand-in fetcher is what runs)."""
     settings = migrated_settings(
         tmp_path, monkeypatch, chunk_size=3, max_batch=8, max_delay_ms=2,
-        batch_deadline_s=0.3, run_max_s=0.5, lease_s=0.4, lease_renew_s=0.05,
+        batch_deadline_s=0.3, run_max_s=0.5, lease_s=0.4, lease_renew_s=0.05, prep_processes=0,
     )  # fmt: skip
     with colours_runtime(settings, tmp_path) as runtime:
         yield runtime

@@ -7,10 +7,10 @@ the job and writes the manifest; a replay heals a missing manifest or shard.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import update
 
@@ -19,8 +19,8 @@ from kiln.app.db import queries
 from kiln.app.db.models import Ingest, Item, ItemStatus, JobStatus, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import cancel_job
-from kiln.app.results import ResultRow
 from kiln.workers.chunk.finish import Lease, ensure_manifest, finish_chunk, write_missing_shards
+from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.chunk.run import lease_chunk
 from kiln.workers.models.loader import output_fields
 from kiln.workers.periodic import reconcile
@@ -39,10 +39,23 @@ def take(
     return lease
 
 
-def red(lease: Lease) -> list[ResultRow]:
-    """Every leased item classified `red`."""
-    outputs = {"labels": [{"label": "red", "score": 0.9}, {"label": "dark", "score": 0.1}]}
-    return [ResultRow(i.key, ItemStatus.SUCCEEDED, None, 5.0, outputs) for i in lease.items]
+RED = {"labels": [{"label": "red", "score": 0.9}, {"label": "dark", "score": 0.1}]}
+
+
+def red(lease: Lease, failed: dict[str, str] | None = None, sha256: str | None = None) -> ChunkRows:
+    """Every leased item classified `red` (but those `failed` names, with their sentence)."""
+    rows = ChunkRows(lease.items)
+    rows.seconds[:, 0] = 0.005  # 5 ms each
+    ok = []
+    for i, item in enumerate(lease.items):
+        rows.sha256[i] = sha256
+        if failed and item.key in failed:
+            rows.fail(i, failed[item.key])
+        else:
+            ok.append(i)
+    fields = output_fields(lease.model)
+    rows.answer(Piece.of_outputs(np.asarray(ok, int), [RED] * len(ok), fields, lease.model))
+    return rows
 
 
 def manifest(runtime: WorkerRuntime, lease: Lease) -> dict[str, Any] | None:
@@ -77,13 +90,14 @@ def test_the_last_chunk_to_finish_closes_the_job(runtime: WorkerRuntime) -> None
 def test_results_reach_the_database_and_the_shard(runtime: WorkerRuntime) -> None:
     job_id, calls = submit(runtime, FILES[:2])
     lease = take(runtime, job_id, 0, calls[0].item_ids)
-    rows = [*red(lease)[:1], ResultRow("g.png", ItemStatus.FAILED, "Not a colour.", 1.0, None)]
+    rows = red(lease, failed={"g.png": "Not a colour."})
 
     assert finish_chunk(runtime, lease, rows) == JobStatus.COMPLETED
 
     items = items_by_key(runtime, job_id)
     assert items["r.png"].status == ItemStatus.SUCCEEDED
-    assert items["r.png"].outputs == rows[0].outputs
+    assert items["r.png"].outputs == RED
+    assert items["r.png"].duration_ms == 5.0
     assert (items["g.png"].status, items["g.png"].error) == (ItemStatus.FAILED, "Not a colour.")
     shard = shard_rows(runtime, job_id, 0)
     assert [(r["key"], r["status"]) for r in shard] == [("r.png", "succeeded"), ("g.png", "failed")]
@@ -152,7 +166,7 @@ def test_a_chunk_of_a_cancelled_job_writes_its_manifest(runtime: WorkerRuntime) 
     lease = take(runtime, job_id, 0, calls[0].item_ids)
     assert lease.items == [] and not lease.was_open
 
-    assert finish_chunk(runtime, lease, []) is None  # closed already, not by this call
+    assert finish_chunk(runtime, lease, ChunkRows([])) is None  # closed already, not by this call
 
     written = manifest(runtime, lease)
     assert written is not None and written["status"] == "cancelled"
@@ -191,7 +205,7 @@ def test_a_replay_heals_a_missing_manifest(runtime: WorkerRuntime) -> None:
 
     replay = take(runtime, job_id, 0, lease.item_ids, owner="redelivered")
     assert replay.items == [] and not replay.was_open
-    assert finish_chunk(runtime, replay, []) is None
+    assert finish_chunk(runtime, replay, ChunkRows([])) is None
 
     assert manifest(runtime, lease) == before
 
@@ -272,8 +286,7 @@ def test_groups_are_written_before_the_job_shows_closed(
 
     monkeypatch.setattr(queries, "finish_job_if_done", watching)
     first, last = (take(runtime, job_id, c.chunk, c.item_ids) for c in calls)
-    same = [dataclasses.replace(row, sha256="d1") for lease in (first, last) for row in red(lease)]
-    finish_chunk(runtime, first, same[: len(first.items)])
-    assert finish_chunk(runtime, last, same[len(first.items) :]) == JobStatus.COMPLETED
+    finish_chunk(runtime, first, red(first, sha256="d1"))
+    assert finish_chunk(runtime, last, red(last, sha256="d1")) == JobStatus.COMPLETED
     assert seen[-1] is True
     assert manifest(runtime, last)["identical"] == {"groups": 1, "items": 5}  # type: ignore[index]

@@ -4,23 +4,39 @@ job is cancelled, and re-sent by the reconciler when their run died or their mes
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from kiln.app import results
 from kiln.app.db import leases
 from kiln.app.db.models import Item, ItemStatus, JobStatus, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import cancel_job
-from kiln.workers.chunk import run as chunk_module
-from kiln.workers.chunk.lease import LeaseKeeper
+from kiln.workers.chunk import answer as answer_module
+from kiln.workers.chunk.lease import Leases
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.chunk.test_run import FILES, items_by_key, job_row, manifest, shard_rows, submit
+
+
+@contextmanager
+def statements_seen(runtime: WorkerRuntime, seen: list[str]) -> Iterator[None]:
+    """The SQL statements the runtime's database engine runs inside the block."""
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(runtime.db, "before_cursor_execute", record)
+    try:
+        yield
+    finally:
+        event.remove(runtime.db, "before_cursor_execute", record)
 
 
 def _take(runtime: WorkerRuntime, job_id: str, ids: list[int], owner: str, lease_s: float) -> None:
@@ -42,26 +58,50 @@ def _expire(runtime: WorkerRuntime, job_id: str) -> None:
 def test_the_keeper_renews_the_lease_while_the_run_lives(runtime: WorkerRuntime) -> None:
     job_id, calls = submit(runtime)
     _take(runtime, job_id, calls[0].item_ids, "run-a", lease_s=0.5)
-    with LeaseKeeper(runtime.sessions, job_id, "run-a", lease_s=0.5, renew_s=0.05) as keeper:
+    keeper = Leases(runtime.sessions, lease_s=0.5, renew_s=0.05)
+    with keeper.hold(job_id, "run-a") as held:
         time.sleep(1.2)  # more than twice the lease
         with runtime.sessions() as session:
             assert leases.reset_expired(session) == set()
-        assert not keeper.lost.is_set() and not keeper.cancelled.is_set()
-    time.sleep(0.6)  # the keeper is gone: the lease runs out
+        assert not held.lost.is_set() and not held.cancelled.is_set()
+    time.sleep(0.6)  # the run let go: the lease runs out
     with runtime.sessions() as session:
         assert leases.reset_expired(session) == {(job_id, 0)}
+    keeper.close()
 
 
 def test_the_keeper_sees_a_cancel_and_a_lost_lease(runtime: WorkerRuntime) -> None:
     job_id, calls = submit(runtime)
     _take(runtime, job_id, calls[0].item_ids, "run-a", lease_s=30)
-    with LeaseKeeper(runtime.sessions, job_id, "run-a", lease_s=30, renew_s=0.05) as keeper:
+    keeper = Leases(runtime.sessions, lease_s=30, renew_s=0.05)
+    with keeper.hold(job_id, "run-a") as held:
         with runtime.sessions() as session:
             cancel_job(session, "acme", job_id)
-        assert keeper.cancelled.wait(2)
+        assert held.cancelled.wait(2)
         _expire(runtime, job_id)
         _take(runtime, job_id, calls[0].item_ids, "run-b", lease_s=30)
-        assert keeper.lost.wait(2)
+        assert held.lost.wait(2)
+    keeper.close()
+
+
+def test_one_keeper_renews_every_run_of_the_process_in_one_statement(
+    runtime: WorkerRuntime,
+) -> None:
+    """Two chunks' runs, one thread: both leases live on, and a renewal is one UPDATE."""
+    job_id, calls = submit(runtime)
+    _take(runtime, job_id, calls[0].item_ids, "run-a", lease_s=0.5)
+    _take(runtime, job_id, calls[1].item_ids, "run-b", lease_s=0.5)
+    keeper = Leases(runtime.sessions, lease_s=0.5, renew_s=0.05)
+    statements: list[str] = []
+    with keeper.hold(job_id, "run-a") as a, keeper.hold(job_id, "run-b") as b:
+        with statements_seen(runtime, statements):
+            keeper.renew_once()
+        time.sleep(1.2)
+        with runtime.sessions() as session:
+            assert leases.reset_expired(session) == set()
+        assert not (a.lost.is_set() or b.lost.is_set())
+    keeper.close()
+    assert sum(s.lstrip().upper().startswith("UPDATE ITEMS") for s in statements) == 1
 
 
 def test_a_cancel_stops_a_running_chunk_between_inputs(
@@ -69,7 +109,7 @@ def test_a_cancel_stops_a_running_chunk_between_inputs(
 ) -> None:
     """The cancel arrives while the first input is being fetched: the inputs not yet started
     are cancelled, the started one keeps its result, and the job closes as cancelled."""
-    monkeypatch.setattr(chunk_module, "FETCH_GROUP", 1)
+    monkeypatch.setattr(answer_module, "UNIT_ROWS", 1)
     runtime.settings.lease_renew_s = 0.05
     job_id, calls = submit(runtime)
     fetch = runtime.fetcher.fetch

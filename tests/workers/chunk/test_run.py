@@ -313,7 +313,7 @@ def test_results_commit_only_after_the_shard_is_written(
         raise TransientError("S3 is unreachable.")
 
     with monkeypatch.context() as patch:
-        patch.setattr(results, "write_shard", down)
+        patch.setattr(results, "write_table", down)
         with pytest.raises(TransientError):
             process_chunk(runtime, job_id, 0, calls[0].item_ids)
     items = items_by_key(runtime, job_id).values()

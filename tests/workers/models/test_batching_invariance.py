@@ -19,10 +19,11 @@ from kiln.app.core.config import Settings
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.base import Pipeline
 from kiln.workers.models.classify import ClassifyPipeline
 from kiln.workers.models.detect import DetectorPipeline, model_path
+from kiln.workers.models.image_model import ImageModelPipeline
 from tests.support import migrated_settings
+from tests.workers.models.halves import batch
 
 TOLERANCE = 1e-4
 
@@ -66,12 +67,16 @@ def conv_classifier(path: Path, classes: int = 10) -> None:
     onnx.save(model, path)
 
 
-def raw_outputs(pipeline: Pipeline, inputs: list[bytes], order: list[int]) -> dict[int, Any]:
-    rows = [pipeline.prepare(inputs[i]) for i in order]
-    return dict(zip(order, pipeline.infer(rows), strict=True))
+def raw_outputs(
+    pipeline: ImageModelPipeline, inputs: list[bytes], order: list[int]
+) -> dict[int, Any]:
+    """The engine's output row of each input, for one batch of the inputs in `order`."""
+    output, failed = pipeline._output(batch(pipeline, [inputs[i] for i in order]))
+    assert not failed
+    return dict(zip(order, output, strict=True))
 
 
-def assert_invariant(pipeline: Pipeline, inputs: list[bytes]) -> None:
+def assert_invariant(pipeline: ImageModelPipeline, inputs: list[bytes]) -> None:
     n = len(inputs)
     alone = {i: raw_outputs(pipeline, inputs, [i])[i] for i in range(n)}
     for order in (list(range(n)), list(reversed(range(n))), [1, 0, 3, 2, 5, 4][:n]):

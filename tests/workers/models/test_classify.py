@@ -13,7 +13,9 @@ from kiln.app.core.errors import InputError
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.base import Refusal
 from kiln.workers.models.classify import ClassifyPipeline, softmax, top_k
+from kiln.workers.models.direct import run_direct
 from tests.models import colour_classifier
+from tests.workers.models.halves import outputs
 
 
 def test_softmax_sums_to_one() -> None:
@@ -116,8 +118,8 @@ def colours(tmp_path: Path, **spec: Any) -> ClassifyPipeline:
 
 
 def answer(pipeline: ClassifyPipeline, data: bytes) -> dict[str, Any]:
-    row = pipeline.prepare(data)
-    return pipeline.finish(row, pipeline.infer([row])[0])
+    (found,) = outputs(pipeline, [data])
+    return found
 
 
 def test_a_score_below_the_floor_is_a_refusal(tmp_path: Path) -> None:
@@ -127,6 +129,9 @@ def test_a_score_below_the_floor_is_a_refusal(tmp_path: Path) -> None:
         answer(pipeline, solid((128, 128, 128)))  # red, green and blue alike: a third each
     assert str(refusal.value) == "Refused: the top score 0.3333 is below the model's floor 0.5."
     assert isinstance(refusal.value, InputError)  # without a fallback, the item fails with it
+    red, grey = run_direct(pipeline, [solid((250, 5, 5)), solid((128, 128, 128))])
+    assert isinstance(red, dict) and red["labels"][0]["label"] == "red"  # in the same batch
+    assert isinstance(grey, Refusal) and str(grey) == str(refusal.value)
 
 
 def test_without_a_floor_every_answer_stands(tmp_path: Path) -> None:

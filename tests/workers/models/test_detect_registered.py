@@ -17,6 +17,7 @@ from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.detect import YoloPipeline, decode_yolo
 from kiln.workers.preprocess import Letterbox, Squash
 from tests.support import migrated_settings
+from tests.workers.models.halves import batch, outputs
 from tests.workers.models.yolo import LABELS, SIZE, tiny_yolo
 
 MAX_PIXELS = 10_000_000
@@ -44,10 +45,7 @@ def detector(
 
 
 def detect(pipe: YoloPipeline, images: list[bytes]) -> list[list[dict[str, Any]]]:
-    rows = [pipe.prepare(data) for data in images]
-    return [
-        pipe.finish(row, raw)["detections"] for row, raw in zip(rows, pipe.infer(rows), strict=True)
-    ]
+    return [found["detections"] for found in outputs(pipe, images)]
 
 
 def test_letterboxed_boxes_map_back_to_the_image(engines: EngineFactory, tmp_path: Path) -> None:
@@ -105,7 +103,7 @@ def test_a_batch_of_the_wrong_width_fails(engines: EngineFactory, tmp_path: Path
     spec = ImageModelSpec(input_size=SIZE, labels=["a", "b", "c"]).stored("detect")
     pipe = YoloPipeline("boxes:1", engines.build("boxes:1", path, 8), spec, max_pixels=MAX_PIXELS)
     with pytest.raises(ValueError, match=r"returned shape \[1, 6, 3\], not \[N, 7, anchors\]"):
-        pipe.infer([pipe.prepare(png((32, 32), (0, 0, 0)))])
+        pipe.infer(batch(pipe, [png((32, 32), (0, 0, 0))]))
 
 
 def test_decode_yolo_takes_labels_a_squash_and_a_cap() -> None:

@@ -4,7 +4,7 @@ torch runs in one child process only (as in test_torch_engine): this process sta
 like a worker. The child decodes every image with `decode_batch` on the CPU (so every image
 takes the Pillow fallback: nvJPEG needs CUDA and torchvision, neither here) and fits and
 normalises it with `fit_batch`; this process feeds the same bytes to the real pipelines
-(`prepare`, then the engine's `normalize` seen through an identity model) and compares.
+(their prep, then the engine's `normalize` seen through an identity model) and compares.
 The nvJPEG path itself has not run here.
 """
 
@@ -29,8 +29,10 @@ from kiln.workers.models.classify import ClassifyPipeline
 from kiln.workers.models.detect import YoloPipeline
 from kiln.workers.models.device_images import Header, read_header, supports
 from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.prep.images import placement_row
 from kiln.workers.preprocess import Decoded, Letterbox, Squash, decode_image, fit_image, fit_size
 from tests.support import run_torch_child
+from tests.workers.models.halves import batch_of, prepare
 from tests.workers.models.yolo import identity_model
 
 MAX_PIXELS = 10_000_000
@@ -321,12 +323,13 @@ def test_fit_matches_pillow_and_the_cpu_pipeline(torch_run: TorchRun, spec: str)
     pipe, ours = torch_run.pipelines[spec], torch_run.outputs(spec)
     names = list(IMAGES) + list(DRAFTED)
     datas = [(torch_run.folder / f"{n}.img").read_bytes() for n in names]
-    prepared = [pipe.prepare(data) for data in datas]
+    prepared = [prepare(pipe, data) for data in datas]
     nearest = pipe.pre.resize_filter == "nearest"
     for i, (name, row) in enumerate(zip(names, prepared, strict=True)):
+        assert row.slot is not None
         reference, drafted = pillow_full(datas[i], pipe.pre)
         full_max, full_mean = levels(ours["pixels"][i], reference)
-        worst, mean = levels(ours["pixels"][i], row.pixels)
+        worst, mean = levels(ours["pixels"][i], row.slot)
         print(f"\n{spec} {name}: vs Pillow max {full_max:.0f} mean {full_mean:.3f}; "
               f"vs pipeline (drafted {drafted}) max {worst:.0f} mean {mean:.3f}")  # fmt: skip
         if nearest:
@@ -337,7 +340,8 @@ def test_fit_matches_pillow_and_the_cpu_pipeline(torch_run: TorchRun, spec: str)
             assert mean <= DRAFTED_MEAN, name
         else:
             assert worst <= PIPELINE_MAX and mean <= PIPELINE_MEAN, name
-    fed = pipe._output(prepared)  # the CPU pipeline: prepare, stack, normalize, engine
+    fed, failed = pipe._output(batch_of(prepared))  # the CPU pipeline: prep, normalize, engine
+    assert not failed
     assert ours["normalised"].shape == fed.shape and ours["normalised"].dtype == fed.dtype
     print(f"{spec} normalised: max |device - cpu| {np.abs(ours['normalised'] - fed).max():.4f}")
     # The same arithmetic on the same uint8 pixels gives the same floats.
@@ -356,15 +360,20 @@ def test_nearest_is_exact_at_these_scales(torch_run: TorchRun) -> None:
 
 
 @pytest.mark.parametrize("spec", list(SPECS))
-def test_metas_are_what_prepare_gives(torch_run: TorchRun, spec: str) -> None:
+def test_metas_are_what_prep_gives(torch_run: TorchRun, spec: str) -> None:
+    """The fit each image gets on the device, as the batch's meta row records it (what the
+    detector maps its boxes back with), is the row the CPU prep writes; a crop has none."""
     kinds = {"Letterbox": Letterbox, "Squash": Squash}
     names = list(IMAGES) + list(DRAFTED)
+    pipe = torch_run.pipelines[spec]
     for name, described in zip(names, torch_run.report["metas"][spec], strict=True):
         metas = {key: kinds[kind](**values) for key, (kind, values) in described.items()}
-        expected = torch_run.pipelines[spec].prepare(
-            (torch_run.folder / f"{name}.img").read_bytes()
-        )
-        assert metas == expected.meta, name
+        assert set(metas) == ({"fit"} if pipe.pre.fit != "crop" else set()), name
+        row = np.zeros(pipe.prep.meta_width, np.float32)
+        if "fit" in metas:
+            row[:] = placement_row(metas["fit"])  # as `_output_on_device` records it
+        expected = prepare(pipe, (torch_run.folder / f"{name}.img").read_bytes())
+        np.testing.assert_array_equal(row, expected.meta, err_msg=name)
 
 
 def test_images_decode_upright_at_full_size(torch_run: TorchRun) -> None:
@@ -418,11 +427,14 @@ def test_without_torchvision_every_image_falls_back(torch_run: TorchRun) -> None
 
 def test_the_header_says_where_an_image_decodes() -> None:
     """Read on a task thread without torch: the upright size, the orientation, and whether
-    nvJPEG may take it (an RGB or grey JPEG; CMYK and every other format go to Pillow)."""
+    nvJPEG may take it (a whole RGB or grey JPEG; CMYK, a JPEG cut short and every other
+    format go to Pillow)."""
     cmyk = encode(Image.new("CMYK", (20, 10), (0, 50, 100, 0)), "JPEG")
     assert read_header(IMAGES["exif-jpeg"], max_pixels=MAX_PIXELS) == Header(300, 400, 6, True)
     assert read_header(IMAGES["png-up"], max_pixels=MAX_PIXELS) == Header(150, 100, 1, False)
     assert read_header(cmyk, max_pixels=MAX_PIXELS) == Header(20, 10, 1, False)
+    # nvJPEG would decode a truncated JPEG, its missing rows grey: Pillow refuses it.
+    assert read_header(BAD["truncated"], max_pixels=MAX_PIXELS) == Header(640, 480, 1, False)
     with pytest.raises(InputError, match="over the limit of 1,000 pixels"):
         read_header(IMAGES["jpeg-down"], max_pixels=1000)
     assert "torch" not in sys.modules

@@ -20,6 +20,7 @@ from kiln.app.core.errors import InputError
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.detect import DetectorPipeline, model_path
 from tests.support import run_torch_child
+from tests.workers.models.halves import batch_of, outputs, prepare
 
 MAX_PIXELS = 50_000_000
 # PNGs (no JPEG draft on the CPU path): the two sides resample within a couple of levels, so
@@ -36,24 +37,37 @@ import torch
 from kiln.workers.engines.base import EngineRequest
 from kiln.workers.engines.torch_engine import build_torch_engine
 from kiln.workers.models import image_model
+from kiln.workers.models.base import Batch
 from kiln.workers.models.detect import DetectorPipeline, model_path
+from kiln.workers.models.direct import run_direct
+from kiln.workers.prep.spec import build
 
 folder = Path(sys.argv[1])
 image_model.device_decoding = lambda engine, pre: torch.device("cpu")  # nvJPEG needs CUDA
 engine = build_torch_engine(EngineRequest("detector", model_path(), 8), "cpu", 1)
 pipeline = DetectorPipeline(engine, max_pixels=50_000_000)
 assert pipeline.device is not None
+assert pipeline.prep.layout is None  # prep checks headers; the bytes travel as objects
 names = json.loads((folder / "names.json").read_text())
-rows = [pipeline.prepare((folder / f"{n}.img").read_bytes()) for n in names]
-raws = pipeline.infer(rows)
+datas = [(folder / f"{n}.img").read_bytes() for n in names]
+# As a worker: the prep half (a prep process) gives each row (bytes, header) and a meta row;
+# the batch half decodes, fits and runs them together, recording each fit in the batch's meta.
+prep = build(pipeline.prep)
+objects, metas = [], []
+for data in datas:
+    meta = np.zeros(pipeline.prep.meta_width, dtype=np.float32)
+    objects.append(prep.prepare(data, None, meta))
+    metas.append(meta)
+batch = Batch(None, np.stack(metas), objects)
+raws, failed = pipeline._output(batch)
 report = {}
-for name, row, raw in zip(names, rows, raws):
-    np.save(folder / f"{name}.raw.npy", np.asarray(raw))
-    try:
-        report[name] = {"detections": pipeline.finish(row, raw)["detections"],
-                        "fit": repr(row.meta.get("fit"))}
-    except Exception as error:
-        report[name] = {"error": type(error).__name__ + ": " + str(error)}
+for i, (name, outcome) in enumerate(zip(names, run_direct(pipeline, datas))):
+    np.save(folder / f"{name}.raw.npy", np.asarray(raws[i]))
+    if isinstance(outcome, dict):
+        report[name] = {"detections": outcome["detections"], "fit": batch.meta[i].tolist()}
+    else:
+        report[name] = {"error": type(outcome).__name__ + ": " + str(outcome),
+                        "failed": type(failed[i]).__name__ + ": " + str(failed[i])}
 (folder / "report.json").write_text(json.dumps(report))
 """
 
@@ -70,22 +84,26 @@ def device_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_device_path_matches_the_cpu_path(device_run: Path) -> None:
     cpu = DetectorPipeline(OnnxRuntimeEngine(model_path(), max_batch=8), max_pixels=MAX_PIXELS)
-    rows = [cpu.prepare(data) for data in IMAGES.values()]
+    rows = [prepare(cpu, data) for data in IMAGES.values()]
+    raws, failed = cpu._output(batch_of(rows))
+    assert not failed
+    expected = outputs(cpu, list(IMAGES.values()))
     report = json.loads((device_run / "report.json").read_text())
-    for name, row, raw in zip(IMAGES, rows, cpu.infer(rows), strict=True):
+    for name, row, raw, answer in zip(IMAGES, rows, raws, expected, strict=True):
         ours = np.load(device_run / f"{name}.raw.npy")
         worst = float(np.abs(ours - raw).max())
         assert worst <= ATOL, f"{name}: max |device - cpu| = {worst}"
-        assert report[name]["fit"] == repr(row.meta["fit"])  # the same placement, so boxes map
-        expected = cpu.finish(row, raw)["detections"]
-        assert [d["label"] for d in report[name]["detections"]] == [d["label"] for d in expected]
+        assert report[name]["fit"] == row.meta.tolist()  # the same placement, so boxes map
+        found = report[name]["detections"]
+        assert [d["label"] for d in found] == [d["label"] for d in answer["detections"]]
 
 
 def test_an_image_that_fails_to_decode_fails_alone(device_run: Path) -> None:
     report = json.loads((device_run / "report.json").read_text())
     assert report["truncated"]["error"].startswith("InputError: ")
+    assert report["truncated"]["failed"] == report["truncated"]["error"]  # its own row's
     assert all("detections" in report[name] for name in IMAGES)
     cpu = DetectorPipeline(OnnxRuntimeEngine(model_path(), max_batch=8), max_pixels=MAX_PIXELS)
     with pytest.raises(InputError) as raised:
-        cpu.prepare(BAD["truncated"])
+        prepare(cpu, BAD["truncated"])
     assert report["truncated"]["error"] == f"InputError: {raised.value}"  # the CPU's sentence

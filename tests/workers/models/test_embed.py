@@ -17,9 +17,10 @@ from devstack.images import photo, solid
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.base import Prepared
+from kiln.workers.models.direct import run_direct
 from kiln.workers.models.embed import EmbedPipeline, fields, l2_normalize
 from tests.support import migrated_settings
+from tests.workers.models.halves import batch, outputs, prepare
 
 DIM = 8
 SIZE = 16
@@ -86,9 +87,13 @@ def pipeline(engines: EngineFactory, path: Path, **overrides: Any) -> EmbedPipel
 
 
 def embed(pipe: EmbedPipeline, images: list[bytes]) -> list[np.ndarray]:
-    rows = [pipe.prepare(data) for data in images]
-    raw = pipe.infer(rows)
-    return [pipe.finish(row, r)["embedding"] for row, r in zip(rows, raw, strict=True)]
+    """Each image's vector, as the item's outputs give it (a list of floats)."""
+    return [np.asarray(found["embedding"]) for found in outputs(pipe, images)]
+
+
+def stored_type(pipe: EmbedPipeline) -> pa.DataType:
+    """What the pipeline's vectors are, as its answers hold them."""
+    return pipe.infer(batch(pipe, IMAGES[:2])).columns["embedding"].type
 
 
 IMAGES = [photo(seed, size=(64 + 16 * seed, 48 + 8 * seed)) for seed in range(6)]
@@ -96,11 +101,13 @@ IMAGES = [photo(seed, size=(64 + 16 * seed, 48 + 8 * seed)) for seed in range(6)
 
 def test_vectors_are_unit_length_float32(engines: EngineFactory, tmp_path: Path) -> None:
     pipe = pipeline(engines, embedder(tmp_path / "e.onnx"))
-    vectors = embed(pipe, IMAGES)
+    assert stored_type(pipe) == pa.list_(pa.float32())
+    found = outputs(pipe, IMAGES)
+    vectors = [np.asarray(f["embedding"]) for f in found]
     for vector in vectors:
-        assert vector.dtype == np.float32 and vector.shape == (DIM,)
+        assert vector.shape == (DIM,)
         assert abs(float(np.linalg.norm(vector)) - 1) < 1e-5
-    assert pipe.finish(Prepared(np.zeros(1)), vectors[0])["dim"] == DIM
+    assert all(f["dim"] == DIM for f in found)
     assert not np.allclose(vectors[0], vectors[1])  # different pictures, different vectors
 
 
@@ -115,10 +122,13 @@ def test_a_vector_does_not_depend_on_its_batch(engines: EngineFactory, tmp_path:
 def test_float16_storage_when_asked(engines: EngineFactory, tmp_path: Path) -> None:
     path = embedder(tmp_path / "e.onnx")
     full = embed(pipeline(engines, path), IMAGES)
-    half = embed(pipeline(engines, path, fp16=True), IMAGES)
+    narrow_pipe = pipeline(engines, path, fp16=True)
+    assert stored_type(narrow_pipe) == pa.list_(pa.float16())
+    half = embed(narrow_pipe, IMAGES)
     for wide, narrow in zip(full, half, strict=True):
-        assert narrow.dtype == np.float16 and narrow.shape == (DIM,)
-        np.testing.assert_allclose(narrow.astype(np.float32), wide, atol=1e-3)
+        assert narrow.shape == (DIM,)
+        assert (narrow.astype(np.float16) == narrow).all()  # float16 values
+        np.testing.assert_allclose(narrow, wide, atol=1e-3)
 
 
 def test_nhwc_layout_gives_the_same_vectors(engines: EngineFactory, tmp_path: Path) -> None:
@@ -162,9 +172,13 @@ def test_a_model_of_another_size_than_registered_is_refused(
 def test_bad_inputs_are_input_errors(engines: EngineFactory, tmp_path: Path) -> None:
     pipe = pipeline(engines, embedder(tmp_path / "e.onnx"))
     with pytest.raises(InputError, match="images, not text"):
-        pipe.prepare("a caption")
+        prepare(pipe, "a caption")
     with pytest.raises(InputError):
-        pipe.prepare(b"not an image")
+        prepare(pipe, b"not an image")
+    caption, good, bad = run_direct(pipe, ["a caption", IMAGES[0], b"not an image"])
+    assert isinstance(caption, InputError) and "images, not text" in str(caption)
+    assert isinstance(good, dict) and len(good["embedding"]) == DIM  # beside them, unharmed
+    assert isinstance(bad, InputError)
 
 
 @pytest.mark.parametrize(("fp16", "item"), [(False, pa.float32()), (True, pa.float16())])
@@ -174,17 +188,18 @@ def test_fields_hold_the_vectors_in_parquet(
     pipe = pipeline(engines, embedder(tmp_path / "e.onnx"), fp16=fp16)
     columns = fields(spec(fp16=fp16))
     assert columns[0] == pa.field("embedding", pa.list_(item))
-    rows = [pipe.finish(row, raw) for row, raw in zip(*_batch(pipe), strict=True)]
-    failed = {"embedding": None, "dim": None}  # a failed item's row: it must read back
+    answers = pipe.infer(batch(pipe, IMAGES[:3]))
+    # As a chunk writes its shard: the answers' columns in the shard's types, and a failed
+    # item's row (null): it must read back.
+    arrays = [
+        pa.concat_arrays([answers.columns[f.name].cast(f.type), pa.nulls(1, f.type)])
+        for f in columns
+    ]
     sink = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist([*rows, failed], schema=pa.schema(columns)), sink)
+    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(columns)), sink)
     table = pq.read_table(io.BytesIO(sink.getvalue()))
     assert table.schema.field("embedding").type == pa.list_(item)
     assert table.column("embedding").to_pylist()[-1] is None
+    assert table.column("dim").to_pylist() == [DIM, DIM, DIM, None]
     stored = np.array(table.column("embedding").to_pylist()[:-1])
-    np.testing.assert_allclose(stored, np.stack([r["embedding"] for r in rows]), atol=1e-6)
-
-
-def _batch(pipe: EmbedPipeline) -> tuple[list[Prepared], list[Any]]:
-    rows = [pipe.prepare(data) for data in IMAGES[:3]]
-    return rows, pipe.infer(rows)
+    np.testing.assert_allclose(stored, np.stack(embed(pipe, IMAGES[:3])), atol=1e-6)

@@ -16,6 +16,7 @@ from kiln.app.model_spec import IMAGENET_MEAN, IMAGENET_STD, ImageModelSpec
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.classify import ClassifyPipeline
 from kiln.workers.preprocess import center_crop, decode_image
+from tests.workers.models.halves import batch, prep_of, prepare
 from tests.workers.models.yolo import identity_model
 
 SIZE = 16
@@ -38,7 +39,9 @@ def fed(tmp_path: Path, stored: dict[str, Any], images: list[bytes]) -> np.ndarr
     path = identity_model(tmp_path / f"identity-{layout}.onnx", layout=layout, size=SIZE)
     engine = OnnxRuntimeEngine(path, max_batch=8)
     pipe = ClassifyPipeline("identity", engine, stored, max_pixels=MAX_PIXELS)
-    return pipe._output([pipe.prepare(data) for data in images])
+    output, failed = pipe._output(batch(pipe, images))
+    assert not failed
+    return output
 
 
 def declared(**fields: Any) -> dict[str, Any]:
@@ -146,10 +149,13 @@ def test_a_bicubic_jpeg_is_still_drafted(tmp_path: Path) -> None:
     pipe = ClassifyPipeline(
         "identity", engine, declared(resize_filter="bicubic", crop_ratio=1.0), max_pixels=MAX_PIXELS
     )
-    drafted = decode_image(data, max_pixels=MAX_PIXELS, draft_to=pipe._resized)
+    sizer = prep_of(pipe.prep)._sizer  # type: ignore[attr-defined]  # what prep drafts to
+    drafted = decode_image(data, max_pixels=MAX_PIXELS, draft_to=sizer)
     assert drafted.image.size == (128, 96)
     full = Image.open(io.BytesIO(data)).convert("RGB").resize((21, 16), Image.Resampling.BICUBIC)
     reference = np.asarray(full.crop((2, 0, 18, 16)), dtype=np.float32)
-    ours = pipe.prepare(data).pixels.astype(np.float32)
+    slot = prepare(pipe, data).slot
+    assert slot is not None
+    ours = slot.astype(np.float32)
     assert ours.shape == (SIZE, SIZE, 3)
     assert np.abs(ours - reference).mean() < 6.0  # of 255: the same picture

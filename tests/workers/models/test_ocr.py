@@ -7,7 +7,7 @@ import io
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,10 @@ from PIL import Image, ImageDraw, ImageFont
 from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
-from kiln.workers.batching import Batcher
+from kiln.workers.batching import Batcher, Part
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.base import Prepared
+from kiln.workers.models.base import Answers, AnswersShape, Rows
+from kiln.workers.models.direct import outcomes_of
 from kiln.workers.models.ocr import OcrPipeline
 from kiln.workers.models.ocr_config import load_config
 from kiln.workers.models.ocr_det import MAX_DET_SIDE, Page, padding, to_original
@@ -32,7 +33,9 @@ from kiln.workers.models.ocr_lines import (
     padded_normalizer,
 )
 from kiln.workers.preprocess import Decoded
+from kiln.workers.runtime import gather
 from tests.support import migrated_settings
+from tests.workers.models.halves import outputs, prepare
 
 ROOT = Path(__file__).resolve().parents[3]
 FONT_DIR = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
@@ -81,20 +84,24 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OcrPipeline]:
 
 
 def read_alone(ocr: OcrPipeline, data: bytes) -> dict[str, Any]:
-    row = ocr.prepare(data)
-    (raw,) = ocr.infer([row])
-    return ocr.finish(row, raw)
+    (found,) = outputs(ocr, [data])
+    return found
 
 
 def read_together(ocr: OcrPipeline, images: list[bytes], chunks: int) -> list[dict[str, Any]]:
-    """`chunks` threads, each preparing its share through one Batcher around `infer` (equal
-    shapes share detector calls), then finishing its images one by one, all at once.
+    """`chunks` threads, each preparing its share into one block submitted through one Batcher
+    around `infer` (as a worker's runtime makes it: equal shapes share detector calls), then
+    finishing its block, all at once.
 
     An announced line that never comes keeps the inner runners gathering until their delay,
     so lines of several images always share a batch (on a busy worker the queue does that).
     """
-    batcher: Batcher[Prepared, Any] = Batcher(
-        ocr.infer, max_batch=4, max_delay_s=0.01, runners=2, greedy=True
+
+    def run(parts: Sequence[Part[Rows]]) -> Answers:
+        return ocr.infer(gather(parts, None))
+
+    batcher: Batcher[Rows, Answers] = Batcher(
+        run, AnswersShape(), max_batch=4, max_delay_s=0.01, runners=2, greedy=True
     )
     results: list[dict[str, Any]] = [{} for _ in images]
     barrier = threading.Barrier(chunks)
@@ -103,11 +110,14 @@ def read_together(ocr: OcrPipeline, images: list[bytes], chunks: int) -> list[di
     def chunk(indices: list[int]) -> None:
         try:
             with batcher.expect(len(indices)) as announced:
-                pending = [(i, ocr.prepare(images[i])) for i in indices]
-                futures = [(i, row, announced.submit(row)) for i, row in pending]
+                prepared = [prepare(ocr, images[i]) for i in indices]
+                block = Rows(objects=[row.made for row in prepared])
+                future = announced.submit(block)
             barrier.wait(timeout=120)
-            for i, row, future in futures:
-                results[i] = ocr.finish(row, future.result())
+            answers = ocr.finish(future.result())
+            for i, found in zip(indices, outcomes_of(answers), strict=True):
+                assert isinstance(found, dict), found
+                results[i] = found
         except BaseException as error:
             errors.append(error)
             barrier.abort()
@@ -243,14 +253,14 @@ def test_boxes_are_in_original_pixels(pipeline: OcrPipeline, factor: float, fmt:
 
 def test_non_image_input_fails_with_a_sentence(pipeline: OcrPipeline) -> None:
     with pytest.raises(InputError, match=r"not an image Kiln can read\.$"):
-        pipeline.prepare(b"these are not pixels")
+        prepare(pipeline, b"these are not pixels")
     with pytest.raises(InputError, match="takes images, not text"):
-        pipeline.prepare("hello")
+        prepare(pipeline, "hello")
 
 
 def test_a_needle_thin_image_fails_with_a_sentence(pipeline: OcrPipeline) -> None:
     with pytest.raises(InputError, match="too thin to read text from"):
-        pipeline.prepare(solid((255, 255, 255), size=(20_000, 1)))
+        prepare(pipeline, solid((255, 255, 255), size=(20_000, 1)))
 
 
 @pytest.mark.parametrize("data", [solid((255, 255, 255), (640, 480)), solid((30, 30, 30))])

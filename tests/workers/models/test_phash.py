@@ -29,6 +29,7 @@ from kiln.workers.models.phash import (
     close_job,
     near_duplicate_groups,
 )
+from tests.workers.models.halves import outputs, prepare
 
 ORIGINALS = 64
 SIZE = (480, 360)
@@ -144,11 +145,7 @@ class Corpus:
 
 
 def hash_all(pipeline: PhashPipeline, items: list[bytes]) -> list[str]:
-    rows = [pipeline.prepare(data) for data in items]
-    return [
-        pipeline.finish(row, raw)["phash"]
-        for row, raw in zip(rows, pipeline.infer(rows), strict=True)
-    ]
+    return [found["phash"] for found in outputs(pipeline, items)]
 
 
 @pytest.fixture(scope="module")
@@ -210,11 +207,15 @@ def test_resized_and_jpeg_copies_are_close(corpus: Corpus) -> None:
 
 
 def test_the_hash_is_imagehash_phash_of_the_image() -> None:
-    """prepare does phash's own greyscale + 32×32 resize, so a PNG hashes exactly the same."""
-    data = encode(original(7))
-    (ours,) = hash_all(PhashPipeline(max_pixels=10_000_000), [data])
-    assert ours == str(imagehash.phash(Image.open(io.BytesIO(data))))
+    """prep does phash's own greyscale + 32×32 resize, so a PNG hashes exactly the same, alone
+    or in a batch."""
+    datas = [encode(original(seed)) for seed in (7, 8, 9)]
+    expected = [str(imagehash.phash(Image.open(io.BytesIO(data)))) for data in datas]
+    pipeline = PhashPipeline(max_pixels=10_000_000)
+    (ours,) = hash_all(pipeline, datas[:1])
+    assert ours == expected[0]
     assert len(ours) == 16 and int(ours, 16) >= 0
+    assert hash_all(pipeline, datas) == expected
 
 
 def test_a_large_jpeg_decoded_at_reduced_scale_hashes_like_a_full_decode() -> None:
@@ -231,11 +232,11 @@ def test_a_large_jpeg_decoded_at_reduced_scale_hashes_like_a_full_decode() -> No
 def test_bad_inputs_are_input_errors() -> None:
     pipeline = PhashPipeline(max_pixels=1_000_000)
     with pytest.raises(InputError, match="images, not text"):
-        pipeline.prepare("a caption")
+        prepare(pipeline, "a caption")
     with pytest.raises(InputError):
-        pipeline.prepare(truncated_jpeg())
+        prepare(pipeline, truncated_jpeg())
     with pytest.raises(InputError, match="over the limit"):
-        pipeline.prepare(photo(0, size=(2000, 1000)))
+        prepare(pipeline, photo(0, size=(2000, 1000)))
 
 
 def h(value: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.direct import run_direct
 from kiln.workers.models.text_embed import (
     DIM,
     FIELDS,
@@ -34,6 +36,7 @@ from kiln.workers.models.text_embed import (
     source_folder,
 )
 from tests.support import migrated_settings
+from tests.workers.models.halves import batch, outputs, prepare
 
 PAIR = ("A man is eating food.", "A man is eating a piece of bread.")
 UNRELATED = "The new movie is awesome, the critics say."
@@ -66,12 +69,13 @@ import sys
 from kiln.app.core.config import get_settings
 from kiln.app.storage import open_store
 from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.direct import run_direct
 from kiln.workers.models.text_embed import load_text_embed
 
 settings = get_settings()
 pipe = load_text_embed(EngineFactory(settings, open_store(settings)))
-row = pipe.prepare("A man is eating food.")
-assert pipe.finish(row, pipe.infer([row])[0])["embedding"].shape == (384,)
+(found,) = run_direct(pipe, ["A man is eating food."])
+assert isinstance(found, dict) and len(found["embedding"]) == 384, found
 print(sorted(m for m in ("torch", "transformers", "sentence_transformers") if m in sys.modules))
 """
 
@@ -129,9 +133,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]
 
 
 def embed(pipe: TextEmbedPipeline, texts: Sequence[str]) -> np.ndarray:
-    rows = [pipe.prepare(text) for text in texts]
-    raw = pipe.infer(rows)
-    return np.stack([pipe.finish(row, r)["embedding"] for row, r in zip(rows, raw, strict=True)])
+    return np.stack([np.asarray(found["embedding"]) for found in outputs(pipe, texts)])
 
 
 def block_torch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,8 +193,8 @@ def test_the_pair_is_close_and_matches_sentence_transformers(
 def test_long_texts_are_cut_where_sentence_transformers_cuts_them(
     pipeline: TextEmbedPipeline, reference: dict[str, np.ndarray]
 ) -> None:
-    row = pipeline.prepare(LONG)
-    assert pipeline.finish(row, pipeline.infer([row])[0])["tokens"] == 256
+    (found,) = outputs(pipeline, [LONG])
+    assert found["tokens"] == 256
     np.testing.assert_allclose(embed(pipeline, [LONG])[0], reference[LONG], atol=1e-4)
 
 
@@ -207,20 +209,23 @@ def test_a_vector_does_not_depend_on_its_batch(pipeline: TextEmbedPipeline) -> N
 
 
 def test_outputs_and_their_parquet_columns(pipeline: TextEmbedPipeline) -> None:
-    rows = [pipeline.prepare(text) for text in PAIR]
-    outputs = [
-        pipeline.finish(row, raw) for row, raw in zip(rows, pipeline.infer(rows), strict=True)
-    ]
-    for out in outputs:
-        assert out["embedding"].dtype == np.float32 and out["embedding"].shape == (DIM,)
+    answers = pipeline.infer(batch(pipeline, PAIR))
+    assert answers.columns["embedding"].type == pa.list_(pa.float32())
+    found = outputs(pipeline, PAIR)
+    for out in found:
+        assert len(out["embedding"]) == DIM
         assert abs(float(np.linalg.norm(out["embedding"])) - 1) < 1e-5
         assert type(out["tokens"]) is int and out["tokens"] > 2
+    # As a chunk writes its shard: the answers' columns in the shard's types.
+    arrays = [answers.columns[f.name].cast(f.type) for f in FIELDS]
     sink = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(outputs, schema=pa.schema(FIELDS)), sink)
+    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(FIELDS)), sink)
     table = pq.read_table(io.BytesIO(sink.getvalue()))
     assert table.schema.field("embedding").type == pa.list_(pa.float32())
     stored = np.array(table.column("embedding").to_pylist(), dtype=np.float32)
-    np.testing.assert_array_equal(stored, np.stack([o["embedding"] for o in outputs]))
+    vectors = np.array([o["embedding"] for o in found], dtype=np.float32)
+    np.testing.assert_array_equal(stored, vectors)
+    assert table.column("tokens").to_pylist() == [o["tokens"] for o in found]
 
 
 @pytest.mark.parametrize(
@@ -236,7 +241,9 @@ def test_bad_inputs_are_input_errors(
     pipeline: TextEmbedPipeline, data: bytes | str, message: str
 ) -> None:
     with pytest.raises(InputError, match=message):
-        pipeline.prepare(data)
+        prepare(pipeline, data)
+    (failed,) = run_direct(pipeline, [data])
+    assert isinstance(failed, InputError) and re.search(message, str(failed))
 
 
 def test_a_worker_runs_it_without_importing_torch(exported: Exported) -> None:

@@ -11,7 +11,6 @@ from kiln.app import sources
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.storage import ObjectStore
-from kiln.app.storage.s3 import make_s3_client, read_object
 
 
 def _read_local(uri: str, max_bytes: int) -> bytes:
@@ -42,6 +41,8 @@ class Fetcher:
     def s3_client(self) -> Any:
         with self._lock:  # boto3 clients are thread-safe once built, but building is not
             if self._s3 is None:
+                from kiln.app.storage.s3 import make_s3_client  # boto3: only where S3 is read
+
                 self._s3 = make_s3_client(self.settings)
             return self._s3
 
@@ -61,4 +62,6 @@ class Fetcher:
         return data
 
     def _fetch_s3(self, uri: str, max_bytes: int) -> bytes:
+        from kiln.app.storage.s3 import read_object
+
         return read_object(self.s3_client(), uri, max_bytes)

@@ -9,7 +9,7 @@ import pytest
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
-from kiln.workers.chunk.fetch import Fetcher
+from kiln.workers.prep.fetch import Fetcher
 from tests.support import migrated_settings
 
 

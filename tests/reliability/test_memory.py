@@ -1,0 +1,59 @@
+"""Memory stays flat over a long job: `kiln run` over many small items, the resident memory of
+the engine-owning process and of each prep process sampled while it runs. Nothing per item may
+be kept: between a third of the way and the end, no process grows by more than a few MB.
+
+`python -m bench.memory` runs the same over 100,000 items (its figures: bench/README.md); this
+is the shorter run CI can afford (KILN_MEMORY_ITEMS, 6,000).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.memory import inputs, sample
+from bench.models import labels, null_model
+
+ITEMS = int(os.environ.get("KILN_MEMORY_ITEMS", "6000"))
+GROWTH_MB = {"engine": 24.0, "prep": 8.0}  # allowed growth from a third of the run to its end
+
+
+def test_rss_is_flat_over_a_long_job(tmp_path: Path) -> None:
+    folder = inputs(tmp_path / "inputs", ITEMS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env |= {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_CONTENT_CACHE": "false"}
+    names = tmp_path / "labels.txt"
+    names.write_text("\n".join(labels(3)) + "\n")
+    kiln = [sys.executable, "-m", "kiln.app.cli"]
+    onnx = null_model(tmp_path / "null.onnx", 64)
+    add = [*kiln, "models", "add", "null", "--onnx", str(onnx), "--input-size", "64"]
+    subprocess.run([*add, "--labels", str(names)], env=env, check=True, capture_output=True)
+    run = [*kiln, "run", str(folder), "--model", "null", "-o", str(tmp_path / "out.parquet")]
+    log = tmp_path / "run.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(run, env=env, stdout=out, stderr=subprocess.STDOUT)
+    watched = psutil.Process(proc.pid)
+    samples: list[tuple[float, dict[str, float]]] = []
+    started = time.monotonic()
+    while proc.poll() is None:
+        try:
+            samples.append((time.monotonic() - started, sample(watched)))
+        except psutil.Error:
+            break
+        time.sleep(0.2)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    # While prep processes ran (the run's last samples may be after they stopped).
+    busy = [(t, found) for t, found in samples if any(r.startswith("prep") for r in found)]
+    assert len(busy) >= 6, f"too few samples while the job ran: {len(busy)}"
+    early, late = busy[len(busy) // 3][1], busy[-1][1]
+    for role, before in early.items():
+        kind = "engine" if role == "engine" else "prep" if role.startswith("prep") else None
+        if kind is None or role not in late:
+            continue
+        growth = late[role] - before
+        assert growth < GROWTH_MB[kind], f"{role} grew {growth:.1f} MB over the job: {busy}"

@@ -1,0 +1,336 @@
+"""Run some of a chunk's rows through one model: prep → batch → engine, a unit at a time.
+
+The chunk's thread splits the rows into units, lends each unit slots of the model's pool and
+sends it to the prep processes; a unit that comes back becomes a block for the model's Batcher
+(its rows that failed to prepare fail with their sentence, and give their slots back at once);
+a settled block gives its slots back from the runner's thread and its answers become a piece
+of the chunk's results. The thread only waits for slots when nothing of its own is in prep, so
+chunks never hold each other's slots hostage. A cancel or a lost lease stops new units.
+
+With the content cache on, units first only *read* their items (fetch and hash, bytes kept in
+the prep process); one lookup answers what the cache knows, and only the rest is decoded.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.app.catalog import ModelInfo
+from kiln.app.core.errors import TransientError
+from kiln.app.families.fallback import FAILED, REFUSED
+from kiln.workers.batching import Announcement
+from kiln.workers.chunk.lease import Held
+from kiln.workers.chunk.rows import ChunkRows, Piece
+from kiln.workers.models.base import Answers, Rows
+from kiln.workers.prep.pool import Preparer
+from kiln.workers.prep.units import UNIT_ROWS, Prepped, Unit
+from kiln.workers.runtime import ModelRunner
+
+SLOT_WAIT_S = 1.0  # a thread waiting for slots looks at its lease this often
+
+
+@dataclass
+class Stage:
+    """What running rows through one model needs: the model (as the job names it) and its
+    loaded runner, the prep processes, how large an input may be, the lease (to stop on a
+    cancel), and whether the chunk is interactive."""
+
+    model: ModelInfo
+    runner: ModelRunner
+    prep: Preparer
+    max_bytes: int
+    held: Held
+    urgent: bool = False
+
+
+def plan_units(rows: np.ndarray, processes: int, most: int | None = None) -> list[np.ndarray]:
+    """Rows in units of at most `most` (UNIT_ROWS), about one per prep process for a small
+    chunk."""
+    if not len(rows):
+        return []
+    size = max(1, min(most or UNIT_ROWS, math.ceil(len(rows) / max(1, processes))))
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def make_unit(stage: Stage, rows: ChunkRows, indices: np.ndarray, read_only: bool = False) -> Unit:
+    items = [rows.items[i] for i in indices.tolist()]
+    return Unit(
+        0,
+        stage.runner.pipeline.prep,
+        [item.id for item in items],
+        [item.source for item in items],
+        [item.text for item in items],
+        stage.max_bytes,
+        read_only=read_only,
+    )
+
+
+# --- reading first (content cache on) ----------------------------------------------------
+
+
+def read_all(stage: Stage, rows: ChunkRows, indices: np.ndarray) -> dict[int, int]:
+    """Fetch and hash every row (its bytes stay in the prep process that read them); returns
+    row → that process, for the prepare units to go back to it. A unit not sent before the
+    lease says stop is not started: its rows are cancelled."""
+    units = plan_units(indices, stage.prep.processes)
+    sent: list[tuple[np.ndarray, Future[Prepped]]] = []
+    for unit in units:
+        if stage.held.stopping():
+            rows.cancelled[unit] = True
+            continue
+        sent.append((unit, stage.prep.submit(make_unit(stage, rows, unit, read_only=True))))
+    holder: dict[int, int] = {}
+    for unit, future in sent:
+        prepped = _result(future)
+        _record_prep(rows, unit, prepped)
+        holder |= dict.fromkeys(unit.tolist(), prepped.worker)
+    return holder
+
+
+# --- prepare, batch, answer ---------------------------------------------------------------
+
+
+@dataclass
+class _Block:
+    rows: np.ndarray  # chunk rows of the block, in order
+    slots: np.ndarray | None
+    submitted: float
+
+
+class _Run:
+    """One model's pass over some rows of a chunk: the event loop of the chunk's thread."""
+
+    def __init__(self, stage: Stage, rows: ChunkRows, units: list[np.ndarray]) -> None:
+        self.stage, self.rows = stage, rows
+        self.pending = deque(units)
+        self.events: queue.SimpleQueue[tuple[str, Any, Future[Any]]] = queue.SimpleQueue()
+        self.in_prep = self.in_engine = 0
+        self.lender = stage.runner.lender  # bounds our rows in prep and queued (tickets)
+        self.pool = stage.runner.slots  # the same lender, when rows go into slots
+        self.started: set[int] = set()
+        self._lock = threading.Lock()  # `aborted` against the callbacks that queue events
+        self.aborted = False
+
+    def run(self, holder: dict[int, int]) -> None:
+        """`holder`: rows already read (content cache on) and by which prep process; those
+        were started, so a cancel no longer stops them."""
+        self.started = set(holder)
+        pipeline = self.stage.runner.pipeline
+        total = sum(len(u) for u in self.pending)
+        with self.stage.runner.batcher.expect(total, self.stage.urgent) as announced:
+            try:
+                while self.pending or self.in_prep or self.in_engine:
+                    if self.stage.held.stopping():
+                        self._cancel_pending(announced)
+                    self._dispatch(holder, wait=False)
+                    if self.pending and not self.in_prep:
+                        self._dispatch(holder, wait=True)  # nothing of ours in prep: wait
+                        continue
+                    if self.in_prep or self.in_engine:
+                        event = self.events.get()
+                        self._handle(*event, announced=announced, finish=pipeline.finish)
+            except BaseException:
+                self._abandon()
+                raise
+
+    def _abandon(self) -> None:
+        """The run stops early (a transient fault): slots lent to units still in prep, or back
+        from it but not handled, go back to the pool (blocks in the engine give theirs back
+        when they settle)."""
+        with self._lock:
+            self.aborted = True
+            while not self.events.empty():
+                kind, payload, _future = self.events.get_nowait()
+                if kind == "prep":
+                    self._release(payload[1])
+
+    def _release(self, tickets: np.ndarray) -> None:
+        self.lender.release(tickets)
+
+    def _cancel_pending(self, announced: Announcement[Rows, Answers]) -> None:
+        """The job is cancelling, or the lease is lost: rows not started never will be."""
+        keep = deque(unit for unit in self.pending if self._started(unit))
+        for unit in self.pending:
+            if not self._started(unit):
+                self.rows.cancelled[unit] = True
+                announced.skip(len(unit))
+        self.pending = keep
+
+    def _started(self, unit: np.ndarray) -> bool:
+        return int(unit[0]) in self.started
+
+    def _dispatch(self, holder: dict[int, int], wait: bool) -> None:
+        """Send units while slots allow (`wait`: block for the first one's slots a while),
+        unless the lease says stop: a unit not sent is not started."""
+        while self.pending:
+            unit = self.pending[0]
+            if self.stage.held.stopping() and not self._started(unit):
+                return
+            tickets = self.lender.acquire(len(unit), timeout=SLOT_WAIT_S if wait else 0)
+            if tickets is None:
+                return
+            self.pending.popleft()
+            sent = make_unit(self.stage, self.rows, unit)
+            if self.pool is not None:  # a ticket is a slot: the unit's rows are written there
+                sent.slots, sent.segment, sent.segment_slots = (
+                    tickets,
+                    self.pool.name,
+                    self.pool.count,
+                )
+            prefer = holder.get(int(unit[0]), -1)
+            future = self.stage.prep.submit(sent, prefer)
+            self.in_prep += 1
+            future.add_done_callback(self._event("prep", (unit, tickets)))
+            if wait:
+                return
+
+    def _event(self, kind: str, payload: Any) -> Callable[[Future[Any]], None]:
+        def put(future: Future[Any]) -> None:
+            with self._lock:
+                if not self.aborted:
+                    self.events.put((kind, payload, future))
+                elif kind == "prep":
+                    self._release(payload[1])
+
+        return put
+
+    def _handle(
+        self,
+        kind: str,
+        payload: Any,
+        future: Future[Any],
+        *,
+        announced: Announcement[Rows, Answers],
+        finish: Callable[[Answers], Answers],
+    ) -> None:
+        if kind == "prep":
+            self.in_prep -= 1
+            unit, slots = payload
+            try:
+                prepped = _result(future)
+                _record_prep(self.rows, unit, prepped)
+            except BaseException:
+                self._release(slots)  # a transient fault: the chunk runs again
+                raise
+            self._prepared(unit, slots, prepped, announced)
+        else:
+            self.in_engine -= 1
+            self._answered(payload, future, finish)
+
+    def _prepared(
+        self,
+        unit: np.ndarray,
+        tickets: np.ndarray,
+        prepped: Prepped,
+        announced: Announcement[Rows, Answers],
+    ) -> None:
+        """A unit is back from prep: its good rows go to the Batcher as one block."""
+        ok = np.array([e is None for e in prepped.errors], dtype=bool)
+        if not ok.all():
+            self._release(tickets[~ok])  # rows that failed to prepare need no slot
+        announced.skip(int((~ok).sum()))
+        if not ok.any():
+            return
+        objects = prepped.objects
+        held = tickets[ok]
+        block = Rows(
+            slots=held if self.pool is not None else None,
+            meta=None if prepped.meta is None else prepped.meta[ok],
+            objects=None
+            if objects is None
+            else [o for o, good in zip(objects, ok, strict=True) if good],
+        )
+        entry = _Block(unit[ok], block.slots, time.monotonic())
+        try:
+            future = announced.submit(block)
+        except BaseException:  # the Batcher closed (the model unloads, the worker stops)
+            self._release(held)
+            raise
+        self.in_engine += 1
+        lender = self.lender
+        future.add_done_callback(lambda _: lender.release(held))  # on the runner's thread
+        future.add_done_callback(self._event("block", entry))
+
+    def _answered(
+        self, block: _Block, future: Future[Answers], finish: Callable[[Answers], Answers]
+    ) -> None:
+        """A block's answers: failed rows fail, the others become a piece of the results."""
+        engine = time.monotonic() - block.submitted
+        answers = future.result()  # a transient failure (a stuck engine) retries the chunk
+        started = time.monotonic()
+        answers = finish(answers)
+        post = (time.monotonic() - started) / max(1, len(block.rows))
+        self.rows.seconds[block.rows, 2] = engine
+        self.rows.seconds[block.rows, 3] = post
+        if answers.errors is None:  # the usual block: every row answered
+            self.rows.answer(Piece(block.rows, answers.columns, self.stage.model))
+            return
+        good = []
+        for position, (error, refused) in enumerate(
+            zip(answers.errors, answers.refused_list(), strict=True)
+        ):
+            if error is None:
+                good.append(position)
+            else:
+                self.rows.fail(int(block.rows[position]), error, REFUSED if refused else FAILED)
+        if good:
+            keep = np.asarray(good)
+            columns = {name: col.take(keep) for name, col in answers.columns.items()}
+            self.rows.answer(Piece(block.rows[keep], columns, self.stage.model))
+
+
+def _record_prep(rows: ChunkRows, unit: np.ndarray, prepped: Prepped) -> None:
+    if prepped.transient is not None:
+        raise TransientError(prepped.transient)
+    for row, error, digest in zip(unit.tolist(), prepped.errors, prepped.sha256, strict=True):
+        if digest is not None:
+            rows.sha256[row] = digest
+        if error is not None:
+            # Not a model's failure when nothing could be read: no fallback could read it either.
+            rows.fail(row, error, FAILED if digest is not None else None)
+    if prepped.seconds is not None:
+        rows.seconds[unit, 0] += prepped.seconds[:, 0]
+        rows.seconds[unit, 1] += prepped.seconds[:, 1]
+
+
+def _result(future: Future[Prepped]) -> Prepped:
+    return future.result()
+
+
+def run_model(stage: Stage, rows: ChunkRows, indices: np.ndarray, holder: dict[int, int]) -> None:
+    """Prepare, batch and answer `indices` of the chunk with the stage's model. Rows already
+    read (`holder`: row → the prep process keeping its bytes) are planned per process, so
+    each unit goes back to the bytes it needs."""
+    if not holder:
+        units = plan_units(indices, stage.prep.processes)
+    else:
+        by_worker: dict[int, list[int]] = {}
+        for row in indices.tolist():
+            by_worker.setdefault(holder.get(row, -1), []).append(row)
+        units = [
+            unit
+            for group in by_worker.values()
+            for unit in plan_units(np.asarray(group), stage.prep.processes)
+        ]
+    _Run(stage, rows, units).run(holder)
+
+
+def drop_held(stage: Stage, rows: ChunkRows, done: list[int], holder: dict[int, int]) -> None:
+    """Rows read for nothing more (the cache answered them): their prep processes may let
+    their bytes go now rather than when newer ones push them out."""
+    by_worker: dict[int, list[int]] = {}
+    for row in done:
+        by_worker.setdefault(holder.get(row, -1), []).append(rows.items[row].id)
+    for worker, items in by_worker.items():
+        unit = Unit(0, stage.runner.pipeline.prep, [], [], [], stage.max_bytes, drop=items)
+        stage.prep.submit(unit, worker)  # nothing to wait for

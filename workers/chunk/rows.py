@@ -1,0 +1,178 @@
+"""A chunk's items as columns while it runs, and what they became: the shard's table, the
+database's document and the content cache's entries are all read from here, once per chunk.
+
+Rows are the leased items in id order. Answers arrive as *pieces*: the rows a block (or the
+content cache) answered and their output columns; a row no piece answered has null outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from kiln.app.catalog import ModelInfo
+from kiln.app.db.leases import LeasedItem
+from kiln.app.db.models import ItemStatus
+from kiln.app.families.fallback import Trigger
+from kiln.app.results import BASE_FIELDS
+from kiln.workers.models.base import VECTOR_OUTPUTS
+
+STAGES_MS = ("fetch", "decode", "engine", "post")  # an interactive item's `stages_ms`
+CANCELLED = "The job was cancelled."
+
+
+@dataclass
+class Piece:
+    """Rows some model (or the content cache) answered, and their output columns."""
+
+    rows: np.ndarray  # row indices into the chunk
+    columns: dict[str, pa.Array]
+    model: ModelInfo
+    outputs: list[dict[str, Any]] | None = None  # as stored (content cache hits), if known
+
+    @staticmethod
+    def of_outputs(
+        rows: np.ndarray,
+        outputs: Sequence[dict[str, Any]],
+        fields: Sequence[pa.Field],
+        model: ModelInfo,
+    ) -> Piece:
+        """Rows answered with outputs as stored (a content cache hit): columns in the family's
+        types, and the outputs kept, so the database gets them back unchanged."""
+        columns = {f.name: pa.array([o.get(f.name) for o in outputs], f.type) for f in fields}
+        return Piece(rows, columns, model, outputs=list(outputs))
+
+    def small_outputs(self) -> list[dict[str, Any]]:
+        """Each row's outputs as the database keeps them: JSON values, vectors left out."""
+        if self.outputs is not None:
+            return [{k: v for k, v in o.items() if k not in VECTOR_OUTPUTS} for o in self.outputs]
+        small = {k: v for k, v in self.columns.items() if k not in VECTOR_OUTPUTS}
+        return pa.table(small).to_pylist() if small else [{} for _ in range(len(self.rows))]
+
+
+class ChunkRows:
+    """The chunk's rows: inputs, what happened to each, and the answers' columns."""
+
+    def __init__(self, items: Sequence[LeasedItem]) -> None:
+        n = len(items)
+        self.items = list(items)
+        self.errors: list[str | None] = [None] * n
+        self.failure: list[Trigger | None] = [None] * n  # why a fallback may take the row
+        self.cancelled = np.zeros(n, dtype=bool)
+        self.cached = np.zeros(n, dtype=bool)
+        self.sha256: list[str | None] = [None] * n
+        self.answered_by: list[str | None] = [None] * n
+        self.fallback_reason: list[str | None] = [None] * n
+        self.seconds = np.zeros((n, len(STAGES_MS)), dtype=np.float64)
+        self.pieces: list[Piece] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    # --- what happened -------------------------------------------------------------------
+
+    def fail(self, row: int, sentence: str, failure: Trigger | None = None) -> None:
+        self.errors[row], self.failure[row] = sentence, failure
+
+    def answer(self, piece: Piece) -> None:
+        self.pieces.append(piece)
+        for row in piece.rows.tolist():
+            self.answered_by[row] = piece.model.ref
+
+    def open(self) -> np.ndarray:
+        """Rows not failed, not cancelled and not answered yet: what a model should run."""
+        done = self.cancelled | np.array([e is not None for e in self.errors], dtype=bool)
+        done |= np.array([a is not None for a in self.answered_by], dtype=bool)
+        return np.flatnonzero(~done)
+
+    def statuses(self) -> list[str]:
+        return [
+            ItemStatus.CANCELLED
+            if cancelled
+            else (ItemStatus.FAILED if error is not None else ItemStatus.SUCCEEDED)
+            for cancelled, error in zip(self.cancelled.tolist(), self.errors, strict=True)
+        ]
+
+    def shown_errors(self) -> list[str | None]:
+        return [
+            CANCELLED if cancelled else error
+            for cancelled, error in zip(self.cancelled.tolist(), self.errors, strict=True)
+        ]
+
+    def duration_ms(self) -> np.ndarray:
+        """Each item's own time: its fetch and decode, its block's time in the engine (filling
+        and running) and its post-processing — not the chunk's wall time."""
+        return np.asarray(np.round(self.seconds.sum(axis=1) * 1000, 2))
+
+    def stages_ms(self) -> list[dict[str, float]]:
+        ms = np.round(self.seconds * 1000, 2).tolist()
+        return [dict(zip(STAGES_MS, row, strict=True)) for row in ms]
+
+    # --- what is written -----------------------------------------------------------------
+
+    def outputs(self) -> list[dict[str, Any] | None]:
+        """Each row's small outputs (the database's copy), None where it has none."""
+        out: list[dict[str, Any] | None] = [None] * len(self)
+        for piece in self.pieces:
+            for row, value in zip(piece.rows.tolist(), piece.small_outputs(), strict=True):
+                out[row] = value
+        for row, error in enumerate(self.errors):
+            if error is not None or self.cancelled[row]:
+                out[row] = None
+        return out
+
+    def table(self, fields: Sequence[pa.Field]) -> pa.Table:
+        """The shard: the base columns, then the family's, in the shard's types."""
+        base = [
+            pa.array([item.key for item in self.items], pa.string()),
+            pa.array(self.statuses(), pa.string()),
+            pa.array(self.shown_errors(), pa.string()),
+            pa.array(self.duration_ms(), pa.float32()),
+            pa.array(self.sha256, pa.string()),
+            pa.array(self.answered_by, pa.string()),
+            pa.array(self.fallback_reason, pa.string()),
+        ]
+        family = [self._column(f) for f in fields]
+        schema = pa.schema([*BASE_FIELDS, *fields])
+        return pa.Table.from_arrays([*base, *family], schema=schema)
+
+    def _column(self, field: pa.Field) -> pa.Array:
+        """One output column over every row: the pieces' values, nulls elsewhere."""
+        answered = [p for p in self.pieces if len(p.rows)]
+        taken = np.concatenate([p.rows for p in answered]) if answered else np.empty(0, int)
+        rest = np.setdiff1d(np.arange(len(self)), taken)
+        arrays = [_cast(p.columns.get(field.name), len(p.rows), field.type) for p in answered] + [
+            pa.nulls(len(rest), field.type)
+        ]
+        order = np.concatenate([taken, rest]).astype(np.int64)
+        return pa.concat_arrays(arrays).take(pa.array(np.argsort(order, kind="stable")))
+
+    def document(self, stages: bool) -> list[tuple[Any, ...]]:
+        """The database's rows, one tuple each, in `queries.RESULT_COLUMNS` order: key,
+        status, error, outputs, duration_ms, sha256, answered_by, fallback_reason, stages_ms
+        (interactive chunks only)."""
+        staged = self.stages_ms() if stages else [None] * len(self)
+        return list(
+            zip(
+                [item.key for item in self.items],
+                self.statuses(),
+                self.shown_errors(),
+                self.outputs(),
+                self.duration_ms().tolist(),
+                self.sha256,
+                self.answered_by,
+                self.fallback_reason,
+                staged,
+                strict=True,
+            )
+        )
+
+
+def _cast(column: pa.Array | None, rows: int, kind: pa.DataType) -> pa.Array:
+    if column is None:
+        return pa.nulls(rows, kind)
+    return column if column.type == kind else column.cast(kind)

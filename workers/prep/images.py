@@ -1,0 +1,67 @@
+"""The prep half of the image models (registered classify, embed and detect, and the built-in
+detector): decode — a JPEG drafted straight to the smallest DCT scale that covers the fit —
+and fit into the model's square, written as uint8 HWC RGB into the row's slot. Where the
+engine decodes on the GPU (nvJPEG), only the header is checked here and the bytes go on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kiln.app.core.errors import InputError
+from kiln.app.model_spec import Preprocessing
+from kiln.workers.preprocess import Letterbox, Squash, decode_image, fit_image, fit_size
+
+FIT_WIDTH = 4  # meta per row: scale across, scale down, upright width, height (0s for a crop)
+
+
+def images_only(data: bytes | str) -> bytes:
+    if isinstance(data, str):
+        raise InputError("This model takes images, not text.")
+    return data
+
+
+class ImagePrep:
+    def __init__(self, preprocessing: Preprocessing, max_pixels: int) -> None:
+        self.pre = preprocessing
+        self.max_pixels = max_pixels
+
+    def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> None:
+        decoded = decode_image(images_only(data), max_pixels=self.max_pixels, draft_to=self._sizer)
+        pixels, placement = fit_image(decoded, self.pre)
+        assert slot is not None
+        slot[...] = pixels
+        if placement is not None:
+            meta[:] = placement_row(placement)
+
+    def _sizer(self, width: int, height: int) -> tuple[int, int]:
+        return fit_size(self.pre, width, height)
+
+
+def placement_row(placement: Letterbox | Squash) -> tuple[float, float, float, float]:
+    scale_x, scale_y = placement.scales
+    return scale_x, scale_y, placement.width, placement.height
+
+
+def placement_of(row: np.ndarray, fit: str) -> Letterbox | Squash:
+    """A row of meta back into the fit it describes."""
+    scale_x, scale_y, width, height = (float(v) for v in row[:FIT_WIDTH])
+    if fit == "letterbox":
+        return Letterbox(scale_x, int(width), int(height))
+    return Squash(scale_x, scale_y, int(width), int(height))
+
+
+class HeaderPrep:
+    """For an engine that decodes the batch on the GPU: what is cheap to check (an image Kiln
+    reads, under the pixel cap) without decoding a pixel; the bytes travel on."""
+
+    def __init__(self, max_pixels: int) -> None:
+        self.max_pixels = max_pixels
+
+    def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
+        from kiln.workers.models.device_images import read_header
+
+        encoded = images_only(data)
+        header = read_header(encoded, max_pixels=self.max_pixels)
+        return encoded, header

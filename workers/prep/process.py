@@ -1,0 +1,190 @@
+"""A prep process: fetch, hash, check and decode a unit of items into the engine's slots.
+
+No CUDA here, ever: these processes are started with `spawn` and import neither torch nor an
+engine. Each unit's answer is columns (`Prepped`); per item Python is what decoding needs and
+nothing more. A bad input fails its own item with a sentence; a storage fault worth a retry
+fails the unit as transient (the chunk retries with backoff, as before).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections import OrderedDict
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from kiln.app.core.config import Settings
+from kiln.app.core.digest import sha256_hex
+from kiln.app.core.errors import KilnError, TransientError
+from kiln.workers.prep.fetch import Fetcher
+from kiln.workers.prep.slots import Segment, attach
+from kiln.workers.prep.spec import Prep, PrepSpec, build
+from kiln.workers.prep.units import Prepped, Unit
+
+log = logging.getLogger(__name__)
+
+HELD_BYTES = 128 * 2**20  # bytes of read-only units kept for their prepare, at most
+PARENT_CHECK_S = 1.0  # how often an idle prep process checks that its parent lives
+
+
+class PrepWorker:
+    """Runs units; keeps what it built (preps, attached segments) between them."""
+
+    def __init__(self, settings: Settings, fetcher: Fetcher | None = None) -> None:
+        self.settings = settings
+        self._fetcher = fetcher
+        self._preps: dict[str, Prep] = {}
+        self._segments: dict[str, Segment] = {}
+        self._held: OrderedDict[int, bytes] = OrderedDict()  # item id → bytes (read-only units)
+        self._held_bytes = 0
+
+    @property
+    def fetcher(self) -> Fetcher:
+        if self._fetcher is None:  # built on first use: a text model's process never needs it
+            from kiln.app.storage import open_store
+
+            self._fetcher = Fetcher(self.settings, open_store(self.settings))
+        return self._fetcher
+
+    def run(self, unit: Unit) -> Prepped:
+        for item in unit.drop:
+            self._forget(item)
+        n = len(unit)
+        out = Prepped(unit.id, [None] * n, [None] * n)
+        out.seconds = np.zeros((n, 2), dtype=np.float32)
+        if not unit.read_only:
+            out.meta = np.zeros((n, unit.spec.meta_width), dtype=np.float32)
+            out.objects = None if unit.spec.layout is not None else [None] * n
+        try:
+            self._run(unit, out)
+        except TransientError as error:
+            out.transient = str(error)
+        except Exception as error:  # outside one input (its model's prep would not build):
+            log.exception("a prep unit failed")  # its items fail with the reason, we live on
+            sentence = f"Kiln could not prepare this input: {error}."
+            out.errors = [e or sentence for e in out.errors]
+        return out
+
+    def _run(self, unit: Unit, out: Prepped) -> None:
+        slots = self._slots(unit)
+        prep = None if unit.read_only else self._prep(unit.spec)
+        assert out.seconds is not None
+        for i in range(len(unit)):
+            started = time.perf_counter()
+            data = self._data(unit, i, out)
+            fetched = time.perf_counter()
+            out.seconds[i, 0] = fetched - started
+            if data is None:
+                continue
+            if unit.read_only:
+                if isinstance(data, bytes):  # a text is in the unit already
+                    self._hold(unit.items[i], data)
+                continue
+            assert prep is not None and out.meta is not None
+            slot = None if slots is None or unit.slots is None else slots[int(unit.slots[i])]
+            try:
+                made = prep.prepare(data, slot, out.meta[i])
+            except KilnError as error:
+                out.errors[i] = str(error)
+            except Exception as error:  # a decoder bug fails one item, never the unit
+                log.warning("preparing item %d failed: %r", unit.items[i], error)
+                out.errors[i] = f"The input could not be prepared: {error}."
+            else:
+                if out.objects is not None:
+                    out.objects[i] = made
+            out.seconds[i, 1] = time.perf_counter() - fetched
+
+    def _data(self, unit: Unit, i: int, out: Prepped) -> bytes | str | None:
+        """The item's text, or its bytes (held from a read-only unit, or fetched); hashed."""
+        text = unit.texts[i]
+        if text is not None:
+            out.sha256[i] = sha256_hex(text)
+            return text
+        data = self._held.pop(unit.items[i], None)
+        if data is not None:
+            self._held_bytes -= len(data)
+        else:
+            try:
+                data = self.fetcher.fetch(unit.sources[i], unit.max_bytes)
+            except TransientError:
+                raise  # the whole unit, and so the chunk, is retried
+            except KilnError as error:
+                out.errors[i] = str(error)
+                return None
+        out.sha256[i] = sha256_hex(data)
+        return data
+
+    def _hold(self, item: int, data: bytes) -> None:
+        self._forget(item)
+        self._held[item] = data
+        self._held_bytes += len(data)
+        while self._held_bytes > HELD_BYTES and len(self._held) > 1:
+            _, old = self._held.popitem(last=False)  # its prepare will fetch it again
+            self._held_bytes -= len(old)
+
+    def _forget(self, item: int) -> None:
+        data = self._held.pop(item, None)
+        if data is not None:
+            self._held_bytes -= len(data)
+
+    def _prep(self, spec: PrepSpec) -> Prep:
+        prep = self._preps.get(spec.key)
+        if prep is None:
+            prep = self._preps[spec.key] = build(spec)
+        return prep
+
+    def _slots(self, unit: Unit) -> np.ndarray | None:
+        """The engine process's segment of slots (a slot is written through a view of it). One
+        per model: a model loaded again has a new segment, and the old mapping is let go (an
+        unlinked segment's memory lives as long as someone maps it)."""
+        self._let_go_of_unlinked()
+        if unit.read_only or unit.segment is None or unit.spec.layout is None:
+            return None
+        segment = self._segments.get(unit.spec.key)
+        if segment is None or segment.name != unit.segment:
+            if segment is not None:
+                segment.close()
+            segment = attach(unit.segment, unit.spec.layout, unit.segment_slots)
+            self._segments[unit.spec.key] = segment
+        return segment.array
+
+    def _let_go_of_unlinked(self) -> None:
+        """Unmap the segments of models the worker unloaded (their files are gone): an
+        unlinked segment lives as long as anyone maps it."""
+        for key, segment in list(self._segments.items()):
+            if not segment.path.exists():
+                segment.close()
+                del self._segments[key]
+
+    def close(self) -> None:
+        for segment in self._segments.values():
+            segment.close()
+        self._segments.clear()
+
+
+def serve(conn: Connection, settings: Settings, parent: int) -> None:
+    """A prep process's life: units in, answers out, until told to stop or orphaned."""
+    # Ctrl-C and a SIGTERM to the group reach us too: the worker decides when its prep
+    # processes stop (after its in-flight chunks have drained), or we notice it is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    worker = PrepWorker(settings)
+    try:
+        while True:
+            if not conn.poll(PARENT_CHECK_S):
+                if os.getppid() != parent:
+                    return  # the worker died without telling us
+                continue
+            unit: Any = conn.recv()
+            if unit is None:
+                return
+            conn.send(worker.run(unit))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return
+    finally:
+        worker.close()

@@ -1,0 +1,58 @@
+"""What a prep process runs for one model: a `PrepSpec` (small, picklable: it crosses into the
+prep processes) names a factory and its options; `build` makes the `Prep` inside the process.
+
+A family's prep half lives in `workers/prep/<family>.py`; its batch half (engine and
+post-processing) in `workers/models/`. A spec names its factory as `module:callable`, so a
+test can run a prep of its own through the real pool.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from kiln.app.core.digest import sha256_hex
+from kiln.workers.prep.slots import SlotLayout
+
+
+class Prep(Protocol):
+    """One model's input preparation, made once per prep process."""
+
+    def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
+        """Check and decode one input. A slot family writes the pixels into `slot` (and its
+        fit, e.g. a letterbox's scale and size, into `meta`) and returns None; an object family
+        (`slot` is None) returns what its engine needs (picklable). Bad input raises
+        `InputError` with a sentence."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrepSpec:
+    key: str  # names the built `Prep` in a prep process (the model's cache key)
+    factory: str  # "module:callable", called with **options
+    options: Mapping[str, Any] = field(default_factory=dict)
+    layout: SlotLayout | None = None  # rows go into slots of this shape; None: as objects
+    meta_width: int = 0  # float32 values of fit metadata per row
+    texts: bool = False  # the model reads an item's text, never a source
+
+
+def prep_spec(
+    factory: str,
+    options: Mapping[str, Any],
+    layout: SlotLayout | None = None,
+    meta_width: int = 0,
+    texts: bool = False,
+) -> PrepSpec:
+    """A spec keyed by what it builds: prep processes build it once and reuse it."""
+    key = sha256_hex(repr((factory, sorted(options.items()), layout, meta_width, texts)))[:16]
+    return PrepSpec(key, factory, dict(options), layout, meta_width, texts)
+
+
+def build(spec: PrepSpec) -> Prep:
+    module, _, name = spec.factory.partition(":")
+    factory: Callable[..., Prep] = getattr(importlib.import_module(module), name)
+    return factory(**spec.options)

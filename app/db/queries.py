@@ -122,7 +122,9 @@ RESULT_COLUMNS = (
     "stages_ms",
 )  # fmt: skip
 
-# `json` has no equality, so a JSON null (a failed item's outputs) is told by its type.
+# `json` has no equality, so a JSON null (a failed item's outputs) is told by its type. On
+# SQLite the rows are materialized first: joined straight to json_each, the planner scans the
+# job's items and json_each inside (a chunk of 512 in a job of 100,000 took 21 s, not 1 ms).
 _UPDATE_POSTGRES = text(
     """
     UPDATE items SET status = v.status, error = v.error,
@@ -143,18 +145,20 @@ _UPDATE_POSTGRES = text(
 
 _UPDATE_SQLITE = text(
     """
+    WITH v AS MATERIALIZED (
+        SELECT value ->> 0 AS key, value ->> 1 AS status, value ->> 2 AS error,
+               CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE value -> 3 END
+                   AS outputs,
+               value ->> 4 AS duration_ms, value ->> 5 AS sha256, value ->> 6 AS answered_by,
+               value ->> 7 AS fallback_reason,
+               CASE json_type(value, '$[8]') WHEN 'null' THEN NULL ELSE value -> 8 END
+                   AS stages_ms
+        FROM json_each(:rows))
     UPDATE items SET status = v.status, error = v.error, outputs = v.outputs,
            duration_ms = v.duration_ms, sha256 = v.sha256, answered_by = v.answered_by,
            fallback_reason = v.fallback_reason, stages_ms = v.stages_ms,
            finished_at = :finished_at
-    FROM (SELECT value ->> 0 AS key, value ->> 1 AS status, value ->> 2 AS error,
-                 CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE value -> 3 END
-                     AS outputs,
-                 value ->> 4 AS duration_ms, value ->> 5 AS sha256, value ->> 6 AS answered_by,
-                 value ->> 7 AS fallback_reason,
-                 CASE json_type(value, '$[8]') WHEN 'null' THEN NULL ELSE value -> 8 END
-                     AS stages_ms
-          FROM json_each(:rows)) AS v
+    FROM v
     WHERE items.job_id = :job_id AND items.key = v.key AND items.status = 'running'
       AND (:owner IS NULL OR items.lease_owner = :owner)
     RETURNING items.status, items.fallback_reason

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.inputs import jpeg
+from bench.inputs import jpeg, link_folder
 from bench.models import export_resnet, labels
 
 SIZE = (640, 480)
@@ -118,15 +118,6 @@ def images(folder: Path, count: int) -> list[Path]:
     return paths
 
 
-def subset(folder: Path, paths: list[Path]) -> Path:
-    """A folder of links to `paths` (kiln run takes a folder)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for path in paths:
-        (folder / path.name).symlink_to(path)
-    return folder
-
-
 def kiln_run(
     workdir: Path, onnx: Path, folder: Path, env_extra: dict[str, str], engine: str
 ) -> Run:
@@ -208,8 +199,8 @@ def main() -> None:
     work: Path = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     paths = images(work / "images", args.images)
-    small = subset(work / "small", paths[: len(paths) // 3])
-    large = subset(work / "large", paths)
+    small = link_folder(work / "small", paths[: len(paths) // 3])
+    large = link_folder(work / "large", paths)
     onnx = export_resnet(50, work / "resnet50.onnx")
     cores = os.cpu_count() or 1
     results: list[Subject] = []

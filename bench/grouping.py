@@ -46,7 +46,7 @@ from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.grouping import cosine_groups, cosine_pairs
 from kiln.workers.models.base import Pipeline
-from kiln.workers.models.direct import run_direct
+from kiln.workers.models.direct import answers_of
 from kiln.workers.models.embed import EmbedPipeline
 from kiln.workers.models.phash import PhashPipeline, near_duplicate_groups, parse_hashes
 
@@ -90,12 +90,7 @@ def embedder(onnx: Path, input_size: int = RESNET_INPUT) -> EmbedPipeline:
 def _outputs(pipeline: Pipeline, images: Sequence[bytes], batch: int) -> list[dict[str, Any]]:
     """Each image's outputs, both halves of the pipeline run here; an image Kiln cannot read
     stops the bench (its sets are generated: every image must have its answer)."""
-    found = []
-    for outcome in run_direct(pipeline, images, batch):
-        if isinstance(outcome, Exception):
-            raise outcome
-        found.append(outcome)
-    return found
+    return answers_of(pipeline, images, batch)
 
 
 def embed_all(pipeline: EmbedPipeline, images: Sequence[bytes]) -> np.ndarray:

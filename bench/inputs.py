@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import io
+import shutil
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
+
+
+def link_folder(folder: Path, paths: list[Path]) -> Path:
+    """A fresh folder of symbolic links to `paths` (`kiln run` reads every image of a folder)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for path in paths:
+        (folder / path.name).symlink_to(path)
+    return folder
 
 
 def picture(seed: int, size: tuple[int, int]) -> Image.Image:

@@ -38,6 +38,8 @@ for backend in $backends; do
 done
 step "bench: raw engine vs Kiln from JPEG bytes" "$BIN/python" -m bench --quick \
     --cases raw,embedded --no-readme --workdir "$OUT/bench" --results-dir "$OUT/bench"
+step "bench: the feed on the GPU (Kiln vs a DataLoader peer, NVML busy share)" \
+    "$BIN/python" -m bench.gpu_feed --workdir "$OUT/gpu-feed" --out "$OUT/gpu-feed.json"
 
 echo "output: $LOG" | tee -a "$LOG"
 exit "$failed"

@@ -11,6 +11,10 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# KILN_GPU_DECODE=auto decodes on the GPU below this many prep processes: on an H200 (ResNet-50,
+# 640×480 JPEGs) nvJPEG with per-image fitting gave 1,650 images/s, and 16 prep processes
+# decoding on the CPU 2,220 (≈ 140 each): they overtake the GPU path at about 12.
+GPU_DECODE_BELOW = 12
 # Rows per engine call under KILN_MAX_BATCH=auto: on a CPU the knee measured with the bench's
 # models (docs/capacity.md); on a GPU the most a model's warm-up sweep may choose.
 CPU_BATCH = 16
@@ -93,10 +97,11 @@ class Settings(BaseSettings):
     oom_recovery_s: float = Field(
         300.0, gt=0, description="Quiet time after an out-of-memory batch before the cap grows."
     )
-    gpu_decode: bool = Field(
-        True,
+    gpu_decode: bool | Literal["auto"] = Field(
+        "auto",
         description="On the PyTorch CUDA engine, decode JPEGs on the GPU (nvJPEG) a batch at a "
-        "time; false: the prep processes decode on the CPU.",
+        "time; false: the prep processes decode on the CPU; auto: the GPU only when the worker "
+        f"has fewer than {GPU_DECODE_BELOW} prep processes (docs/gpu.md: measured on an H200).",
     )
     precision: Literal["auto", "fp16", "fp32"] = Field(
         "auto", description="TensorRT and torch precision; auto = FP16 where the GPU does it fast."
@@ -266,6 +271,12 @@ class Settings(BaseSettings):
         if self.max_batch != "auto":
             return self.max_batch
         return GPU_BATCH_LIMIT if on_gpu else CPU_BATCH
+
+    def decode_on_gpu(self, prep_processes: int) -> bool:
+        """Whether a GPU engine that can decode JPEGs should, given the prep processes."""
+        if self.gpu_decode == "auto":
+            return prep_processes < GPU_DECODE_BELOW
+        return self.gpu_decode
 
     def prep_count(self, cores: int) -> int:
         """Prep processes for a worker on `cores` cores (0: prep on the chunk's thread)."""

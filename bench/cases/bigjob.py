@@ -50,9 +50,11 @@ POLL_PAUSE_S = 0.01  # between two GETs: a client polling as fast as answers com
 LOCK_SAMPLE_S = 0.05
 COPY_ROWS = 50_000  # rows per write to the COPY stream
 # Several workers on 2 cores: one engine thread each, and 8 chunks at a time each with a pool
-# to match, so three of them stay well inside Postgres's 100 connections (shared here).
+# to match, so three of them stay well inside Postgres's 100 connections (shared here); one
+# prep process each, as workers sharing a host split its cores (`--devices all` does the same).
 WORKER_ENV = (
     ("KILN_RUNNERS", "1"),
+    ("KILN_PREP_PROCESSES", "1"),
     ("KILN_WORKER_CONCURRENCY", "8"),
     ("KILN_DB_POOL_SIZE", "4"),
     ("KILN_DB_MAX_OVERFLOW", "8"),

@@ -26,7 +26,7 @@ from bench.cases import bigjob, embedded
 from bench.cases.services import meter
 from bench.child import run_child
 from bench.context import Context
-from bench.inputs import make_images
+from bench.inputs import link_folder, make_images
 from bench.measure import Meter
 from bench.models import labels, null_model
 from bench.results import FEED_MODEL, CaseResult, Sized, marginal
@@ -77,12 +77,7 @@ def _model(workdir: Path) -> Registered:
 
 def _folder(ctx: Context, images: list[Path]) -> Path:
     """A folder of links to `images`, for `kiln run` (which reads every image in a folder)."""
-    folder = ctx.workdir / "feed" / f"links-{len(images)}"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for path in images:
-        (folder / path.name).symlink_to(path)
-    return folder
+    return link_folder(ctx.workdir / "feed" / f"links-{len(images)}", images)
 
 
 # ---- kiln run ----------------------------------------------------------------------------

@@ -1,9 +1,8 @@
-"""Memory stays flat over a long job: `kiln run` over many small items, the resident memory of
-the engine-owning process and of each prep process sampled while it runs. Nothing per item may
-be kept: between a third of the way and the end, no process grows by more than a few MB.
-
-`python -m bench.memory` runs the same over 100,000 items (its figures: bench/README.md); this
-is the shorter run CI can afford (KILN_MEMORY_ITEMS, 6,000).
+"""Memory stays flat over a long job: `kiln run` over 100,000 small items (about a minute), the
+resident memory of the engine-owning process and of each prep process sampled while it runs.
+Nothing per item may be kept: from two thirds of the way to the end — past the first tens of
+thousands of items, in which allocators and caches reach their size — no process grows by more
+than a few MB. `python -m bench.memory` is the same run with its figures (bench/README.md).
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ import psutil
 from bench.memory import inputs, sample
 from bench.models import labels, null_model
 
-ITEMS = int(os.environ.get("KILN_MEMORY_ITEMS", "6000"))
-GROWTH_MB = {"engine": 24.0, "prep": 8.0}  # allowed growth from a third of the run to its end
+ITEMS = int(os.environ.get("KILN_MEMORY_ITEMS", "100000"))
+GROWTH_MB = {"engine": 24.0, "prep": 8.0}  # allowed growth over the last third of the run
 
 
 def test_rss_is_flat_over_a_long_job(tmp_path: Path) -> None:
@@ -45,12 +44,12 @@ def test_rss_is_flat_over_a_long_job(tmp_path: Path) -> None:
             samples.append((time.monotonic() - started, sample(watched)))
         except psutil.Error:
             break
-        time.sleep(0.2)
+        time.sleep(0.5)
     assert proc.returncode == 0, log.read_text()[-3000:]
     # While prep processes ran (the run's last samples may be after they stopped).
     busy = [(t, found) for t, found in samples if any(r.startswith("prep") for r in found)]
-    assert len(busy) >= 6, f"too few samples while the job ran: {len(busy)}"
-    early, late = busy[len(busy) // 3][1], busy[-1][1]
+    assert len(busy) >= 20, f"too few samples while the job ran: {len(busy)}"
+    early, late = busy[2 * len(busy) // 3][1], busy[-1][1]
     for role, before in early.items():
         kind = "engine" if role == "engine" else "prep" if role.startswith("prep") else None
         if kind is None or role not in late:

@@ -43,6 +43,19 @@ def run_direct(
     return [o if o is not None else InputError("No answer.") for o in outcomes]
 
 
+def answers_of(
+    pipeline: Pipeline, inputs: Sequence[bytes | str], batch: int | None = None
+) -> list[dict[str, Any]]:
+    """Each input's outputs, for inputs that must all have one (generated sets, tests): the
+    first input without any raises its error."""
+    found = []
+    for outcome in run_direct(pipeline, inputs, batch):
+        if isinstance(outcome, Exception):
+            raise outcome
+        found.append(outcome)
+    return found
+
+
 def _batch(group: list[tuple[int, np.ndarray | None, np.ndarray, Any]], slotted: bool) -> Batch:
     return Batch(
         np.stack([slot for _, slot, _, _ in group]) if slotted else None,  # type: ignore[misc]

@@ -14,6 +14,7 @@ from kiln.app.storage import ObjectStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed, vector_groups
 from kiln.workers.models.base import JobClosed, Pipeline
+from kiln.workers.prep.pool import usable_cores
 
 # Registered families: an ONNX file from Kiln's store, fed as its spec declares.
 _REGISTERED: dict[str, Callable[..., Pipeline]] = {
@@ -25,10 +26,11 @@ _REGISTERED: dict[str, Callable[..., Pipeline]] = {
 
 def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
     settings, store = engines.settings, engines.store
+    gpu_decode = settings.decode_on_gpu(settings.prep_count(usable_cores()))
     if info.kind == "detect" and info.builtin:
         engine = engines.build(info.name, detect.model_path(), engines.batch_cap)
         return detect.DetectorPipeline(
-            engine, max_pixels=settings.max_image_pixels, gpu_decode=settings.gpu_decode
+            engine, max_pixels=settings.max_image_pixels, gpu_decode=gpu_decode
         )
     if info.kind == "ocr":
         return ocr.OcrPipeline(engines, max_pixels=settings.max_image_pixels)
@@ -42,7 +44,7 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
         family = _REGISTERED[info.kind]
         return family(
             info.ref, engine, info.spec, max_pixels=settings.max_image_pixels,
-            gpu_decode=settings.gpu_decode,
+            gpu_decode=gpu_decode,
         )  # fmt: skip
     raise ValueError(f"Model {info.name!r} has kind {info.kind!r}, which this worker cannot run.")
 

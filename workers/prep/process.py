@@ -29,6 +29,7 @@ from kiln.workers.prep.units import Prepped, Unit
 log = logging.getLogger(__name__)
 
 HELD_BYTES = 128 * 2**20  # bytes of read-only units kept for their prepare, at most
+PREP_NICE = 5
 PARENT_CHECK_S = 1.0  # how often an idle prep process checks that its parent lives
 
 
@@ -173,6 +174,10 @@ def serve(conn: Connection, settings: Settings, parent: int) -> None:
     # processes stop (after its in-flight chunks have drained), or we notice it is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Decoding is throughput work: under contention the engine-owning process (which feeds the
+    # accelerator and answers interactive rows) and a co-located API go first; an idle core is
+    # still all ours.
+    os.nice(PREP_NICE)
     worker = PrepWorker(settings)
     try:
         while True:

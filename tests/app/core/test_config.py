@@ -150,3 +150,11 @@ def test_a_bad_max_batch_is_refused(monkeypatch: pytest.MonkeyPatch, value: str)
 def test_prep_processes_zero_means_on_the_chunk_thread() -> None:
     assert get_settings(prep_processes=0).prep_count(cores=8) == 0
     assert get_settings(prep_processes=3).prep_count(cores=8) == 3
+
+
+def test_gpu_decode_auto_follows_the_prep_processes() -> None:
+    """Measured on an H200: 16 prep processes decode faster than the GPU path; few do not."""
+    auto = get_settings()
+    assert auto.decode_on_gpu(prep_processes=4) and not auto.decode_on_gpu(prep_processes=16)
+    assert get_settings(gpu_decode=True).decode_on_gpu(prep_processes=64)
+    assert not get_settings(gpu_decode=False).decode_on_gpu(prep_processes=1)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kiln.workers.models.base import Batch, Pipeline
-from kiln.workers.models.direct import run_direct
+from kiln.workers.models.direct import answers_of
 from kiln.workers.prep.spec import Prep, PrepSpec, build
 
 _BUILT: dict[str, Prep] = {}
@@ -72,9 +72,4 @@ def outputs(
 ) -> list[dict[str, Any]]:
     """Each input's outputs (JSON values, as `run_direct` gives them); an input that failed
     (a bad input, a refusal) raises its error."""
-    found = []
-    for outcome in run_direct(pipeline, inputs, batch):
-        if isinstance(outcome, Exception):
-            raise outcome
-        found.append(outcome)
-    return found
+    return answers_of(pipeline, inputs, batch)

@@ -86,12 +86,17 @@ def finish_chunk(
             if lease.pipeline_id is not None:
                 done = [row[0] for row in document if row[1] == ItemStatus.SUCCEEDED]
                 ingest.mark_done(session, lease.pipeline_id, lease.job_id, lease.model.ref, done)
-        steps = _steps_before_close(runtime, session, lease, fields) if lease.was_open else None
+        closing, steps = True, None
+        if lease.was_open:
+            closing, steps = _steps_before_close(runtime, session, lease, fields)
         # Closing is its own unit, after the results commit, and takes no lock shared by the
         # job's chunks: whichever chunk commits last sees every other chunk's results, so it
         # closes the job (two seeing it at once race on one conditional update, and one wins).
-        with unit_of_work(session):
-            final, shards = _close_if_done(session, lease, bool(shard.num_rows), fields)
+        # A chunk that saw items still open leaves the close to whichever commits after it.
+        final, shards = None, None
+        if closing:
+            with unit_of_work(session):
+                final, shards = _close_if_done(session, lease, bool(shard.num_rows), fields)
         if final is not None or not lease.was_open:
             closed_now = final is not None
             ensure_manifest(runtime, session, lease.job_id, lease.model, closed_now, shards, steps)
@@ -101,18 +106,18 @@ def finish_chunk(
 
 def _steps_before_close(
     runtime: WorkerRuntime, session: Session, lease: Lease, fields: list[pa.Field]
-) -> dict[str, Any] | None:
-    """The close steps (groups, vector index, library), when this chunk finds nothing left
-    open: run before the job's status closes, so whoever sees it closed finds its groups and
-    index. Two chunks finishing at once may both run them; they write the same objects."""
+) -> tuple[bool, dict[str, Any] | None]:
+    """Whether nothing is left open, and then the close steps (groups, vector index, library):
+    run before the job's status closes, so whoever sees it closed finds its groups and index.
+    Two chunks finishing at once may both run them; they write the same objects."""
     with unit_of_work(session):  # reads, and shards only a crash left unwritten
         if queries.has_open_items(session, lease.job_id) or ingest.listing(session, lease.job_id):
-            return None
+            return False, None
         write_missing_shards(session, lease.place, lease.job_id, fields)
         job = session.get(Job, lease.job_id, populate_existing=True)
     if job is None:
-        return None
-    return _close_steps(runtime, session, job, lease.model, lease.place)
+        return True, None
+    return True, _close_steps(runtime, session, job, lease.model, lease.place)
 
 
 def _shard(session: Session, lease: Lease, rows: ChunkRows, fields: list[pa.Field]) -> pa.Table:

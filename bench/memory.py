@@ -65,16 +65,16 @@ def sample(proc: psutil.Process) -> dict[str, float]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--items", type=int, default=100_000)
-    parser.add_argument("--workdir", type=Path, default=Path(".kiln/bench"))
-    args = parser.parse_args()
-    work = args.workdir / "memory"
-    folder = inputs(work, args.items)
+Samples = list[tuple[float, dict[str, float]]]  # (seconds since the start, RSS MB by role)
+
+
+def measure(work: Path, items: int, env: dict[str, str]) -> tuple[Samples, float]:
+    """`kiln run` over `items` inputs made in `work` (a fresh data dir there), sampled every
+    0.5 s while it runs; the samples and the run's seconds."""
+    folder = inputs(work, items)
     data = work / "data"
     shutil.rmtree(data, ignore_errors=True)
-    env = {**os.environ, "KILN_DATA_DIR": str(data), "KILN_CONTENT_CACHE": "false"}
+    env = {**env, "KILN_DATA_DIR": str(data), "KILN_CONTENT_CACHE": "false"}
     onnx = null_model(work / f"null-{SIDE}.onnx", SIDE)
     names = work / "labels.txt"
     names.write_text("\n".join(labels(3)) + "\n")
@@ -83,8 +83,9 @@ def main() -> None:
     subprocess.run([*add, "--labels", str(names)], env=env, check=True, capture_output=True)
     run = [*kiln, "run", str(folder), "--model", "null", "-o", str(data / "out.parquet")]
     started = time.monotonic()
-    log = (work / "run.log").open("wb")
-    proc = subprocess.Popen(run, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log = work / "run.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(run, env=env, stdout=out, stderr=subprocess.STDOUT)
     watched, samples = psutil.Process(proc.pid), []
     while proc.poll() is None:
         try:
@@ -92,9 +93,18 @@ def main() -> None:
         except psutil.Error:
             break
         time.sleep(0.5)
-    seconds = time.monotonic() - started
     if proc.returncode != 0:
-        raise SystemExit(f"kiln run failed; see {work / 'run.log'}")
+        raise RuntimeError(f"kiln run failed: {log.read_text()[-3000:]}")
+    return samples, time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--workdir", type=Path, default=Path(".kiln/bench"))
+    args = parser.parse_args()
+    work = args.workdir / "memory"
+    samples, seconds = measure(work, args.items, dict(os.environ))
     report = summary(samples, seconds, args.items)
     (work / "memory.json").write_text(json.dumps({"summary": report, "samples": samples}))
     print(json.dumps(report, indent=2))

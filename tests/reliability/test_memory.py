@@ -8,44 +8,17 @@ than a few MB. `python -m bench.memory` is the same run with its figures (bench/
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import psutil
-
-from bench.memory import inputs, sample
-from bench.models import labels, null_model
+from bench.memory import measure
 
 ITEMS = int(os.environ.get("KILN_MEMORY_ITEMS", "100000"))
 GROWTH_MB = {"engine": 24.0, "prep": 8.0}  # allowed growth over the last third of the run
 
 
 def test_rss_is_flat_over_a_long_job(tmp_path: Path) -> None:
-    folder = inputs(tmp_path / "inputs", ITEMS)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    env |= {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_CONTENT_CACHE": "false"}
-    names = tmp_path / "labels.txt"
-    names.write_text("\n".join(labels(3)) + "\n")
-    kiln = [sys.executable, "-m", "kiln.app.cli"]
-    onnx = null_model(tmp_path / "null.onnx", 64)
-    add = [*kiln, "models", "add", "null", "--onnx", str(onnx), "--input-size", "64"]
-    subprocess.run([*add, "--labels", str(names)], env=env, check=True, capture_output=True)
-    run = [*kiln, "run", str(folder), "--model", "null", "-o", str(tmp_path / "out.parquet")]
-    log = tmp_path / "run.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(run, env=env, stdout=out, stderr=subprocess.STDOUT)
-    watched = psutil.Process(proc.pid)
-    samples: list[tuple[float, dict[str, float]]] = []
-    started = time.monotonic()
-    while proc.poll() is None:
-        try:
-            samples.append((time.monotonic() - started, sample(watched)))
-        except psutil.Error:
-            break
-        time.sleep(0.5)
-    assert proc.returncode == 0, log.read_text()[-3000:]
+    samples, _seconds = measure(tmp_path, ITEMS, env)
     # While prep processes ran (the run's last samples may be after they stopped).
     busy = [(t, found) for t, found in samples if any(r.startswith("prep") for r in found)]
     assert len(busy) >= 20, f"too few samples while the job ran: {len(busy)}"

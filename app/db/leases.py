@@ -143,17 +143,6 @@ def _held_by(job_id: str, owner: str) -> ColumnElement[bool]:
     return and_(Item.job_id == job_id, Item.lease_owner == owner, Item.status == ItemStatus.RUNNING)
 
 
-def renew(session: Session, job_id: str, owner: str, lease_s: float) -> tuple[int, str | None]:
-    """Push the lease's expiry out; returns (items still held, the job's status)."""
-    result = session.execute(
-        update(Item)
-        .where(_held_by(job_id, owner))
-        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
-    )
-    status = session.scalar(select(Job.status).where(Job.id == job_id))
-    return int(result.rowcount), status  # type: ignore[attr-defined]
-
-
 def renew_many(session: Session, owners: Sequence[str], lease_s: float) -> dict[str, int]:
     """Push out the leases of many runs in one statement (a worker's one keeper); returns how
     many items each run still holds (a run missing from the answer holds none)."""

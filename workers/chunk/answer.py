@@ -91,7 +91,7 @@ def read_all(stage: Stage, rows: ChunkRows, indices: np.ndarray) -> dict[int, in
         sent.append((unit, stage.prep.submit(make_unit(stage, rows, unit, read_only=True))))
     holder: dict[int, int] = {}
     for unit, future in sent:
-        prepped = _result(future)
+        prepped = future.result()
         _record_prep(rows, unit, prepped)
         holder |= dict.fromkeys(unit.tolist(), prepped.worker)
     return holder
@@ -103,7 +103,6 @@ def read_all(stage: Stage, rows: ChunkRows, indices: np.ndarray) -> dict[int, in
 @dataclass
 class _Block:
     rows: np.ndarray  # chunk rows of the block, in order
-    slots: np.ndarray | None
     submitted: float
 
 
@@ -217,7 +216,7 @@ class _Run:
             self.in_prep -= 1
             unit, slots = payload
             try:
-                prepped = _result(future)
+                prepped = future.result()
                 _record_prep(self.rows, unit, prepped)
             except BaseException:
                 self._release(slots)  # a transient fault: the chunk runs again
@@ -250,7 +249,7 @@ class _Run:
             if objects is None
             else [o for o, good in zip(objects, ok, strict=True) if good],
         )
-        entry = _Block(unit[ok], block.slots, time.monotonic())
+        entry = _Block(unit[ok], time.monotonic())
         try:
             future = announced.submit(block)
         except BaseException:  # the Batcher closed (the model unloads, the worker stops)
@@ -301,10 +300,6 @@ def _record_prep(rows: ChunkRows, unit: np.ndarray, prepped: Prepped) -> None:
     if prepped.seconds is not None:
         rows.seconds[unit, 0] += prepped.seconds[:, 0]
         rows.seconds[unit, 1] += prepped.seconds[:, 1]
-
-
-def _result(future: Future[Prepped]) -> Prepped:
-    return future.result()
 
 
 def run_model(stage: Stage, rows: ChunkRows, indices: np.ndarray, holder: dict[int, int]) -> None:

@@ -94,7 +94,6 @@ class TextEmbedPipeline:
         self.prep = prep_spec(
             "kiln.workers.prep.text:TextPrep",
             {"tokenizer": str(model.tokenizer_path), "max_length": model.max_length},
-            texts=True,
         )
 
     def infer(self, batch: Batch) -> Answers:

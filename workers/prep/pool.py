@@ -84,7 +84,6 @@ class _Task:
     unit: Unit
     future: Future[Prepped]
     deaths: int = 0
-    sent: float = 0.0
 
 
 @dataclass
@@ -172,7 +171,6 @@ class PrepPool:
             if not proc.tasks:
                 proc.answered = time.monotonic()  # its silence counts from now
             proc.tasks[task.unit.id] = task
-            task.sent = time.monotonic()
             proc.outbox.put(task.unit)  # never blocks: its sender thread writes the pipe
 
     # --- collecting ----------------------------------------------------------------------

@@ -37,7 +37,6 @@ class PrepSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     layout: SlotLayout | None = None  # rows go into slots of this shape; None: as objects
     meta_width: int = 0  # float32 values of fit metadata per row
-    texts: bool = False  # the model reads an item's text, never a source
 
 
 def prep_spec(
@@ -45,11 +44,10 @@ def prep_spec(
     options: Mapping[str, Any],
     layout: SlotLayout | None = None,
     meta_width: int = 0,
-    texts: bool = False,
 ) -> PrepSpec:
     """A spec keyed by what it builds: prep processes build it once and reuse it."""
-    key = sha256_hex(repr((factory, sorted(options.items()), layout, meta_width, texts)))[:16]
-    return PrepSpec(key, factory, dict(options), layout, meta_width, texts)
+    key = sha256_hex(repr((factory, sorted(options.items()), layout, meta_width)))[:16]
+    return PrepSpec(key, factory, dict(options), layout, meta_width)
 
 
 def build(spec: PrepSpec) -> Prep:

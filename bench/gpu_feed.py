@@ -37,6 +37,7 @@ from bench.models import export_resnet, labels
 SIZE = (640, 480)
 SIDE = 224
 PEER_BATCH = 64
+BUSY_INTERVAL_S = 0.05  # NVML averages over its own period (~1/6 s): finer adds nothing
 
 
 @dataclass
@@ -74,10 +75,12 @@ class Subject:
 
 
 class Busy:
-    """NVML's GPU utilisation (share of time a kernel ran) every 0.1 s while the block runs."""
+    """NVML's GPU utilisation (share of time a kernel ran) every `interval` s while the block
+    runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval: float = BUSY_INTERVAL_S) -> None:
         self.samples: list[float] = []
+        self._interval = interval
         self._stop = threading.Event()
 
     def __enter__(self) -> Busy:
@@ -92,7 +95,7 @@ class Busy:
             return self
 
         def sample() -> None:
-            while not self._stop.wait(0.1):
+            while not self._stop.wait(self._interval):
                 self.samples.append(float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
 
         self._thread = threading.Thread(target=sample, daemon=True)
@@ -119,20 +122,29 @@ def images(folder: Path, count: int) -> list[Path]:
 
 
 def kiln_run(
-    workdir: Path, onnx: Path, folder: Path, env_extra: dict[str, str], engine: str
+    workdir: Path,
+    onnx: Path | None,
+    folder: Path,
+    env_extra: dict[str, str],
+    engine: str,
+    model: str = "resnet50",
 ) -> Run:
+    """One `kiln run` over `folder`; `onnx` is registered as `model` first, or None for a
+    built-in model (the detector), which is run by name."""
     tag = "-".join(env_extra.values())
-    data = workdir / f"kiln-{folder.name}-{tag}"
+    prefix = "kiln" if model == "resnet50" else f"kiln-{model}"
+    data = workdir / f"{prefix}-{folder.name}-{tag}"
     shutil.rmtree(data, ignore_errors=True)
     env = {**os.environ, "KILN_DATA_DIR": str(data), "KILN_CONTENT_CACHE": "false",
            "KILN_ENGINE": engine, **env_extra}  # fmt: skip
-    names = workdir / "labels.txt"
-    names.write_text("\n".join(labels(1000)) + "\n")
     kiln = [sys.executable, "-m", "kiln.app.cli"]
-    add = [*kiln, "models", "add", "resnet50", "--onnx", str(onnx), "--input-size", str(SIDE)]
-    subprocess.run([*add, "--labels", str(names)], env=env, check=True, capture_output=True)
+    if onnx is not None:
+        names = workdir / "labels.txt"
+        names.write_text("\n".join(labels(1000)) + "\n")
+        add = [*kiln, "models", "add", model, "--onnx", str(onnx), "--input-size", str(SIDE)]
+        subprocess.run([*add, "--labels", str(names)], env=env, check=True, capture_output=True)
     items = len(list(folder.iterdir()))
-    run = [*kiln, "run", str(folder), "--model", "resnet50", "-o", str(data / "out.parquet")]
+    run = [*kiln, "run", str(folder), "--model", model, "-o", str(data / "out.parquet")]
     log = (workdir / f"{data.name}.log").open("wb")
     with Busy() as busy:
         started = time.perf_counter()
@@ -186,6 +198,27 @@ def peer(paths: list[Path], workers: int, device: str) -> Run:
     return Run(len(paths), round(seconds, 3), round(time.process_time() - cpu0, 2), busy.samples)
 
 
+def kiln_subject(
+    name: str,
+    workdir: Path,
+    onnx: Path | None,
+    folders: tuple[Path, Path],
+    env_extra: dict[str, str],
+    engine: str,
+    model: str = "resnet50",
+) -> Subject:
+    """`kiln run` over the small then the large folder: one marginal subject."""
+    small, large = (kiln_run(workdir, onnx, f, env_extra, engine, model) for f in folders)
+    return Subject(name, small, large)
+
+
+def peer_subject(paths: list[Path], workers: int, device: str) -> Subject:
+    """The peer over a third of `paths`, then all of them, after an untimed warm-up run."""
+    peer(paths[: PEER_BATCH * 2], workers, device)  # untimed: first-call costs (cuDNN)
+    small = peer(paths[: len(paths) // 3], workers, device)
+    return Subject("peer", small, peer(paths, workers, device))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", type=Path, required=True)
@@ -207,14 +240,10 @@ def main() -> None:
     for decode in args.decode.split(","):
         extra = {"KILN_GPU_DECODE": "true" if decode == "gpu" else "false"}
         name = f"kiln-{decode}-decode"
-        runs = [kiln_run(work, onnx, folder, extra, args.engine) for folder in (small, large)]
-        results.append(Subject(name, *runs))
+        results.append(kiln_subject(name, work, onnx, (small, large), extra, args.engine))
         print(json.dumps(results[-1].as_dict())[:300], flush=True)
     if not args.skip_peer:
-        device = args.peer_device
-        peer(paths[: PEER_BATCH * 2], cores, device)  # untimed: first-call costs (cuDNN)
-        runs = [peer(paths[: len(paths) // 3], cores, device), peer(paths, cores, device)]
-        results.append(Subject("peer", *runs))
+        results.append(peer_subject(paths, cores, args.peer_device))
     report = {
         "host_cores": cores,
         "images": len(paths),

@@ -40,6 +40,8 @@ step "bench: raw engine vs Kiln from JPEG bytes" "$BIN/python" -m bench --quick 
     --cases raw,embedded --no-readme --workdir "$OUT/bench" --results-dir "$OUT/bench"
 step "bench: the feed on the GPU (Kiln vs a DataLoader peer, NVML busy share)" \
     "$BIN/python" -m bench.gpu_feed --workdir "$OUT/gpu-feed" --out "$OUT/gpu-feed.json"
+step "bench: the GPU case (native torch, Kiln's engine per batch, kiln run, peer, detector)" \
+    "$BIN/python" -m bench.gpu --workdir "$OUT/gpu" --out "$OUT/gpu.json" --markdown "$OUT/gpu.md"
 
 echo "output: $LOG" | tee -a "$LOG"
 exit "$failed"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One short session on a lent GPU host that has CUDA torch but no package index
-# (../shared/gpu/README.md): unpack the offline bundle, then the GPU feed bench (kiln run
-# against a DataLoader peer, the GPU's busy share from NVML) and tests/gpu, each under its own
-# time limit so one stuck step cannot spend the session. Every output lands in $OUT.
+# (../shared/gpu/README.md): unpack the offline bundle, then the GPU bench (bench/gpu.py: the
+# native torch module, Kiln's engine per batch bucket, kiln run with GPU and CPU decode, the
+# DataLoader peer and the detector, NVML's busy share beside each) and tests/gpu, each under its
+# own time limit so one stuck step cannot spend the session; bench.gpu also limits each of its
+# parts within GPU_BUDGET_S. Every output lands in $OUT (gpu.json, gpu.md, the parts' logs).
 #   bash scripts/gpu-session.sh BUNDLE_DIR          (the device tool sets $OUT)
 set -uo pipefail
 bundle=$(cd "${1:-.gpu}" && pwd)
@@ -15,11 +17,13 @@ python3 -c 'import torch, torchvision; print(torch.__version__, torchvision.__ve
     >> "$OUT/host.txt" 2>&1
 timeout 60 kiln doctor > "$OUT/doctor.txt" 2>&1
 echo "doctor: $?"
-timeout "${FEED_S:-270}" python3 -m bench.gpu_feed --workdir /tmp/kiln-gpu-feed \
-    --out "$OUT/gpu_feed.json" --images "${FEED_IMAGES:-4500}" > "$OUT/gpu_feed.log" 2>&1
-echo "gpu_feed: $?"
-tail -n 6 "$OUT/gpu_feed.log"
-cp /tmp/kiln-gpu-feed/*.log "$OUT/" 2>/dev/null
+# The outer limit leaves bench.gpu time to write its JSON and table after its own budget.
+timeout "${GPU_S:-430}" python3 -m bench.gpu --workdir /tmp/kiln-gpu-bench \
+    --out "$OUT/gpu.json" --markdown "$OUT/gpu.md" --images "${GPU_IMAGES:-6000}" \
+    --budget "${GPU_BUDGET_S:-400}" > "$OUT/gpu.log" 2>&1
+echo "bench.gpu: $?"
+cat "$OUT/gpu.md" 2>/dev/null || tail -n 20 "$OUT/gpu.log"
+cp /tmp/kiln-gpu-bench/*.log "$OUT/" 2>/dev/null
 timeout "${TESTS_S:-150}" python3 -m pytest tests/gpu -q -p no:cacheprovider -rs \
     > "$OUT/tests_gpu.txt" 2>&1
 echo "tests/gpu: $?"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -47,6 +47,9 @@ from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.pool import InlinePrep, Preparer, PrepPool, usable_cores
 from kiln.workers.prep.slots import Lender, SlotPool, shm_free
 from kiln.workers.prep.units import UNIT_ROWS
+
+# (batch shape) -> where to gather its pixels, or None: anywhere (ImageModelPipeline.pixel_buffer)
+PixelBuffer = Callable[[tuple[int, ...]], np.ndarray | None]
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +83,18 @@ class ModelRunner:
         self.lender.close()
 
 
-def gather(parts: Sequence[Part[Rows]], slots: SlotPool | None) -> Batch:
+def gather(
+    parts: Sequence[Part[Rows]], slots: SlotPool | None, into: PixelBuffer | None = None
+) -> Batch:
     """A batch's rows from the blocks it was cut from: pixels copied out of the slots in one
-    take (the slots go back when their block settles), meta and objects joined."""
+    take (the slots go back when their block settles) — into `into(shape)` when it gives a
+    buffer (a GPU engine's pinned staging) — meta and objects joined."""
     pixels = None
     if slots is not None:
         taken = [p.block.slots[p.start : p.stop] for p in parts if p.block.slots is not None]
-        pixels = slots.gather(np.concatenate(taken))
+        indices = np.concatenate(taken)
+        out = into((len(indices), *slots.layout.shape)) if into is not None else None
+        pixels = slots.gather(indices, out)
     metas = [p.block.meta[p.start : p.stop] for p in parts if p.block.meta is not None]
     objects = [o for p in parts for o in (p.block.objects or [])[p.start : p.stop]]
     return Batch(
@@ -279,8 +287,10 @@ class WorkerRuntime:
 
         infer = traced_infer(pipeline.infer, model=info.ref, backend=pipeline.backend)
 
+        into = getattr(pipeline, "pixel_buffer", None)
+
         def run(parts: Sequence[Part[Rows]]) -> Answers:
-            return infer(gather(parts, slots))
+            return infer(gather(parts, slots, into))
 
         return Batcher(
             run,

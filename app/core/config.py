@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     precision: Literal["auto", "fp16", "fp32"] = Field(
         "auto", description="TensorRT and torch precision; auto = FP16 where the GPU does it fast."
     )
+    cuda_graphs: bool = Field(
+        True,
+        description="On the PyTorch CUDA engine, replay a CUDA graph per batch bucket (powers of "
+        "two) for fixed-shape models; false: every batch runs eagerly.",
+    )
     worker_concurrency: int = Field(
         0,
         ge=0,

@@ -30,6 +30,7 @@ from kiln.app.storage.local import LocalStore
 from kiln.workers.device import list_gpus
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.engines.select import EngineFactory, Host, candidates
+from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models.detect import DetectorPipeline, YoloPipeline, model_path
 from kiln.workers.models.device_images import nvjpeg_available
 from kiln.workers.models.direct import run_direct
@@ -131,7 +132,8 @@ def test_the_detector_pipeline_answers_as_on_the_cpu(tmp_path: Path, backend: st
     its own row with the CPU's sentence."""
     if MISSING[backend]:
         pytest.skip(MISSING[backend] or "")
-    engine = _factory(tmp_path, backend).build("detector", model_path(), 8)
+    norm = Normalization.of(DetectorPipeline.preprocessing())  # as the loader builds it
+    engine = _factory(tmp_path, backend).build("detector", model_path(), 8, (), norm)
     gpu = DetectorPipeline(engine, max_pixels=MAX_PIXELS)
     cpu = DetectorPipeline(OnnxRuntimeEngine(model_path(), max_batch=8), max_pixels=MAX_PIXELS)
     on_device = backend == "torch-cuda" and nvjpeg_available(str(getattr(engine, "device", "")))
@@ -186,13 +188,14 @@ def test_a_registered_detectors_boxes_map_back_as_on_the_cpu(
     mean red and blue as fed, boxes fixed in model pixels) on each GPU backend: the boxes it
     answers, mapped back to each image's pixels by the fit its batch recorded (on the device
     path, the fit the GPU made), are the CPU's. Lanczos has no torch kernel: that model's
-    images are fitted by prep on the CPU and normalised on the GPU (CuPy) on every engine."""
+    images are fitted by prep on the CPU and normalised on the GPU by the engine."""
     if MISSING[backend]:
         pytest.skip(MISSING[backend] or "")
     path = tiny_yolo(tmp_path / "yolo.onnx")
     declared = ImageModelSpec(input_size=YOLO_SIZE, labels=YOLO_LABELS, resize_filter=resize_filter)
     spec = declared.stored("detect")
-    engine = _factory(tmp_path, backend).build("boxes:1", path, 8)
+    norm = Normalization.of(declared.preprocessing("detect"))  # as the loader builds it
+    engine = _factory(tmp_path, backend).build("boxes:1", path, 8, (), norm)
     gpu = YoloPipeline("boxes:1", engine, spec, max_pixels=MAX_PIXELS)
     if resize_filter == "lanczos":
         assert gpu.device is None and gpu.prep.layout is not None  # slots of fitted pixels

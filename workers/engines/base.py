@@ -49,6 +49,9 @@ class EngineRequest:
     # Dynamic axes besides the batch, as (axis, min, opt, max): a text model's sequence length.
     # Engines that compile for fixed shapes (TensorRT) need their ranges ahead of time.
     axes: tuple[tuple[int, int, int, int], ...] = ()
+    # An image model's normalisation (uint8_input.Normalization): a GPU engine given one takes
+    # uint8 NHWC pixels and normalises them itself (its `inputs` then say uint8).
+    normalization: Any = None
 
 
 class Engine(Protocol):

@@ -26,8 +26,10 @@ from kiln.app.core.errors import TransientError
 from kiln.workers.device import Gpu, list_gpus
 from kiln.workers.engines.base import BackendUnavailableError, Choice, Engine, EngineRequest
 from kiln.workers.engines.failures import BuildFailures
+from kiln.workers.engines.onnx_uint8 import engine_onnx, for_engine
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.engines.tensorrt_logic import EngineBuildError
+from kiln.workers.engines.uint8_input import Normalization
 
 if TYPE_CHECKING:
     from kiln.app.core.config import Settings
@@ -210,9 +212,11 @@ class EngineFactory:
         onnx_path: Path,
         max_batch: int,
         axes: tuple[tuple[int, int, int, int], ...] = (),
+        normalization: Normalization | None = None,
     ) -> Engine:
-        """The engine for `name` (a model version) with the first backend that builds it."""
-        request = EngineRequest(name, onnx_path, max_batch, axes)
+        """The engine for `name` (a model version) with the first backend that builds it.
+        `normalization`: an image model's, which GPU engines take over (uint8 input)."""
+        request = EngineRequest(name, onnx_path, max_batch, axes, normalization)
         passed: list[str] = []  # why better backends were not used, for the report
         for choice in self.candidates:
             held = self.failures.waiting(name, choice.backend)
@@ -242,12 +246,16 @@ class EngineFactory:
         from kiln.workers.engines.tensorrt import build_tensorrt_engine
 
         gpu = self.host.gpus[0]
+        # The prepended file: TensorRT's plan key is its sha256, so the plan follows the norm.
+        request = for_engine(request, True, self._uint8_dir(request))
         return build_tensorrt_engine(request, self.settings, self.store, gpu, self.runners, choice)
 
     def _onnxruntime(self, request: EngineRequest, choice: Choice) -> Engine:
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if choice.on_gpu else None
+        # On the GPU the graph normalises uint8 pixels itself; the CPU keeps the float graph.
+        path = engine_onnx(request, choice.on_gpu, self._uint8_dir(request))
         return OnnxRuntimeEngine(
-            request.onnx_path,
+            path,
             max_batch=request.max_batch,
             providers=providers,
             threads=self.settings.engine_threads,
@@ -255,12 +263,18 @@ class EngineFactory:
             reason=choice.reason,
         )
 
+    def _uint8_dir(self, request: EngineRequest) -> Path:
+        """Where prepended (uint8-input) ONNX files go: beside the cached models, else beside
+        the model itself."""
+        return self.settings.model_cache_dir or Path(request.onnx_path).parent
+
     def _torch(self, request: EngineRequest, choice: Choice) -> Engine:
         from kiln.workers.engines.torch_engine import build_torch_engine
 
         return build_torch_engine(
-            request, "cuda", self.runners, choice.reason, self.settings.precision
-        )
+            request, "cuda", self.runners, choice.reason, self.settings.precision,
+            graphs=self.settings.cuda_graphs,
+        )  # fmt: skip
 
 
 def _sentence(error: BaseException) -> str:

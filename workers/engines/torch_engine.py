@@ -1,5 +1,19 @@
-"""PyTorch engine: the ONNX graph converted to torch by onnx2fx, run on CUDA (FP16 under
-autocast where the GPU has tensor cores) or on the CPU.
+"""PyTorch engine: the ONNX graph converted to torch by onnx2fx, run on CUDA the way the GPU
+wants it, or on the CPU (where the tests run the same logic).
+
+On CUDA (docs/gpu.md has the measurements behind each choice):
+- FP16 weights (`module.half()`) and channels_last for a fixed-shape image model, under autocast
+  so the ops PyTorch keeps in FP32 (softmax, norms, reductions) stay there; a model whose FP16
+  forward fails or is not finite keeps FP32 weights under autocast, as dynamic-shape models do.
+- Image models take uint8 NHWC pixels (the prep processes' slots, `uint8_input`): staged in a
+  pinned buffer reused per runner thread, copied without blocking on that thread's stream, and
+  normalised on the device; NHWC memory permuted to NCHW *is* channels_last, so no transpose.
+- A fixed-shape model replays CUDA graphs, one per batch bucket (`cuda_graphs`); dynamic-shape
+  ones (OCR's detector, text) run eagerly. `graphs=False` turns graphs off.
+- Outputs come back through pinned buffers without blocking; one synchronisation per batch.
+The converted module is not cached on disk: onnx2fx's graphs call functions local to its
+converters, which neither torch.save nor cloudpickle can write (conversion: 0.76 s for
+ResNet-50 on an H200 host).
 
 For a GPU host with torch but neither TensorRT nor ONNX Runtime's CUDA provider. `torch`,
 `onnx2fx` and `cupy` are imported inside functions, so this module imports without them and a
@@ -11,11 +25,14 @@ converts none of the PP-OCR graphs nor the text embedder (`GreaterOrEqual`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -29,12 +46,22 @@ from kiln.workers.engines.base import (
     TensorSpec,
     prepared,
 )
+from kiln.workers.engines.cuda_graphs import (
+    Capture,
+    Captured,
+    Graphs,
+    GraphSet,
+    bucket_for,
+    cuda_capture,
+    cuda_pool,
+)
 from kiln.workers.engines.tensorrt_logic import (
     Precision,
     PrecisionSetting,
     check_names,
     decide_precision,
 )
+from kiln.workers.engines.uint8_input import Normalization, TorchNormalization
 
 if TYPE_CHECKING:
     import onnx
@@ -42,6 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FAST_FP16 = (7, 0)  # compute capability with tensor cores (Volta): FP16 is worth it from here
+PROBE_ROWS = 2  # the FP16 forward checked at build on this many rows
 
 
 # --- pure decisions (tested without torch) ------------------------------------------------
@@ -90,6 +118,22 @@ def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
     return TensorSpec(value.name, shape, dtype)
 
 
+def fixed_shape(inputs: Sequence[TensorSpec]) -> bool:
+    """Every side but the batch is known: what a CUDA graph per batch bucket needs."""
+    return all(isinstance(d, int) and d > 0 for s in inputs for d in s.shape[1:])
+
+
+def uint8_input(spec: TensorSpec, norm: Normalization) -> TensorSpec:
+    """The uint8 NHWC input an image model takes instead of its float one."""
+    if len(spec.shape) != 4 or spec.dtype not in ("float32", "float16"):
+        raise ValueError(
+            f"Input {spec.name} is {spec.dtype} {spec.shape}: not a float image batch to take "
+            "as uint8 pixels."
+        )
+    height, width = (spec.shape[2:4]) if norm.layout == "NCHW" else spec.shape[1:3]
+    return TensorSpec(spec.name, (spec.shape[0], height, width, 3), "uint8")
+
+
 # --- building -----------------------------------------------------------------------------
 
 
@@ -124,14 +168,32 @@ def convert(onnx2fx: ModuleType, model: onnx.ModelProto, request: EngineRequest)
         ) from None
 
 
+@dataclass(frozen=True)
+class Options:
+    """How a TorchEngine drives its module (decided by `build_torch_engine`)."""
+
+    device: str
+    precision: Precision
+    max_batch: int
+    normalization: Normalization | None = None
+    graphs: bool = True
+    runners: int = 1
+    half_weights: bool = False
+    reason: str = "configured"
+    notes: tuple[str, ...] = field(default=())
+
+
 def build_torch_engine(
     request: EngineRequest,
     device: str | None = None,
     runners: int = 1,
     reason: str = "",
     precision: PrecisionSetting = "auto",
+    *,
+    graphs: bool = True,
 ) -> TorchEngine:
-    """The engine for `request` on `device` (`cuda`, `cpu`, or None: CUDA when torch sees it)."""
+    """The engine for `request` on `device` (`cuda`, `cpu`, or None: CUDA when torch sees it).
+    `graphs`: replay CUDA graphs for a fixed-shape model."""
     torch, onnx2fx = require_torch()
     import onnx
 
@@ -139,104 +201,326 @@ def build_torch_engine(
     capability = torch.cuda.get_device_capability() if where == "cuda" else None
     model = onnx.load(str(request.onnx_path))
     inputs, outputs = graph_specs(model)
+    started = time.perf_counter()
     module = convert(onnx2fx, model, request)
+    converted = f"converted in {time.perf_counter() - started:.2f} s"
     if where == "cpu":
         # Process-wide, like ONNX Runtime's per-session share: the cores split between runners.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, runners)))
-    return TorchEngine(
-        module,
-        device=where,
-        precision=torch_precision(precision, where, capability),
-        inputs=inputs,
-        outputs=outputs,
-        max_batch=request.max_batch,
+    chosen = torch_precision(precision, where, capability)
+    norm = request.normalization if _takes_images(inputs, request.normalization) else None
+    options = Options(
+        where, chosen, request.max_batch, norm,
+        graphs=graphs and where == "cuda" and fixed_shape(inputs),
+        runners=runners,
+        half_weights=chosen == "fp16" and fixed_shape(inputs),
         reason=reason or "configured",
-    )
+        notes=(converted,),
+    )  # fmt: skip
+    return checked_engine(module, inputs, outputs, options)
+
+
+def _takes_images(inputs: list[TensorSpec], norm: Normalization | None) -> bool:
+    return norm is not None and len(inputs) == 1 and len(inputs[0].shape) == 4
+
+
+def checked_engine(
+    module: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], options: Options
+) -> TorchEngine:
+    """The engine with FP16 weights when its forward stays finite on a probe batch; else the
+    same module with FP32 weights under autocast (what PyTorch's AMP does)."""
+    engine = _half_or_full(module, inputs, outputs, options)
+    engine.warm()
+    return engine
+
+
+def _half_or_full(
+    module: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], options: Options
+) -> TorchEngine:
+    if not options.half_weights:
+        return TorchEngine(module, inputs, outputs, options)
+    engine = TorchEngine(copy.deepcopy(module), inputs, outputs, options)
+    failure = engine.probe()
+    if failure is None:
+        return engine
+    engine.close()
+    log.warning("FP16 weights fail for this model (%s): FP32 weights under autocast", failure)
+    kept = Options(**{**options.__dict__, "half_weights": False,
+                      "notes": (*options.notes, f"FP32 weights: {failure}")})  # fmt: skip
+    return TorchEngine(module, inputs, outputs, kept)
 
 
 # --- running ------------------------------------------------------------------------------
 
 
+class Staging:
+    """One runner thread's host buffers, reused batch after batch: pinned on CUDA (a pinned
+    copy runs without blocking and at the bus's speed), plain on the CPU."""
+
+    def __init__(self, torch: Any, pinned: bool) -> None:
+        self._torch = torch
+        self._pinned = pinned
+        self._buffers: dict[str, Any] = {}  # name → flat uint8 tensor, grown as needed
+
+    def take(self, name: str, shape: Sequence[int], dtype: Any) -> Any:
+        """A tensor of `shape` and `dtype` over this thread's buffer `name`."""
+        torch = self._torch
+        count = int(np.prod(shape)) if len(shape) else 1
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < nbytes:
+            buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=self._pinned)
+            self._buffers[name] = buffer
+        return buffer[:nbytes].view(dtype).view(tuple(shape))
+
+
 class TorchEngine:
     """One module shared by the runner threads: forward under inference_mode keeps no state,
-    and on CUDA each thread queues its batches on its own stream."""
+    and on CUDA each thread queues its batches on its own stream, with its own host buffers
+    and, replaying, a graph set of its own for the length of a batch."""
 
     def __init__(
         self,
         module: Any,
-        *,
-        device: str,
-        precision: Precision,
         inputs: list[TensorSpec],
         outputs: list[TensorSpec],
-        max_batch: int,
-        reason: str,
+        options: Options,
+        capture: Capture | None = None,
     ) -> None:
         import torch
 
         self._torch: Any = torch  # Any: torch's typing differs between its releases
-        self._device = torch.device(device)
+        self._device = torch.device(options.device)
         self.device = self._device  # where `infer_tensors` wants its feeds (device_images)
-        self._fp16 = precision == "fp16"
-        self._module = module.to(self._device).eval()
-        # For the memory budget: the weights as they sit on the device (activations are not
-        # counted; the budget's headroom is for them).
-        tensors = [*self._module.parameters(), *self._module.buffers()]
-        self.memory_bytes = int(sum(t.numel() * t.element_size() for t in tensors))
+        self._cuda = self._device.type == "cuda"
+        self._fp16 = options.precision == "fp16"
         placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(inputs):
             raise BackendUnavailableError(
                 f"The converted graph takes {len(placeholders)} inputs, "
                 f"the ONNX file declares {len(inputs)}."
             )
-        self.backend = backend_name(self._device.type, precision)
-        self.reason = reason
+        self._module = _placed(module, self._device, options.half_weights, len(inputs[0].shape))
+        # For the memory budget: the weights as they sit on the device (activations are not
+        # counted; the budget's headroom is for them).
+        tensors = [*self._module.parameters(), *self._module.buffers()]
+        self.memory_bytes = int(sum(t.numel() * t.element_size() for t in tensors))
+        self.backend = backend_name(self._device.type, options.precision)
+        self.reason = "; ".join((options.reason, *options.notes))
+        self.options = options
+        self.model_inputs = inputs
         self.inputs = inputs
         self.outputs = outputs
-        self.max_batch = max_batch
-        self._cupy = _cupy() if self._device.type == "cuda" else None
+        self.max_batch = options.max_batch
+        fed = torch.float16 if options.half_weights else None
+        self._normalize: TorchNormalization | None = None
+        if options.normalization is not None:
+            self.inputs = [uint8_input(inputs[0], options.normalization)]
+            dtype = fed or getattr(torch, inputs[0].dtype)
+            self._normalize = TorchNormalization(options.normalization, self._device, dtype)
+        self._cast_to = fed
+        self._cupy = _cupy() if self._cuda else None
         self._local = threading.local()
-        if self._device.type == "cuda":
+        self.graphs: Graphs | None = None
+        if options.graphs and fixed_shape(self.inputs):
+            self.graphs = self._graph_sets(capture or cuda_capture(torch, self._device))
+        if self._cuda:
             torch.cuda.synchronize(self._device)  # weights uploaded before any side stream reads
+
+    # --- the Engine protocol
 
     def infer(
         self, feeds: Mapping[str, np.ndarray], prepare: Mapping[str, Prepare] | None = None
     ) -> dict[str, np.ndarray]:
         check_names([s.name for s in self.inputs], feeds)
-        with self._torch.inference_mode(), self._on_device():
-            tensors = self._stage(feeds, prepare or {})
-            half = self._torch.float16
-            with self._torch.autocast(self._device.type, dtype=half, enabled=self._fp16):
-                result = self._module(*tensors)
-            return self._collect(result)
+        with self._torch.inference_mode(), self.on_stream():
+            if prepare:  # a family's own step (OCR): eager, CuPy on the device
+                return self._host(self._forward(self._stage(feeds, prepare)), _rows(feeds))
+            staging = self._staging()
+            hosts = [self._held(staging, spec, feeds[spec.name]) for spec in self.inputs]
+            return self._run(hosts, _rows(feeds))
 
     def infer_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """`infer` for feeds already made as torch tensors (images decoded and normalised on
-        the device): no `prepare`, no host copy. This thread's stream first waits for the
-        stream that made them, so it never reads pixels still being written."""
+        """`infer` for feeds already on the device (images decoded and fitted there). Call it
+        inside `on_stream()`, where they were made, so no stream reads what another writes."""
         check_names([s.name for s in self.inputs], tensors)
-        with self._torch.inference_mode():
-            cuda = self._device.type == "cuda"
-            producer = self._torch.cuda.current_stream(self._device) if cuda else None
-            with self._on_device():
-                if producer is not None:
-                    self._torch.cuda.current_stream(self._device).wait_stream(producer)
-                ready = [tensors[s.name].to(self._device) for s in self.inputs]
-                half = self._torch.float16
-                with self._torch.autocast(self._device.type, dtype=half, enabled=self._fp16):
-                    result = self._module(*ready)
-                return self._collect(result)
+        with self._torch.inference_mode(), self.on_stream():
+            ready = [tensors[s.name].to(self._device) for s in self.inputs]
+            return self._run(ready, int(ready[0].shape[0]))
+
+    def host_buffer(self, shape: Sequence[int], dtype: str = "uint8") -> np.ndarray:
+        """This thread's staging buffer for the first input as a NumPy array: a batch gathered
+        into it is not copied again before it goes to the device."""
+        spec = self.inputs[0]
+        tensor = self._staging().take(spec.name, shape, getattr(self._torch, dtype))
+        array: np.ndarray = tensor.numpy()
+        return array
 
     @contextlib.contextmanager
-    def _on_device(self) -> Iterator[None]:
+    def on_stream(self) -> Iterator[None]:
         """This thread's CUDA stream, and the device as the default for tensors the converted
         code creates itself (shapes, ranges, constants of a shape): they must not land on the
         CPU beside CUDA activations."""
-        if self._device.type != "cuda":
+        if not self._cuda:
             yield  # on the CPU everything is already where it must be
             return
         with self._device, self._torch.cuda.stream(self._stream()):
             yield
+
+    def probe(self) -> str | None:
+        """Why this engine's forward is unusable (an error, a non-finite output), or None."""
+        generator = np.random.default_rng(0)
+        feeds = {
+            s.name: generator.integers(0, 256, (PROBE_ROWS, *_known(s))).astype(s.dtype)
+            for s in self.inputs
+        }
+        try:
+            with self._torch.inference_mode(), self.on_stream():
+                staging = self._staging()
+                hosts = [self._held(staging, s, feeds[s.name]) for s in self.inputs]
+                devices = [h.to(self._device) for h in hosts]
+                values = self._forward(devices)
+                finite = all(bool(self._torch.isfinite(v).all()) for v in values
+                             if v.is_floating_point())  # fmt: skip
+        except Exception as error:
+            return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        return None if finite else "an output is not finite"
+
+    def close(self) -> None:
+        """Graphs first (they hold memory from their pools), then the module."""
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+        self._module = None
+
+    # --- the forward pass
+
+    def _forward(self, tensors: list[Any]) -> list[Any]:
+        """Device inputs → device outputs in the ONNX file's dtypes: what a graph captures."""
+        torch = self._torch
+        if self._normalize is not None:
+            ready = [self._normalize(tensors[0])]
+        elif self._cast_to is not None:
+            ready = [t.to(self._cast_to) if t.is_floating_point() else t for t in tensors]
+        else:
+            ready = tensors
+        # cache_enabled=False: autocast's weight cache must not be captured into a graph.
+        with torch.autocast(self._device.type, dtype=torch.float16, enabled=self._fp16,
+                            cache_enabled=False):  # fmt: skip
+            result = self._module(*ready)
+        values: Sequence[Any] = result if isinstance(result, (tuple, list)) else (result,)
+        if len(values) != len(self.outputs):
+            raise RuntimeError(
+                f"The converted graph gave {len(values)} outputs, the ONNX file declares "
+                f"{len(self.outputs)}."
+            )
+        return [
+            v.float() if spec.dtype == "float32" and v.dtype != torch.float32 else v
+            for spec, v in zip(self.outputs, values, strict=True)
+        ]
+
+    def _run(self, tensors: list[Any], rows: int) -> dict[str, np.ndarray]:
+        """One batch from host (staged) or device tensors: replayed when a graph holds it."""
+        graphs = self.graphs
+        if graphs is not None and rows <= graphs.sizes[-1]:
+            with graphs.lend() as graph_set:
+                replayed = self._replay(graph_set, tensors, rows)
+                if replayed is not None:
+                    return replayed
+        devices = [t.to(self._device, non_blocking=True) for t in tensors]
+        return self._host(self._forward(devices), rows)
+
+    def warm(self) -> None:
+        """Capture every bucket's graph of every runner's set now, while the model loads: not
+        in a runner thread in the middle of a job."""
+        graphs = self.graphs
+        if graphs is None:
+            return
+        started = time.perf_counter()
+        with self._torch.inference_mode(), self.on_stream():
+            for graph_set in graphs.sets:
+                for bucket in graphs.sizes:
+                    if self._graph(graph_set, bucket) is None:
+                        return
+        seconds = time.perf_counter() - started
+        self.reason += f"; {len(graphs.sizes)} CUDA graphs per runner captured in {seconds:.1f} s"
+
+    def _graph(self, graph_set: GraphSet, bucket: int) -> Captured | None:
+        """The bucket's graph; None if it cannot be captured (graphs are then off for this
+        engine, and the reason kept)."""
+        try:
+            return graph_set.get(bucket)
+        except Exception as error:  # a converted op that cannot be captured: eager from now on
+            log.warning("CUDA graph capture failed, running eagerly: %s", error)
+            self.reason += f"; CUDA graphs off: {str(error).splitlines()[0][:200]}"
+            graphs, self.graphs = self.graphs, None
+            if graphs is not None:
+                graphs.close()
+            return None
+
+    def _replay(
+        self, graph_set: GraphSet, tensors: list[Any], rows: int
+    ) -> dict[str, np.ndarray] | None:
+        """The batch through its bucket's graph, padded; None if there is no graph."""
+        sizes = self.graphs.sizes if self.graphs is not None else [rows]
+        graph = self._graph(graph_set, bucket_for(rows, sizes))
+        if graph is None:
+            return None
+        for static, tensor in zip(graph.inputs, tensors, strict=True):
+            static[:rows].copy_(tensor, non_blocking=True)
+        graph.replay()
+        return self._host(graph.outputs, rows)  # still inside the lend: outputs are static
+
+    def _graph_sets(self, capture: Capture) -> Graphs:
+        torch = self._torch
+
+        def statics(rows: int) -> list[Any]:
+            return [
+                torch.zeros((rows, *s.shape[1:]), dtype=getattr(torch, s.dtype),
+                            device=self._device)
+                for s in self.inputs
+            ]  # fmt: skip
+
+        def forward(tensors: list[Any]) -> list[Any]:
+            with torch.inference_mode(), self.on_stream():
+                return self._forward(tensors)
+
+        pools = [cuda_pool(torch) if self._cuda else None for _ in range(self.options.runners)]
+        sets = [GraphSet(capture, forward, statics, pool) for pool in pools]
+        return Graphs(sets, self.max_batch)
+
+    # --- host ↔ device
+
+    def _staging(self) -> Staging:
+        staging = getattr(self._local, "staging", None)
+        if staging is None:
+            staging = self._local.staging = Staging(self._torch, pinned=self._cuda)
+        return staging
+
+    def _held(self, staging: Staging, spec: TensorSpec, feed: np.ndarray) -> Any:
+        """The feed as a host tensor in this thread's staging buffer (copied there unless it
+        was gathered there already)."""
+        torch = self._torch
+        dtype = getattr(torch, str(feed.dtype))
+        target = staging.take(spec.name, feed.shape, dtype)
+        if target.data_ptr() != feed.ctypes.data:
+            target.copy_(torch.from_numpy(_writable(feed)))
+        return target
+
+    def _host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
+        """The first `rows` rows of each output as host arrays: copied into this thread's
+        staging buffers without blocking, then one wait for the whole batch."""
+        staging = self._staging()
+        held = []
+        for spec, value in zip(self.outputs, values, strict=True):
+            part = value[:rows]
+            target = staging.take(f"out:{spec.name}", tuple(part.shape), part.dtype)
+            target.copy_(part, non_blocking=self._cuda)
+            held.append(target)
+        if self._cuda:
+            self._torch.cuda.current_stream(self._device).synchronize()
+        # copies: the staging buffers are this thread's next batch
+        return {spec.name: t.numpy().copy() for spec, t in zip(self.outputs, held, strict=True)}
 
     def _stream(self) -> Any:
         stream = getattr(self._local, "stream", None)
@@ -259,9 +543,7 @@ class TorchEngine:
         return tensors
 
     def _upload(self, array: np.ndarray) -> Any:
-        if not array.flags.writeable:  # torch shares NumPy memory and warns on read-only arrays
-            array = array.copy()
-        return self._torch.from_numpy(array).to(self._device)
+        return self._torch.from_numpy(_writable(array)).to(self._device)
 
     def _prepare_on_gpu(self, raw: Any, step: Prepare) -> Any:
         """CuPy sees the tensor's memory through DLPack, on this thread's torch stream."""
@@ -287,19 +569,32 @@ class TorchEngine:
                 wrapped = self._local.cupy_stream = cp.cuda.ExternalStream(handle)
         return wrapped
 
-    def _collect(self, result: Any) -> dict[str, np.ndarray]:
-        """Host arrays in the ONNX file's dtypes: FP32 outputs come back FP32 under autocast."""
-        values: Sequence[Any] = result if isinstance(result, (tuple, list)) else (result,)
-        if len(values) != len(self.outputs):
-            raise RuntimeError(
-                f"The converted graph gave {len(values)} outputs, the ONNX file declares "
-                f"{len(self.outputs)}."
-            )
-        arrays = {}
-        for spec, value in zip(self.outputs, values, strict=True):
-            tensor = value.float() if spec.dtype == "float32" else value
-            arrays[spec.name] = tensor.cpu().numpy()  # a blocking copy: waits for the stream
-        return arrays
+
+def _placed(module: Any, device: Any, half: bool, rank: int) -> Any:
+    """The module on `device`, in inference mode; FP16 weights when asked; channels_last for
+    an image model (its 4-D weights), which is how the uint8 NHWC batch arrives."""
+    import torch
+
+    placed = module.to(device).eval()
+    if half:
+        placed = placed.half()
+    if rank == 4:
+        placed = placed.to(memory_format=torch.channels_last)
+    return placed
+
+
+def _known(spec: TensorSpec) -> tuple[int, ...]:
+    """The input's sides past the batch (the probe runs fixed-shape models only)."""
+    return tuple(d if isinstance(d, int) else 1 for d in spec.shape[1:])
+
+
+def _rows(feeds: Mapping[str, np.ndarray]) -> int:
+    return int(next(iter(feeds.values())).shape[0])
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    """torch shares NumPy memory and warns on read-only arrays."""
+    return array if array.flags.writeable else array.copy()
 
 
 def _cupy() -> ModuleType | None:

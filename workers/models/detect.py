@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.model_spec import Detection
+from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
@@ -229,6 +229,15 @@ class YoloPipeline(ImageModelPipeline):
 class DetectorPipeline(YoloPipeline):
     """The built-in detector: NudeNet's labels, letterboxed to `size`, pixels scaled to 0–1."""
 
+    @staticmethod
+    def spec(size: int = 320) -> dict[str, Any]:
+        return {"input_size": size, "labels": list(LABELS), "fit": "letterbox"}
+
+    @classmethod
+    def preprocessing(cls, size: int = 320) -> Preprocessing:
+        """What its engine is fed (the loader gives GPU engines the normalisation)."""
+        return ImageModelSpec.from_dict(cls.spec(size)).preprocessing(cls.kind)
+
     def __init__(
         self,
         engine: Engine,
@@ -239,7 +248,7 @@ class DetectorPipeline(YoloPipeline):
         score_threshold: float = 0.25,
         iou_threshold: float = 0.45,
     ) -> None:
-        spec = {"input_size": size, "labels": list(LABELS), "fit": "letterbox"}
+        spec = self.spec(size)
         super().__init__("detector", engine, spec, max_pixels=max_pixels, gpu_decode=gpu_decode)
         # NudeNet's answer keeps every box NMS keeps.
         self.detection = Detection(score_threshold, iou_threshold, max_boxes=None)

@@ -13,9 +13,12 @@ this module imports without them and a process that never calls it stays torch-f
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -125,22 +128,57 @@ def _nvjpeg(datas: list[bytes], device: Any) -> list[Any]:
     tried alone and those nvJPEG refuses come back None (for Pillow)."""
     import torch
 
-    try:
-        from torchvision.io import ImageReadMode, decode_jpeg
-    except (ImportError, OSError):  # no torchvision, or one built without its image library
+    decode = jpeg_decoder()
+    if decode is None:  # no torchvision, or one built without its image library
         return [None] * len(datas)
     encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
     try:
-        return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
+        return list(decode(encoded, device))
     except _NVJPEG_ERRORS:
         pass
     alone: list[Any] = []
     for tensor in encoded:
         try:
-            alone.append(decode_jpeg(tensor, mode=ImageReadMode.RGB, device=device))
+            alone.append(decode([tensor], device)[0])
         except _NVJPEG_ERRORS:
             alone.append(None)
     return alone
+
+
+# torchvision's ImageReadMode.RGB, as its image library's ops take it
+RGB = 3
+JpegDecoder = Callable[[list[Any], Any], list[Any]]  # (encoded CPU tensors, device) -> CHW
+
+
+@functools.cache
+def jpeg_decoder() -> JpegDecoder | None:
+    """torchvision's batched nvJPEG op (`image::decode_jpegs_cuda`), loaded from its image
+    library without importing the torchvision package: that import costs seconds and pulls
+    torch._dynamo and sympy into the worker (measured on an H200: ~12 s of a ~20 s start).
+    If the library cannot be loaded alone, the public `decode_jpeg`; None without either."""
+    import torch
+
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):  # a stand-in module without a spec
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for library in sorted(p for f in folders for p in Path(f).glob("image*.so")):
+        try:
+            torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+            op = torch.ops.image.decode_jpegs_cuda
+        except (OSError, RuntimeError, AttributeError):
+            break
+        return lambda encoded, device: list(op(encoded, RGB, torch.device(device)))
+    return _public_decoder()
+
+
+def _public_decoder() -> JpegDecoder | None:
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except (ImportError, OSError):  # no torchvision, or one built without its image library
+        return None
+    return lambda encoded, device: list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
 
 
 def _on_cpu(data: bytes, device: Any, max_pixels: int) -> Any:
@@ -176,60 +214,84 @@ def orient(image: Any, orientation: int) -> Any:
     return image
 
 
-# --- fitting and normalising --------------------------------------------------------------
+# --- fitting -----------------------------------------------------------------------------
 
 
-def fit_batch(
-    images: Sequence[Any], pre: Preprocessing, *, dtype: str = "float32"
-) -> tuple[Any, list[dict[str, Any]]]:
-    """The model's input for upright CHW uint8 `images` (all on one device), normalised as
-    `preprocess.normalize` does, and per image the fit the CPU path records (`{"fit": …}`)."""
+def fit_batch(images: Sequence[Any], pre: Preprocessing) -> tuple[Any, list[dict[str, Any]]]:
+    """The engines' uint8 NHWC input for upright CHW uint8 `images` (all on one device), and
+    per image the fit the CPU path records (`{"fit": …}`). Images of one size are resized in
+    one call: a bucket's worth of camera photos is usually one or two sizes, not one kernel
+    launch per image."""
     import torch
 
     if not supports(pre):
         raise ValueError(f"The {pre.resize_filter} filter has no torch kernel; fit on the CPU.")
     size = pre.input_size
-    fitted = [fit_image(image, pre) for image in images]
-    if fitted:
-        pixels = torch.stack([pixels for pixels, _ in fitted])
-    else:
-        pixels = torch.empty((0, 3, size, size), dtype=torch.float32)
-    return normalize_batch(pixels, pre, dtype=dtype), [meta for _, meta in fitted]
+    if not images:
+        return torch.empty((0, size, size, 3), dtype=torch.uint8), []
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault((int(image.shape[-2]), int(image.shape[-1])), []).append(i)
+    metas: list[dict[str, Any]] = [{} for _ in images]
+    if len(groups) == 1:  # the common case: no scatter
+        fitted, meta = fit_group(torch.stack(list(images)), pre)
+        return _nhwc(fitted), [dict(meta) for _ in images]
+    out = torch.empty((len(images), size, size, 3), dtype=torch.uint8, device=images[0].device)
+    for members in groups.values():
+        fitted, meta = fit_group(torch.stack([images[i] for i in members]), pre)
+        out[members] = _nhwc(fitted)
+        for i in members:
+            metas[i] = dict(meta)
+    return out, metas
+
+
+def _nhwc(pixels: Any) -> Any:
+    """Whole, clipped float values → the uint8 NHWC contract (contiguous: the graph's copy
+    and channels_last both want NHWC memory)."""
+    import torch
+
+    return pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
 def fit_image(image: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
     """One image's `input_size` square (float32 CHW holding whole pixel values, as the CPU
     path's uint8) and its meta: `{"fit": Letterbox | Squash}`, or `{}` for a crop."""
+    fitted, meta = fit_group(image.unsqueeze(0), pre)
+    return fitted[0], meta
+
+
+def fit_group(images: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
+    """`fit_image` for an NCHW uint8 stack of images of one size, in one call per pass."""
     import torch
 
-    size, height, width = pre.input_size, int(image.shape[-2]), int(image.shape[-1])
+    size, height, width = pre.input_size, int(images.shape[-2]), int(images.shape[-1])
     if pre.fit == "crop":
         resized_w, resized_h = crop_resize_size(width, height, size, pre.crop_ratio)
         left, top = (resized_w - size) // 2, (resized_h - size) // 2
-        resized = resize(image, resized_w, resized_h, pre.resize_filter)
-        return resized[:, top : top + size, left : left + size], {}
+        resized = resize(images, resized_w, resized_h, pre.resize_filter)
+        return resized[:, :, top : top + size, left : left + size], {}
     if pre.fit == "letterbox":
         new_w, new_h = letterbox_size(width, height, size)
-        canvas = image.new_zeros((3, size, size), dtype=torch.float32)
-        canvas[:, :new_h, :new_w] = resize(image, new_w, new_h, pre.resize_filter)
+        canvas = images.new_zeros((images.shape[0], 3, size, size), dtype=torch.float32)
+        canvas[:, :, :new_h, :new_w] = resize(images, new_w, new_h, pre.resize_filter)
         return canvas, {"fit": Letterbox(size / max(width, height), width, height)}
-    squashed = resize(image, size, size, pre.resize_filter)
+    squashed = resize(images, size, size, pre.resize_filter)
     return squashed, {"fit": Squash(size / width, size / height, width, height)}
 
 
-def resize(image: Any, width: int, height: int, filter_name: str) -> Any:
-    """CHW uint8 → `width` × `height` float32 holding whole pixel values. As Pillow does:
+def resize(images: Any, width: int, height: int, filter_name: str) -> Any:
+    """NCHW uint8 → `width` × `height` float32 holding whole pixel values. As Pillow does:
     across first, then down, each pass rounded and clipped to uint8 (bicubic overshoots, and
     Pillow clips the first pass before the second reads it)."""
     import torch
 
-    pixels = image.to(torch.float32).unsqueeze(0)
-    in_h, in_w = int(image.shape[-2]), int(image.shape[-1])
+    pixels = images.to(torch.float32)
+    in_h, in_w = int(images.shape[-2]), int(images.shape[-1])
     if in_w != width:
         pixels = _pass(pixels, in_h, width, filter_name)
     if in_h != height:
         pixels = _pass(pixels, height, width, filter_name)
-    return pixels[0]
+    return pixels
 
 
 def _pass(pixels: Any, height: int, width: int, filter_name: str) -> Any:
@@ -245,24 +307,6 @@ def _pass(pixels: Any, height: int, width: int, filter_name: str) -> Any:
     return out.round_().clamp_(0, 255)
 
 
-def normalize_batch(pixels: Any, pre: Preprocessing, *, dtype: str = "float32") -> Any:
-    """NCHW RGB pixel values → (x·scale − mean) / std in the model's channel order, layout and
-    dtype: the textbook formula in float32 (`preprocess.normalize` folds it into one multiply
-    and one add: the same within float32 rounding)."""
-    import torch
-
-    if pre.channel_order == "BGR":
-        pixels = pixels.flip(1)
-    f32 = torch.float32
-    mean = torch.tensor(pre.mean, dtype=f32, device=pixels.device).view(1, 3, 1, 1)
-    inv_std = 1.0 / torch.tensor(pre.std, dtype=f32, device=pixels.device).view(1, 3, 1, 1)
-    scale = torch.tensor(pre.scale, dtype=f32, device=pixels.device)
-    out = (pixels.to(f32) * scale - mean) * inv_std
-    if pre.layout == "NHWC":
-        out = out.permute(0, 2, 3, 1)
-    return out.to(getattr(torch, dtype)).contiguous()
-
-
 # --- availability -------------------------------------------------------------------------
 
 
@@ -270,18 +314,18 @@ def nvjpeg_available(device: str = "cuda") -> bool:
     """Whether torchvision decodes JPEGs on `device` here: a tiny JPEG through nvJPEG."""
     import io
 
-    try:
-        import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-    except (ImportError, OSError):
-        return False
+    import torch
+
     if not torch.cuda.is_available():
+        return False
+    decode = jpeg_decoder()
+    if decode is None:
         return False
     buffer = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 100, 50)).save(buffer, "JPEG")
     encoded = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
     try:
-        decoded = decode_jpeg([encoded], mode=ImageReadMode.RGB, device=device)
+        decoded = decode([encoded], device)
     except _NVJPEG_ERRORS:
         return False
     return bool(decoded[0].shape == (3, 8, 8))

@@ -21,7 +21,7 @@ from kiln.app.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.engines.base import Engine
 from kiln.workers.models import device_images
 from kiln.workers.models.base import Answers, Batch
-from kiln.workers.prep.images import FIT_WIDTH
+from kiln.workers.prep.images import FIT_WIDTH, placement_row
 from kiln.workers.prep.slots import SlotLayout
 from kiln.workers.prep.spec import PrepSpec, prep_spec
 from kiln.workers.preprocess import normalize
@@ -54,6 +54,8 @@ class ImageModelPipeline:
         self.input_name = engine.inputs[0].name
         # A model that takes half-precision input gets it straight from `normalize`.
         self.input_dtype = "float16" if engine.inputs[0].dtype == "float16" else "float32"
+        # A GPU engine given the normalisation takes uint8 pixels and normalises them itself.
+        self.engine_normalizes = engine.inputs[0].dtype == "uint8"
         # None: the prep processes decode on the CPU
         self.device = device_decoding(engine, self.pre) if gpu_decode else None
         self.prep = self._prep_spec()
@@ -91,34 +93,40 @@ class ImageModelPipeline:
         if self.device is not None:
             return self._output_on_device(batch)
         assert batch.pixels is not None  # uint8: 4x less to copy to a GPU than floats
-        outputs = self.engine.infer(
-            {self.input_name: batch.pixels}, {self.input_name: self._normalize}
-        )
+        steps = {} if self.engine_normalizes else {self.input_name: self._normalize}
+        outputs = self.engine.infer({self.input_name: batch.pixels}, steps)
         return next(iter(outputs.values())), {}
 
+    def pixel_buffer(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Where a batch's pixels may be gathered: the engine's own (pinned) staging buffer,
+        so they are not copied again on the way to the device; None: anywhere."""
+        take = getattr(self.engine, "host_buffer", None)
+        if take is None or not self.engine_normalizes or self.device is not None:
+            return None
+        buffer: np.ndarray = take(shape)
+        return buffer
+
     def _output_on_device(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
-        """Decode, fit and normalise the batch on the engine's device."""
+        """Decode and fit the batch on the engine's device, on its runner's stream (where the
+        engine then normalises and runs it); the rows that failed to decode, apart."""
         rows = batch.objects or []
-        datas = [data for data, _header in rows]
-        images = device_images.decode_batch(
-            datas, self.device, max_pixels=self.max_pixels, headers=[h for _d, h in rows]
-        )
-        failed: dict[int, Exception] = {
-            i: image for i, image in enumerate(images) if isinstance(image, InputError)
-        }
-        good = [i for i in range(len(images)) if i not in failed]
-        if not good:  # nothing to run: the Batcher splits the batch, each row gets its error
-            raise failed[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
-        pixels, metas = device_images.fit_batch(
-            [images[i] for i in good], self.pre, dtype=self.input_dtype
-        )
         engine = cast(Any, self.engine)  # the torch engine: it takes device tensors
-        output = next(iter(engine.infer_tensors({self.input_name: pixels}).values()))
+        with engine.on_stream():
+            images = device_images.decode_batch(
+                [data for data, _header in rows], self.device, max_pixels=self.max_pixels,
+                headers=[h for _d, h in rows],
+            )  # fmt: skip
+            failed: dict[int, Exception] = {
+                i: image for i, image in enumerate(images) if isinstance(image, InputError)
+            }
+            good = [i for i in range(len(images)) if i not in failed]
+            if not good:  # nothing to run: the Batcher splits the batch, each row its error
+                raise failed[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
+            pixels, metas = device_images.fit_batch([images[i] for i in good], self.pre)
+            output = next(iter(engine.infer_tensors({self.input_name: pixels}).values()))
         full = np.zeros((len(rows), *output.shape[1:]), dtype=output.dtype)
         full[good] = output
         if batch.meta is not None:  # the fits the device made, as the CPU path records them
-            from kiln.workers.prep.images import placement_row
-
             for i, meta in zip(good, metas, strict=True):
                 if "fit" in meta:
                     batch.meta[i] = placement_row(meta["fit"])
@@ -133,13 +141,18 @@ class ImageModelPipeline:
         return answers  # everything was answered per batch
 
     def close(self) -> None:
-        """Nothing beyond the engine to release."""
+        """The engine's device memory (a torch engine's CUDA graphs first, then its module)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
 
 def device_decoding(engine: Engine, pre: Preprocessing) -> Any | None:
     """The torch device to decode and fit images on, or None: only with the PyTorch CUDA
     engine, where torchvision decodes JPEGs with nvJPEG, and a resize filter torch has."""
     if not engine.backend.startswith("torch:cuda") or not device_images.supports(pre):
+        return None
+    if engine.inputs[0].dtype != "uint8":  # the engine normalises what the device fits
         return None
     device = getattr(engine, "device", None)
     if device is None or not device_images.nvjpeg_available(str(device)):

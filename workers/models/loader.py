@@ -10,8 +10,10 @@ import pyarrow as pa
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
+from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage import ObjectStore
 from kiln.workers.engines.select import EngineFactory
+from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed, vector_groups
 from kiln.workers.models.base import JobClosed, Pipeline
 from kiln.workers.prep.pool import usable_cores
@@ -28,7 +30,8 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
     settings, store = engines.settings, engines.store
     gpu_decode = settings.decode_on_gpu(settings.prep_count(usable_cores()))
     if info.kind == "detect" and info.builtin:
-        engine = engines.build(info.name, detect.model_path(), engines.batch_cap)
+        norm = Normalization.of(detect.DetectorPipeline.preprocessing())
+        engine = engines.build(info.name, detect.model_path(), engines.batch_cap, (), norm)
         return detect.DetectorPipeline(
             engine, max_pixels=settings.max_image_pixels, gpu_decode=gpu_decode
         )
@@ -40,8 +43,10 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
         return phash.PhashPipeline(max_pixels=settings.max_image_pixels)
     if info.kind in _REGISTERED:
         max_batch = min(engines.batch_cap, info.spec.get("max_batch") or engines.batch_cap)
-        engine = engines.build(info.ref, fetch_onnx(info, settings, store), max_batch)
         family = _REGISTERED[info.kind]
+        pre = ImageModelSpec.from_dict(info.spec).preprocessing(info.kind)
+        onnx_path = fetch_onnx(info, settings, store)
+        engine = engines.build(info.ref, onnx_path, max_batch, (), Normalization.of(pre))
         return family(
             info.ref, engine, info.spec, max_pixels=settings.max_image_pixels,
             gpu_decode=gpu_decode,

@@ -189,10 +189,13 @@ class SlotPool(Lender):
     def name(self) -> str:
         return self.segment.name
 
-    def gather(self, slots: np.ndarray) -> np.ndarray:
-        """The slots' contents as one contiguous batch (a copy: the slots may be reused)."""
-        batch: np.ndarray = self.array[slots]  # fancy indexing: one copy, in C
-        return batch
+    def gather(self, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The slots' contents as one contiguous batch (a copy: the slots may be reused), in
+        `out` when given (a buffer of the batch's shape)."""
+        if out is None:
+            batch: np.ndarray = self.array[slots]  # fancy indexing: one copy, in C
+            return batch
+        return np.take(self.array, slots, axis=0, out=out)
 
     def close(self) -> None:
         with self._cond:

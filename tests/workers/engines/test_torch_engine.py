@@ -210,14 +210,14 @@ def export_models(folder: Path) -> None:
 
 
 def torch_engine(case: dict[str, Any]) -> Any:
-    from kiln.workers.engines.torch_engine import TorchEngine
+    from kiln.workers.engines.torch_engine import Options, TorchEngine
 
     built = build_torch_engine(EngineRequest(case["name"], Path(case["onnx"]), 8), "cpu", 1)
     if case["precision"] == "fp32":
         return built
     # FP16 is chosen only on CUDA; the same autocast path, run on the CPU here.
-    return TorchEngine(built._module, device="cpu", precision="fp16", inputs=built.inputs,
-                       outputs=built.outputs, max_batch=8, reason="test")  # fmt: skip
+    options = Options("cpu", "fp16", 8, reason="test")
+    return TorchEngine(built._module, built.inputs, built.outputs, options)
 
 
 def run_concurrently(folder: Path) -> None:

@@ -3,7 +3,8 @@
 torch runs in one child process only (as in test_torch_engine): this process stays torch-free,
 like a worker. The child decodes every image with `decode_batch` on the CPU (so every image
 takes the Pillow fallback: nvJPEG needs CUDA and torchvision, neither here) and fits and
-normalises it with `fit_batch`; this process feeds the same bytes to the real pipelines
+fits it with `fit_batch` (uint8 NHWC, the engines' contract) and normalises it as the torch
+engine does; this process feeds the same bytes to the real pipelines
 (their prep, then the engine's `normalize` seen through an identity model) and compares.
 The nvJPEG path itself has not run here.
 """
@@ -130,6 +131,7 @@ def run_torch(where: str) -> None:
     the metas; then the error, orientation and engine checks."""
     import torch
 
+    from kiln.workers.engines.uint8_input import Normalization, TorchNormalization
     from kiln.workers.models import device_images as di
 
     folder = Path(where)
@@ -140,9 +142,11 @@ def run_torch(where: str) -> None:
     for name, fields in listing["specs"].items():
         pre = preprocessing(fields)
         pixels = torch.stack([di.fit_image(image, pre)[0] for image in images])
-        normalised, metas = di.fit_batch(images, pre)
+        batch, metas = di.fit_batch(images, pre)  # grouped by size: one resize per group
+        normalise = TorchNormalization(Normalization.of(pre), "cpu", torch.float32)
         np.savez(folder / f"{name}.out.npz", pixels=pixels.to(torch.uint8).permute(0, 2, 3, 1),
-                 normalised=normalised.numpy())  # fmt: skip
+                 batched=batch.numpy(), normalised=normalise(batch).contiguous().numpy(),
+                 contiguous=np.array(batch.is_contiguous()))  # fmt: skip
         report["metas"][name] = [describe(meta) for meta in metas]
     report["bad"] = decode_errors(folder, listing["bad"])
     report["capped"] = str(di.decode_batch([datas[0]], "cpu", max_pixels=1000)[0])
@@ -152,6 +156,7 @@ def run_torch(where: str) -> None:
     report["routed"] = routed_through_a_stand_in(folder)
     # Where torchvision does not import, nvJPEG declines every image (they go to Pillow).
     sys.modules["torchvision"] = None  # type: ignore[assignment]
+    di.jpeg_decoder.cache_clear()
     report["no_torchvision"] = di._nvjpeg([datas[0]], torch.device("cpu")) == [None]
     (folder / "report.json").write_text(json.dumps(report))
 
@@ -194,12 +199,9 @@ def orientations_match() -> dict[str, bool]:
 
 def routed_through_a_stand_in(folder: Path) -> dict[str, Any]:
     """The nvJPEG route's own logic (which images go, the retry one by one after a failed
-    batch, orientation, the Pillow fallback) with a stand-in `torchvision.io.decode_jpeg`
+    batch, orientation, the Pillow fallback) with a stand-in for torchvision's batched op
     that decodes with Pillow as nvJPEG does (EXIF not applied) and refuses the 120 px wide
     image. The real nvJPEG has not run here."""
-    import enum
-    import types
-
     import torch
 
     from kiln.workers.models import device_images as di
@@ -212,25 +214,17 @@ def routed_through_a_stand_in(folder: Path) -> dict[str, Any]:
             raise RuntimeError("nvjpegDecode failed: unsupported")
         return torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).to(device)
 
-    def decode_jpeg(data: Any, mode: Any, device: Any) -> Any:
-        assert mode.name == "RGB"
-        if isinstance(data, list):
-            calls.append(len(data))
-            return [one(item, device) for item in data]
-        calls.append(1)
-        return one(data, device)
+    def decode_jpegs(data: list[Any], device: Any) -> list[Any]:
+        calls.append(len(data))
+        return [one(item, device) for item in data]
 
-    module = types.ModuleType("torchvision.io")
-    module.ImageReadMode = enum.Enum("ImageReadMode", "RGB")  # type: ignore[attr-defined]
-    module.decode_jpeg = decode_jpeg  # type: ignore[attr-defined]
-    sys.modules["torchvision"] = types.ModuleType("torchvision")
-    sys.modules["torchvision.io"] = module
     names = ["jpeg-down", "png-up", "exif-jpeg", "not-an-image", "jpeg-up", "grey-png"]
     batch = [(folder / f"{name}.img").read_bytes() for name in names]
+    real, di.jpeg_decoder = di.jpeg_decoder, lambda: decode_jpegs  # type: ignore[assignment]
     try:
         routed = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS, nvjpeg=True)
     finally:
-        del sys.modules["torchvision"], sys.modules["torchvision.io"]
+        di.jpeg_decoder = real  # type: ignore[method-assign]
     pillow = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
     same = [
         str(a) == str(b) if isinstance(a, InputError) else bool(torch.equal(a, b))
@@ -347,6 +341,9 @@ def test_fit_matches_pillow_and_the_cpu_pipeline(torch_run: TorchRun, spec: str)
     # The same arithmetic on the same uint8 pixels gives the same floats.
     same = pipe._normalize(np, ours["pixels"])
     np.testing.assert_allclose(ours["normalised"], same, rtol=0, atol=1e-6)
+    # Fitted a group of one size at a time, the batch is each image fitted alone, NHWC.
+    np.testing.assert_array_equal(ours["batched"], ours["pixels"])
+    assert ours["contiguous"]
 
 
 def test_nearest_is_exact_at_these_scales(torch_run: TorchRun) -> None:
@@ -399,7 +396,7 @@ def test_a_bad_image_is_its_own_error(torch_run: TorchRun) -> None:
 
 
 def test_an_empty_batch_has_the_models_shape(torch_run: TorchRun) -> None:
-    assert torch_run.report["empty"] == [0, 3, 320, 320]
+    assert torch_run.report["empty"] == [0, 320, 320, 3]
 
 
 def test_orientation_matches_pillow(torch_run: TorchRun) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from kiln.workers.engines.base import EngineRequest
 from kiln.workers.engines.torch_engine import build_torch_engine
+from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import image_model
 from kiln.workers.models.base import Batch
 from kiln.workers.models.detect import DetectorPipeline, model_path
@@ -44,7 +45,8 @@ from kiln.workers.prep.spec import build
 
 folder = Path(sys.argv[1])
 image_model.device_decoding = lambda engine, pre: torch.device("cpu")  # nvJPEG needs CUDA
-engine = build_torch_engine(EngineRequest("detector", model_path(), 8), "cpu", 1)
+norm = Normalization.of(DetectorPipeline.preprocessing())  # as the loader builds it
+engine = build_torch_engine(EngineRequest("detector", model_path(), 8, (), norm), "cpu", 1)
 pipeline = DetectorPipeline(engine, max_pixels=50_000_000)
 assert pipeline.device is not None
 assert pipeline.prep.layout is None  # prep checks headers; the bytes travel as objects

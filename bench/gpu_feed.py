@@ -153,7 +153,21 @@ def kiln_run(
         seconds = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"kiln run failed; see {log.name}")
+    _all_done(data / "out.parquet", items, log.name)
     return Run(items, round(seconds, 3), round(usage.ru_utime + usage.ru_stime, 2), busy.samples)
+
+
+def _all_done(results: Path, items: int, log: str) -> None:
+    """A run whose items failed measured nothing: say so instead of a rate."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    status = pq.read_table(results, columns=["status", "error"])
+    done = pc.sum(pc.equal(status["status"], "succeeded")).as_py() or 0
+    if status.num_rows != items or done != items:
+        failed = pc.filter(status["error"], pc.is_valid(status["error"]))
+        why = failed[0].as_py() if len(failed) else "missing rows"
+        raise RuntimeError(f"kiln run answered {done} of {items} items (first error: {why}); {log}")
 
 
 def peer(paths: list[Path], workers: int, device: str) -> Run:

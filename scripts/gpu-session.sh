@@ -17,6 +17,10 @@ python3 -c 'import torch, torchvision; print(torch.__version__, torchvision.__ve
     >> "$OUT/host.txt" 2>&1
 timeout 60 kiln doctor > "$OUT/doctor.txt" 2>&1
 echo "doctor: $?"
+timeout "${TESTS_S:-150}" python3 -m pytest tests/gpu -q -p no:cacheprovider -rs \
+    > "$OUT/tests_gpu.txt" 2>&1
+echo "tests/gpu: $?"
+tail -n 25 "$OUT/tests_gpu.txt"
 # The outer limit leaves bench.gpu time to write its JSON and table after its own budget.
 timeout "${GPU_S:-430}" python3 -m bench.gpu --workdir /tmp/kiln-gpu-bench \
     --out "$OUT/gpu.json" --markdown "$OUT/gpu.md" --images "${GPU_IMAGES:-6000}" \
@@ -24,7 +28,3 @@ timeout "${GPU_S:-430}" python3 -m bench.gpu --workdir /tmp/kiln-gpu-bench \
 echo "bench.gpu: $?"
 cat "$OUT/gpu.md" 2>/dev/null || tail -n 20 "$OUT/gpu.log"
 cp /tmp/kiln-gpu-bench/*.log "$OUT/" 2>/dev/null
-timeout "${TESTS_S:-150}" python3 -m pytest tests/gpu -q -p no:cacheprovider -rs \
-    > "$OUT/tests_gpu.txt" 2>&1
-echo "tests/gpu: $?"
-tail -n 25 "$OUT/tests_gpu.txt"

@@ -269,7 +269,10 @@ class Staging:
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() < nbytes:
-            buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=self._pinned)
+            # device="cpu" said: inside `on_stream` the CUDA device is the default one
+            buffer = torch.empty(
+                max(nbytes, 1), dtype=torch.uint8, device="cpu", pin_memory=self._pinned
+            )
             self._buffers[name] = buffer
         return buffer[:nbytes].view(dtype).view(tuple(shape))
 

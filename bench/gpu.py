@@ -375,6 +375,7 @@ def _engine_rows(s: Settings, sink: Sink, graphs: bool, batches: Iterable[int]) 
         sink.fact("notes", notes)
     if hasattr(engine, "graphs"):  # whether graphs=True took (a dynamic shape runs eagerly)
         sink.fact(f"replays graphs graphs={graphs}", engine.graphs is not None)
+    sink.fact(f"reason graphs={graphs}", getattr(engine, "reason", ""))
     subject = f"engine graphs={graphs}" if switch else "engine (no graphs switch)"
     for batch in batches:
         call, contract = engine_call(engine, batch)

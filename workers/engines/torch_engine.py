@@ -370,6 +370,14 @@ class TorchEngine:
         with self._device, self._torch.cuda.stream(self._stream()):
             yield
 
+    @contextlib.contextmanager
+    def _default_device(self) -> Iterator[None]:
+        if not self._cuda:
+            yield
+            return
+        with self._device:
+            yield
+
     def probe(self) -> str | None:
         """Why this engine's forward is unusable (an error, a non-finite output), or None."""
         generator = np.random.default_rng(0)
@@ -485,7 +493,9 @@ class TorchEngine:
             ]  # fmt: skip
 
         def forward(tensors: list[Any]) -> list[Any]:
-            with torch.inference_mode(), self.on_stream():
+            # The device as the default, but no stream of our own: capture records the stream
+            # it set up, and a switch to the runner's stream would leave the graph empty.
+            with torch.inference_mode(), self._default_device():
                 return self._forward(tensors)
 
         pools = [cuda_pool(torch) if self._cuda else None for _ in range(self.options.runners)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,13 @@ def export(path: Path, scale: float = 1.0) -> Path:
         def forward(self, x: Any) -> Any:
             return self.body(x) * scale
 
-    torch.onnx.export(Net().eval(), (torch.rand(2, 3, SIZE, SIZE),), str(path), dynamo=False,
-                      opset_version=17, input_names=["images"], output_names=["logits"],
-                      dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})  # fmt: skip
+    with warnings.catch_warnings():  # torch 2.9-2.12 call the TorchScript exporter legacy
+        warnings.simplefilter("ignore", DeprecationWarning)
+        batch = {0: "batch"}
+        torch.onnx.export(Net().eval(), (torch.rand(2, 3, SIZE, SIZE),), str(path),
+                          dynamo=False, opset_version=17, input_names=["images"],
+                          output_names=["logits"],
+                          dynamic_axes={"images": batch, "logits": batch})  # fmt: skip
     model = onnx.load(str(path))
     model.ir_version = min(model.ir_version, 10)  # onnxruntime refuses newer IRs
     onnx.save(model, str(path))

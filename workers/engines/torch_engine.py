@@ -32,7 +32,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -245,8 +245,7 @@ def _half_or_full(
         return engine
     engine.close()
     log.warning("FP16 weights fail for this model (%s): FP32 weights under autocast", failure)
-    kept = Options(**{**options.__dict__, "half_weights": False,
-                      "notes": (*options.notes, f"FP32 weights: {failure}")})  # fmt: skip
+    kept = replace(options, half_weights=False, notes=(*options.notes, f"FP32 weights: {failure}"))
     return TorchEngine(module, inputs, outputs, kept)
 
 

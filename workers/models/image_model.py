@@ -19,12 +19,12 @@ import numpy as np
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.engines.base import Engine
+from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import device_images
 from kiln.workers.models.base import Answers, Batch
 from kiln.workers.prep.images import FIT_WIDTH, placement_row
 from kiln.workers.prep.slots import SlotLayout
 from kiln.workers.prep.spec import PrepSpec, prep_spec
-from kiln.workers.preprocess import normalize
 
 
 class ImageModelPipeline:
@@ -50,6 +50,7 @@ class ImageModelPipeline:
         self.declared = ImageModelSpec.from_dict(spec)
         self.pre = self.declared.preprocessing(self.kind)
         self.size = self.pre.input_size
+        self.normalization = Normalization.of(self.pre)
         self.max_pixels = max_pixels
         self.input_name = engine.inputs[0].name
         # A model that takes half-precision input gets it straight from `normalize`.
@@ -75,17 +76,8 @@ class ImageModelPipeline:
         )
 
     def _normalize(self, xp: Any, batch: Any) -> Any:
-        pre = self.pre
-        return normalize(
-            xp,
-            batch,
-            mean=pre.mean,
-            std=pre.std,
-            scale=pre.scale,
-            layout=pre.layout,
-            dtype=self.input_dtype,
-            channel_order=pre.channel_order,
-        )
+        """The model's normalisation on NumPy or CuPy (a CPU engine's `prepare`)."""
+        return self.normalization(xp, batch, self.input_dtype)
 
     def _output(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
         """The engine's first output for the batch, and the rows that failed before it (an

@@ -16,7 +16,6 @@ from kiln.workers.engines.select import EngineFactory
 from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed, vector_groups
 from kiln.workers.models.base import JobClosed, Pipeline
-from kiln.workers.prep.pool import usable_cores
 
 # Registered families: an ONNX file from Kiln's store, fed as its spec declares.
 _REGISTERED: dict[str, Callable[..., Pipeline]] = {
@@ -28,7 +27,7 @@ _REGISTERED: dict[str, Callable[..., Pipeline]] = {
 
 def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
     settings, store = engines.settings, engines.store
-    gpu_decode = settings.decode_on_gpu(settings.prep_count(usable_cores()))
+    gpu_decode = settings.decode_on_gpu()
     if info.kind == "detect" and info.builtin:
         norm = Normalization.of(detect.DetectorPipeline.preprocessing())
         engine = engines.build(info.name, detect.model_path(), engines.batch_cap, (), norm)

@@ -323,14 +323,14 @@ def part_native(s: Settings, sink: Sink) -> None:
             sink.add(_timed_row("native", subject, batch, timing))
 
 
-def build_engine(s: Settings, graphs: bool) -> tuple[Any, float, list[str]]:
+def build_engine(s: Settings, graphs: bool, runners: int = 1) -> tuple[Any, float, list[str]]:
     """Kiln's torch engine over the ONNX ResNet-50, the seconds its build took, and notes on
     what this tree's engine lacks (then built without it)."""
     from kiln.workers.engines.base import EngineRequest
     from kiln.workers.engines.torch_engine import build_torch_engine, require_torch
     from kiln.workers.engines.uint8_input import Normalization
 
-    notes, kwargs = [], dict[str, Any](runners=1, precision="auto")
+    notes, kwargs = [], dict[str, Any](runners=runners, precision="auto")
     request_args: dict[str, Any] = {"normalization": Normalization(mean=MEAN, std=STD)}
     if "normalization" not in {f.name for f in fields(EngineRequest)}:
         notes, request_args = ["EngineRequest has no normalization"], {}
@@ -385,9 +385,56 @@ def _engine_rows(s: Settings, sink: Sink, graphs: bool, batches: Iterable[int]) 
         sink.add({**new, "graphs": graphs if switch else None})
 
 
+WORKER_FED = "engine as a worker feeds it (2 runners, gathered into staging)"
+
+
+def _worker_fed_rows(s: Settings, sink: Sink) -> None:
+    """The engine as a worker drives it: two runner threads, each gathering its batch from an
+    array of slots into the engine's staging buffer (`np.take`, as `runtime.gather` does) and
+    running it, so one thread's copies overlap the other's work on the GPU."""
+    import threading
+
+    import numpy as np
+
+    engine, _seconds, _notes = build_engine(s, True, runners=2)
+    if getattr(engine, "host_buffer", None) is None:
+        raise RuntimeError("this engine has no staging buffer to gather into")
+    name = engine.inputs[0].name
+    slots = np.random.default_rng(0).integers(0, 256, (512, SIDE, SIDE, 3), np.uint8)
+    for batch in native_batches(s.max_batch):
+        counts = [0, 0]
+
+        def run(i: int, until: float, batch: int = batch, counts: list[int] = counts) -> None:
+            picks = np.random.default_rng(i).choice(len(slots), batch, replace=False)
+            while counts[i] == 0 or time.perf_counter() < until:
+                buffer = engine.host_buffer((batch, SIDE, SIDE, 3))
+                np.take(slots, picks, axis=0, out=buffer)
+                engine.infer({name: buffer})
+                counts[i] += 1
+
+        first = time.perf_counter()
+        run(0, 0.0)  # warm: each thread's staging is made on its first call
+        first = time.perf_counter() - first
+        counts[0] = 0
+        with Busy(interval=0.05) as busy:
+            started = time.perf_counter()
+            until = started + s.seconds
+            threads = [threading.Thread(target=run, args=(i, until)) for i in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.perf_counter() - started
+        rate = sum(counts) * batch / elapsed
+        sink.add({**row("engine", WORKER_FED, batch, rate, busy.samples),
+                  "first_call_s": round(first, 3)})  # fmt: skip
+
+
 def part_engine(s: Settings, sink: Sink) -> None:
     first = "engine graphs=True" if has_graphs_switch() else "engine (no graphs switch)"
     attempt(sink, "engine", first, lambda: _engine_rows(s, sink, True, buckets(s.max_batch)))
+    _release(s.device)
+    attempt(sink, "engine", WORKER_FED, lambda: _worker_fed_rows(s, sink))
     if has_graphs_switch():  # the comparison: the same engine without CUDA graphs
         _release(s.device)
         eager = partial(_engine_rows, s, sink, False, native_batches(s.max_batch))

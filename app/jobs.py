@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app import families, quotas, sources, tenants
+from kiln.app import families, quotas, sources, tenants, video
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
@@ -190,9 +190,25 @@ def _check_request(
     if request.uploads and model.input != "image":
         raise InputError(f"Model {model.name!r} takes text, not files.")
     options = check_options(session, request.tenant, model, request.options or {})
-    _item_keys(request)  # a bad request is a 422 before any bucket is judged
+    keys = _item_keys(request)  # a bad request is a 422 before any bucket is judged
+    _check_videos(settings, request, keys, options)
     _check_s3_inputs(session, request)
     return model, options
+
+
+def _check_videos(
+    settings: Settings, request: JobRequest, keys: list[str], options: dict[str, Any]
+) -> None:
+    """An uploaded video whose header already says it is over a limit is refused now, with a
+    sentence naming it (a video in a bucket is judged by the worker, on its item)."""
+    fps = float(options.get(video.FPS_OPTION, video.DEFAULT_FPS))
+    limits = video.VideoLimits(settings.max_video_frames, settings.max_video_duration_s)
+    for key, upload in zip(keys, request.uploads, strict=False):
+        if video.container_of(upload.data[: video.HEAD_BYTES]) is None:
+            continue
+        header = video.read_header(upload.data)
+        if header is not None and (why := video.refusal(*header, fps, limits)):
+            raise InputError(f"{key}: {why}")
 
 
 def _check_s3_inputs(session: Session, request: JobRequest) -> None:
@@ -208,9 +224,13 @@ def check_options(
 ) -> dict[str, Any]:
     """The job's options against the model family's declared options (`kiln.app.families`)
     and its fallback against the catalog (`kiln.app.fallback`); returns them with the fallback
-    pinned to its exact version."""
-    families.check_options(model.kind, model.name, options)
-    return check_fallback(session, tenant, model, options)
+    pinned to its exact version. `video_fps`, how the job samples videos, is any job's."""
+    rest = {k: v for k, v in options.items() if k != video.FPS_OPTION}
+    families.check_options(model.kind, model.name, rest)
+    checked = check_fallback(session, tenant, model, rest)
+    if video.FPS_OPTION in options:
+        checked = {**checked, video.FPS_OPTION: video.check_fps(options[video.FPS_OPTION])}
+    return checked
 
 
 def _is_local(uri: str, request: JobRequest) -> bool:

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.s3 import S3Store, parse_s3_uri
+from kiln.app.video import split_key
 
 S3Factory = Callable[[], Any]  # returns a boto3 S3 client, made only when needed
 
@@ -25,6 +26,10 @@ BASE_FIELDS = [
     pa.field("answered_by", pa.string()),  # the model ref whose outputs these are; null: failed
     # why the job's model did not answer, where the job's fallback model took the item
     pa.field("fallback_reason", pa.string()),
+    # the file the row came from: the key, less a video frame's `#t=` (GROUP BY a video)
+    pa.field("source", pa.string()),
+    pa.field("frame_index", pa.int32()),  # a video frame's index in its video; else null
+    pa.field("frame_time_s", pa.float64()),  # the moment a video frame stands for (seconds)
 ]
 
 
@@ -47,6 +52,10 @@ class Result(Protocol):
     def answered_by(self) -> str | None: ...
     @property
     def fallback_reason(self) -> str | None: ...
+    @property
+    def frame_index(self) -> int | None: ...
+    @property
+    def frame_time_s(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class ResultRow:
     answered_by: str | None = None
     fallback_reason: str | None = None
     stages_ms: dict[str, float] | None = None  # interactive items: ms per worker stage
+    frame_index: int | None = None
+    frame_time_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,9 @@ def items_table(items: Sequence[Result], output_fields: Sequence[pa.Field]) -> p
             "sha256": item.sha256,
             "answered_by": item.answered_by,
             "fallback_reason": item.fallback_reason,
+            "source": split_key(item.key, item.frame_time_s),
+            "frame_index": item.frame_index,
+            "frame_time_s": item.frame_time_s,
         }
         row.update({name: outputs.get(name) for name in names})
         rows.append(row)

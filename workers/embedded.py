@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 from celery.worker import WorkController
 
-from kiln.app import jobs, results
+from kiln.app import jobs, results, video
 from kiln.app.catalog import get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError, NotFoundError
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_S = 1.0  # the longest a progress report waits when no chunk finishes
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
+VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg"}
 LOCAL_TENANT = "local"
 
 
@@ -50,10 +51,11 @@ class RunOutcome:
 
 
 def collect_inputs(source: str) -> list[Path]:
-    """A folder (recursively), a single file, or a glob pattern → image files, sorted."""
+    """A folder (recursively), a single file, or a glob pattern → image and video files,
+    sorted. In a folder, a file of another name that begins as a video does is one too."""
     path = Path(source)
     if path.is_dir():
-        files = [p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES]
+        files = [p for p in path.rglob("*") if p.is_file() and _media(p)]
     elif path.is_file():
         files = [path]
     else:
@@ -61,8 +63,21 @@ def collect_inputs(source: str) -> list[Path]:
     if not files and not path.exists() and not any(c in source for c in "*?["):
         raise InputError(f"{source!r} does not exist; give a folder, an image file or a glob.")
     if not files:
-        raise InputError(f"No images found at {source!r}.")
+        raise InputError(f"No images or videos found at {source!r}.")
     return sorted(f.resolve() for f in files)
+
+
+def _media(path: Path) -> bool:
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES or suffix in VIDEO_SUFFIXES:
+        return True
+    if path.name.startswith("."):
+        return False
+    try:
+        with path.open("rb") as file:
+            return video.container_of(file.read(video.HEAD_BYTES)) is not None
+    except OSError:
+        return False
 
 
 def _glob(pattern: Path) -> list[Path]:

@@ -16,6 +16,7 @@ in their own file beside it (the vector index), updated with `Library.gone` and 
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,12 +64,27 @@ def update(library: Place, run: Place, columns: Sequence[str]) -> Library:
     old = read(library, columns)
     ran = run_rows(run, columns)
     gone = set(ran.column("key").to_pylist()) | deleted_keys(run)
-    kept = old.filter(pc.invert(pc.is_in(old.column("key"), pa.array(sorted(gone), pa.string()))))
+    # A video rerun or deleted takes all its old frames with it (a shorter new cut has fewer).
+    files = pa.array(sorted({file_of(key) for key in gone}), pa.string())
+    leaving = pc.is_in(_files(old.column("key")), files)
+    kept = old.filter(pc.invert(leaving))
     succeeded = ran.filter(pc.equal(ran.column("status"), "succeeded")).drop_columns(["status"])
     table = pa.concat_tables([kept, succeeded.cast(kept.schema)])
     library.store.put(library.key(TABLE), results.to_parquet(table), PARQUET)
-    present = set(old.column("key").to_pylist())
-    return Library(library, table, frozenset(gone & present), succeeded.num_rows)
+    taken_out = old.filter(leaving).column("key").to_pylist()
+    return Library(library, table, frozenset(taken_out), succeeded.num_rows)
+
+
+_FRAGMENT = r"#t=\d+\.\d{3}$"  # a video frame's key: the video's, then its moment
+
+
+def file_of(key: str) -> str:
+    """The object a library key came from: a video frame's video, else the key itself."""
+    return re.sub(_FRAGMENT, "", key)
+
+
+def _files(keys: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return pc.replace_substring_regex(keys, _FRAGMENT, "")
 
 
 def read(library: Place, columns: Sequence[str]) -> pa.Table:

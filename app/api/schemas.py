@@ -50,6 +50,10 @@ class JobCreate(BaseModel):
     )
     options: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=256)
+    video_fps: float | None = Field(
+        None,
+        description="Frames sampled per second of each video input (default 1; 0: every frame).",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> JobCreate:
@@ -138,6 +142,10 @@ class ItemOut(BaseModel):
     answered_by: str | None = Field(None, description="The model ref whose outputs these are.")
     fallback_reason: str | None = Field(
         None, description="Why the job's model did not answer, when its fallback took the item."
+    )
+    frame_index: int | None = Field(None, description="A video frame's index in its video.")
+    frame_time_s: float | None = Field(
+        None, description="The moment of its video a frame stands for, in seconds."
     )
 
 

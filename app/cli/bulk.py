@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kiln.app.cli.common import OptionPairs, console, parse_options
+from kiln.app.cli.common import OptionPairs, VideoFps, console, parse_options, with_video_fps
 from kiln.app.cli.remote import ApiClient, watch
 
 schedule_app = typer.Typer(help="Cron-timed incremental runs over a bucket (run by kiln beat).")
@@ -26,13 +26,14 @@ def _run(
     exclude: list[str] | None,
     output: str | None,
     option: list[str] | None,
+    video_fps: float | None = None,
 ) -> dict[str, Any]:
     """What a bulk job and a schedule's runs share: the model, the source, where and how."""
     body: dict[str, Any] = {
         "model": model,
         "source": {"s3": uri, "include": include or [], "exclude": exclude or []},
     }
-    if options := parse_options(option):
+    if options := with_video_fps(parse_options(option), video_fps):
         body["options"] = options
     if output:
         body["output"] = output
@@ -51,9 +52,11 @@ def bulk(
     exclude: Exclude = None,
     watch_: Annotated[bool, typer.Option("--watch", help="Follow with a progress bar.")] = False,
     option: OptionPairs = None,
+    video_fps: VideoFps = None,
 ) -> None:
-    """Process every object under an S3 prefix (listed by the workers, page by page)."""
-    body = _run(model, source, include, exclude, output, option)
+    """Process every object under an S3 prefix (listed by the workers, page by page); each
+    video becomes one item per sampled frame."""
+    body = _run(model, source, include, exclude, output, option, video_fps)
     if name:
         body["pipeline"] = name
     with ApiClient() as client:
@@ -73,9 +76,11 @@ def schedule_add(
     include: Include = None,
     exclude: Exclude = None,
     option: OptionPairs = None,
+    video_fps: VideoFps = None,
 ) -> None:
     """Run MODEL over SOURCE at each CRON time; each run processes only what changed."""
-    body = {"name": name, "cron": cron, **_run(model, source, include, exclude, output, option)}
+    run = _run(model, source, include, exclude, output, option, video_fps)
+    body = {"name": name, "cron": cron, **run}
     with ApiClient() as client:
         schedule = client.add_schedule(body)
     console.print(f"schedule {schedule['name']}: next run {schedule['next_run_at']}")

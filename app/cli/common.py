@@ -24,6 +24,21 @@ OptionPairs = Annotated[
 ]
 
 
+VideoFps = Annotated[
+    float | None,
+    typer.Option(
+        "--video-fps",
+        min=0,
+        help="Frames sampled per second of each video (default 1; 0: every frame).",
+    ),
+]
+
+
+def with_video_fps(options: dict[str, Any], fps: float | None) -> dict[str, Any]:
+    """A job's options with its `video_fps`, where the command line gave one."""
+    return options if fps is None else {**options, "video_fps": fps}
+
+
 def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     """`["max_distance=8", "note=x"]` → `{"max_distance": 8, "note": "x"}`; the API checks
     the keys and types against the model's family."""

@@ -12,27 +12,41 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kiln.app.cli.common import OptionPairs, console, errors, fail, parse_options, settings
+from kiln.app.cli.common import (
+    OptionPairs,
+    VideoFps,
+    console,
+    errors,
+    fail,
+    parse_options,
+    settings,
+    with_video_fps,
+)
 from kiln.app.core.errors import InputError, KilnError
 
 
 def run(
     source: Annotated[
-        str, typer.Argument(help="Images: a folder, a file or a glob. Texts: a file, one per line.")
+        str,
+        typer.Argument(
+            help="Images and videos: a folder, a file or a glob. Texts: a file, one per line."
+        ),
     ],
     model: Annotated[str, typer.Option(help="Model to run, e.g. ocr or detector.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Parquet file to write.")] = Path(
         "results.parquet"
     ),
     option: OptionPairs = None,
+    video_fps: VideoFps = None,
 ) -> None:
-    """Run a job locally on the embedded defaults (no servers) and write its results."""
+    """Run a job locally on the embedded defaults (no servers) and write its results. A video
+    among the inputs becomes one item per sampled frame (`--video-fps`)."""
     import pyarrow.parquet as pq
 
     from kiln.app.observability import observe
     from kiln.workers.embedded import run_embedded
 
-    options = parse_options(option)
+    options = with_video_fps(parse_options(option), video_fps)
     current = settings()
     observe(current, "run", logging.WARNING)
     try:

@@ -9,7 +9,16 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from kiln.app.cli.common import OptionPairs, console, errors, fail, parse_options, settings
+from kiln.app.cli.common import (
+    OptionPairs,
+    VideoFps,
+    console,
+    errors,
+    fail,
+    parse_options,
+    settings,
+    with_video_fps,
+)
 from kiln.app.core.errors import KilnError
 
 
@@ -18,9 +27,10 @@ def submit(
     model: Annotated[str, typer.Option(help="Model to run.")],
     wait: Annotated[bool, typer.Option(help="Wait until the job finishes.")] = False,
     option: OptionPairs = None,
+    video_fps: VideoFps = None,
 ) -> None:
-    """Submit files to the API at KILN_API_URL."""
-    options = parse_options(option)
+    """Submit files (images, videos) to the API at KILN_API_URL."""
+    options = with_video_fps(parse_options(option), video_fps)
     with ApiClient() as client:
         job = client.submit(files, model, options)
         console.print(f"job {job['id']} {job['status']} ({job['counts']['total']} items)")

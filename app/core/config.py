@@ -146,6 +146,12 @@ class Settings(BaseSettings):
     filesystem_polling_ms: float = Field(20.0, gt=0, description="Embedded broker poll interval.")
 
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
+    max_video_frames: int = Field(
+        100_000, ge=1, description="Frames a job may sample from one video (video_fps × length)."
+    )
+    max_video_duration_s: float = Field(
+        24 * 3600.0, gt=0, description="Longest video a job takes, as its header says."
+    )
     max_files_per_job: int = Field(1000, ge=1)
     max_model_bytes: int = Field(1024**3, ge=1, description="Largest ONNX file registered.")
     max_image_pixels: int = Field(50_000_000, ge=1, description="Decompression-bomb cap.")

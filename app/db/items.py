@@ -24,15 +24,22 @@ class NewItem:
     source: str | None = None
     text: str | None = None
     etag: str | None = None  # of a listed object (bulk jobs)
+    frame_index: int | None = None  # a video's sampled frame
+    frame_time_s: float | None = None
 
 
 # Postgres takes the items as one JSON document: the statement text never changes (parsed
 # and planned once per connection), and one C-encoded string carries every row.
-_COLUMNS = "(job_id, key, source, text, etag, chunk, status, attempts, queued_at)"
+_COLUMNS = (
+    "(job_id, key, source, text, etag, chunk, frame_index, frame_time_s, status, attempts,"
+    " queued_at)"
+)
 _FROM_JSON = """
-    SELECT :job_id, v.key, v.source, v.text, v.etag, v.chunk, 'pending', 0, :now
+    SELECT :job_id, v.key, v.source, v.text, v.etag, v.chunk, v.frame_index, v.frame_time_s,
+           'pending', 0, :now
     FROM json_to_recordset(CAST(:items AS json))
-         AS v(key text, source text, text text, etag text, chunk integer)
+         AS v(key text, source text, text text, etag text, chunk integer, frame_index integer,
+              frame_time_s double precision)
 """
 _INSERT = text(f"INSERT INTO items {_COLUMNS} {_FROM_JSON} RETURNING id, chunk")
 _INSERT_NEW = text(
@@ -64,7 +71,15 @@ def _insert_postgres(
     session: Session, job_id: str, items: Sequence[NewItem], skip_existing: bool
 ) -> list[tuple[int, int]]:
     rows = [
-        {"key": i.key, "source": i.source, "text": i.text, "etag": i.etag, "chunk": i.chunk}
+        {
+            "key": i.key,
+            "source": i.source,
+            "text": i.text,
+            "etag": i.etag,
+            "chunk": i.chunk,
+            "frame_index": i.frame_index,
+            "frame_time_s": i.frame_time_s,
+        }
         for i in items
     ]
     params = {"job_id": job_id, "now": utcnow(), "items": json.dumps(rows)}
@@ -84,6 +99,8 @@ def _insert_sqlite(
             "text": i.text,
             "etag": i.etag,
             "chunk": i.chunk,
+            "frame_index": i.frame_index,
+            "frame_time_s": i.frame_time_s,
             "status": ItemStatus.PENDING,
             "attempts": 0,
             "queued_at": now,

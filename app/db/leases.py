@@ -38,6 +38,8 @@ class LeasedItem:
     text: str | None
     chunk: int
     attempts: int
+    frame_index: int | None = None  # a video's sampled frame (its source is the video's)
+    frame_time_s: float | None = None
 
 
 def _takeable(owner: str, now: datetime) -> ColumnElement[bool]:
@@ -113,7 +115,15 @@ def take(
             lease_expires_at=now + timedelta(seconds=lease_s),
         )
         .returning(
-            Item.id, Item.job_id, Item.key, Item.source, Item.text, Item.chunk, Item.attempts
+            Item.id,
+            Item.job_id,
+            Item.key,
+            Item.source,
+            Item.text,
+            Item.chunk,
+            Item.attempts,
+            Item.frame_index,
+            Item.frame_time_s,
         ),
         execution_options={"synchronize_session": False},
     )

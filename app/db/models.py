@@ -198,6 +198,10 @@ class Item(Base):
     # The input's sha256 once a worker has read it (results' `sha256`, exact-duplicate groups).
     sha256: Mapped[str | None] = mapped_column(String(64))
     chunk: Mapped[int] = mapped_column(Integer, default=0)
+    # A video's sampled frame: its index in the video and the moment it stands for (seconds;
+    # its key ends `#t=<that>`); its source is the video's. Null for any other item.
+    frame_index: Mapped[int | None] = mapped_column(Integer)
+    frame_time_s: Mapped[float | None] = mapped_column()
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.PENDING)
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -42,11 +42,16 @@ class FakeItem:
     sha256: str | None = None
     answered_by: str | None = None
     fallback_reason: str | None = None
+    frame_index: int | None = None
+    frame_time_s: float | None = None
 
 
 # Every row's columns, whatever the model: the item, then which model answered it and why not
 # the job's own (a fallback's answer).
-BASE = ["key", "status", "error", "duration_ms", "sha256", "answered_by", "fallback_reason"]
+BASE = [
+    "key", "status", "error", "duration_ms", "sha256", "answered_by", "fallback_reason",
+    "source", "frame_index", "frame_time_s",
+]  # fmt: skip
 LABEL = pa.struct([("label", pa.string()), ("score", pa.float32())])
 LABEL_FIELDS = [pa.field("labels", pa.list_(LABEL))]
 DETECTION = pa.struct(
@@ -92,6 +97,9 @@ def test_items_table_columns_and_rows() -> None:
             "sha256": None,
             "answered_by": "classifier:1",
             "fallback_reason": None,
+            "source": "a.jpg",
+            "frame_index": None,
+            "frame_time_s": None,
             "labels": [{"label": "cat", "score": 0.75}],
         },
         {
@@ -102,6 +110,9 @@ def test_items_table_columns_and_rows() -> None:
             "sha256": None,
             "answered_by": None,
             "fallback_reason": None,
+            "source": "b.jpg",
+            "frame_index": None,
+            "frame_time_s": None,
             "labels": None,
         },
     ]
@@ -222,3 +233,11 @@ def test_results_of_a_job_without_shards_stream_as_an_empty_file(store: LocalSto
     table = pq.read_table(io.BytesIO(b"".join(stream_parquet(P(store, "none")))))
     assert table.num_rows == 0
     assert table.column_names == BASE
+
+
+def test_a_video_frame_row_names_its_video_and_moment() -> None:
+    frame = FakeItem(
+        "clip.mp4#t=12.500", "succeeded", outputs={}, frame_index=375, frame_time_s=12.5
+    )
+    row = items_table([frame], []).to_pylist()[0]
+    assert (row["source"], row["frame_index"], row["frame_time_s"]) == ("clip.mp4", 375, 12.5)

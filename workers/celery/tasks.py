@@ -49,7 +49,10 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
         with consumer_span(
             "kiln.process_chunk", task.request, job_id=job_id, chunk=chunk, items=len(item_ids)
         ):
-            report = run(runtime(), job_id, chunk, item_ids, urgent=queue == INTERACTIVE)
+            report = run(
+                runtime(), job_id, chunk, item_ids, urgent=queue == INTERACTIVE,
+                dispatcher=CeleryDispatcher(app),
+            )  # fmt: skip
             seconds = {k: round(v, 3) for k, v in report.seconds.items()}
             log.info(
                 "chunk %s/%d: %d ok, %d failed, %s",

@@ -17,6 +17,7 @@ import math
 import queue
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -28,6 +29,7 @@ import numpy as np
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.errors import TransientError
 from kiln.app.families.fallback import FAILED, REFUSED
+from kiln.app.video import Sampling
 from kiln.workers.batching import Announcement
 from kiln.workers.chunk.lease import Held
 from kiln.workers.chunk.rows import ChunkRows, Piece
@@ -51,6 +53,7 @@ class Stage:
     max_bytes: int
     held: Held
     urgent: bool = False
+    sampling: Sampling | None = None  # the job's, for its videos
 
 
 def plan_units(rows: np.ndarray, processes: int, most: int | None = None) -> list[np.ndarray]:
@@ -64,6 +67,7 @@ def plan_units(rows: np.ndarray, processes: int, most: int | None = None) -> lis
 
 def make_unit(stage: Stage, rows: ChunkRows, indices: np.ndarray, read_only: bool = False) -> Unit:
     items = [rows.items[i] for i in indices.tolist()]
+    frames = [item.frame_time_s for item in items]
     return Unit(
         0,
         stage.runner.pipeline.prep,
@@ -72,7 +76,19 @@ def make_unit(stage: Stage, rows: ChunkRows, indices: np.ndarray, read_only: boo
         [item.text for item in items],
         stage.max_bytes,
         read_only=read_only,
+        frames=frames if any(f is not None for f in frames) else None,
+        sampling=stage.sampling,
     )
+
+
+def frame_process(rows: ChunkRows, unit: np.ndarray, processes: int) -> int:
+    """The prep process for a unit of video frames: the same one for every unit of a chunk, so
+    its reader decodes on where the last unit stopped (another chunk of the same video goes to
+    the next process, which decodes its stretch at the same time); -1 for other units."""
+    item = rows.items[int(unit[0])]
+    if item.frame_time_s is None or processes <= 1:
+        return -1
+    return (zlib.crc32((item.source or "").encode()) + item.chunk) % processes
 
 
 # --- reading first (content cache on) ----------------------------------------------------
@@ -187,6 +203,8 @@ class _Run:
                     self.pool.count,
                 )
             prefer = holder.get(int(unit[0]), -1)
+            if prefer < 0:
+                prefer = frame_process(self.rows, unit, self.stage.prep.processes)
             future = self.stage.prep.submit(sent, prefer)
             self.in_prep += 1
             future.add_done_callback(self._event("prep", (unit, tickets)))
@@ -233,8 +251,11 @@ class _Run:
         prepped: Prepped,
         announced: Announcement[Rows, Answers],
     ) -> None:
-        """A unit is back from prep: its good rows go to the Batcher as one block."""
+        """A unit is back from prep: its good rows go to the Batcher as one block (a video is
+        not a row: its frames become items of their own)."""
         ok = np.array([e is None for e in prepped.errors], dtype=bool)
+        if prepped.videos is not None:
+            ok &= np.array([v is None for v in prepped.videos], dtype=bool)
         if not ok.all():
             self._release(tickets[~ok])  # rows that failed to prepare need no slot
         announced.skip(int((~ok).sum()))
@@ -291,6 +312,10 @@ class _Run:
 def _record_prep(rows: ChunkRows, unit: np.ndarray, prepped: Prepped) -> None:
     if prepped.transient is not None:
         raise TransientError(prepped.transient)
+    if prepped.videos is not None:
+        for row, plan in zip(unit.tolist(), prepped.videos, strict=True):
+            if plan is not None:
+                rows.videos[row] = plan
     for row, error, digest in zip(unit.tolist(), prepped.errors, prepped.sha256, strict=True):
         if digest is not None:
             rows.sha256[row] = digest

@@ -26,6 +26,7 @@ from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus, Job, aware
 from kiln.app.db.session import unit_of_work
 from kiln.app.families.fallback import FallbackOptions
+from kiln.app.video import Sampling
 from kiln.workers import identical
 from kiln.workers.chunk.content_cache import fresh_entries
 from kiln.workers.chunk.fallback import Fallback, job_fallback, shard_fields
@@ -57,6 +58,7 @@ class Lease:
     held_elsewhere: bool = False  # nothing leased because another live run holds the chunk
     tenant: str = ""
     fallback: Fallback | None = None  # the job's fallback model, if it names one
+    sampling: Sampling | None = None  # how the job samples its videos
 
 
 def finish_chunk(

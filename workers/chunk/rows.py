@@ -19,6 +19,7 @@ from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus
 from kiln.app.families.fallback import Trigger
 from kiln.app.results import BASE_FIELDS
+from kiln.app.video import split_key
 from kiln.workers.models.base import VECTOR_OUTPUTS
 
 STAGES_MS = ("fetch", "decode", "engine", "post")  # an interactive item's `stages_ms`
@@ -69,9 +70,25 @@ class ChunkRows:
         self.fallback_reason: list[str | None] = [None] * n
         self.seconds = np.zeros((n, len(STAGES_MS)), dtype=np.float64)
         self.pieces: list[Piece] = []
+        self.videos: list[Any] = [None] * n  # a row that turned out a video: its FramePlan
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def without(self, dropped: Sequence[int]) -> ChunkRows:
+        """These rows less `dropped` (videos, now frames of their own), which no piece
+        answered."""
+        keep = np.setdiff1d(np.arange(len(self)), np.asarray(dropped, dtype=np.int64))
+        new_index = np.full(len(self), -1, dtype=np.int64)
+        new_index[keep] = np.arange(len(keep))
+        out = ChunkRows([self.items[i] for i in keep.tolist()])
+        for name in ("errors", "failure", "sha256", "answered_by", "fallback_reason", "videos"):
+            values = getattr(self, name)
+            setattr(out, name, [values[i] for i in keep.tolist()])
+        out.cancelled, out.cached = self.cancelled[keep], self.cached[keep]
+        out.seconds = self.seconds[keep]
+        out.pieces = [Piece(new_index[p.rows], p.columns, p.model, p.outputs) for p in self.pieces]
+        return out
 
     # --- what happened -------------------------------------------------------------------
 
@@ -87,6 +104,7 @@ class ChunkRows:
         """Rows not failed, not cancelled and not answered yet: what a model should run."""
         done = self.cancelled | np.array([e is not None for e in self.errors], dtype=bool)
         done |= np.array([a is not None for a in self.answered_by], dtype=bool)
+        done |= np.array([v is not None for v in self.videos], dtype=bool)
         return np.flatnonzero(~done)
 
     def statuses(self) -> list[str]:
@@ -135,6 +153,9 @@ class ChunkRows:
             pa.array(self.sha256, pa.string()),
             pa.array(self.answered_by, pa.string()),
             pa.array(self.fallback_reason, pa.string()),
+            pa.array([split_key(i.key, i.frame_time_s) for i in self.items], pa.string()),
+            pa.array([i.frame_index for i in self.items], pa.int32()),
+            pa.array([i.frame_time_s for i in self.items], pa.float64()),
         ]
         family = [self._column(f) for f in fields]
         schema = pa.schema([*BASE_FIELDS, *fields])

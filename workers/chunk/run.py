@@ -26,10 +26,12 @@ from kiln.app.db import content_cache as cache_rows
 from kiln.app.db import leases, queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, JobStatus
 from kiln.app.db.session import unit_of_work
+from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.families.fallback import FAILED
 from kiln.app.observability.tracing import annotate
 from kiln.workers.chunk import content_cache
 from kiln.workers.chunk.answer import Stage, drop_held, read_all, run_model
+from kiln.workers.chunk.expand import expand_videos, job_sampling
 from kiln.workers.chunk.fallback import Fallback, job_fallback
 from kiln.workers.chunk.finish import Lease, finish_chunk
 from kiln.workers.chunk.lease import Held
@@ -63,10 +65,12 @@ def process_chunk(
     item_ids: list[int],
     urgent: bool = False,
     owner: str | None = None,
+    dispatcher: Dispatcher | None = None,
 ) -> ChunkReport:
     """`urgent`: an interactive chunk, whose rows go ahead of bulk rows in the Batcher.
     `owner`: this run's lease token (new per run, so a redelivered copy of a message that is
-    still running elsewhere finds the items held and drops out)."""
+    still running elsewhere finds the items held and drops out). `dispatcher`: sends the
+    chunks of a video's frames (without one, the reconciler sends them)."""
     report = ChunkReport(job_id, chunk)
     owner = owner or str(uuid.uuid4())
     lease = lease_chunk(runtime, job_id, chunk, item_ids, owner)
@@ -83,6 +87,9 @@ def process_chunk(
     try:
         with runtime.leases.hold(job_id, owner, watched=bool(lease.items)) as held:
             rows = answer_chunk(runtime, lease, held, urgent, report)
+            if not held.lost.is_set():
+                rows = expand_videos(runtime, lease, rows, dispatcher)
+                _count(rows, report)
             if held.lost.is_set():
                 log.warning(
                     "chunk %s/%d: lease lost; another run owns the results", job_id, chunk,
@@ -112,11 +119,15 @@ def answer_chunk(
         _fall_back(runtime, lease, lease.fallback, rows, held, urgent, report)
     report.seconds["fetch"] = float(rows.seconds[:, 0].sum())
     report.seconds["decode"] = float(rows.seconds[:, 1].sum())
+    _count(rows, report)
+    return rows
+
+
+def _count(rows: ChunkRows, report: ChunkReport) -> None:
     statuses = Counter(rows.statuses())
     report.processed = len(rows) - statuses["cancelled"]
     report.failed = statuses["failed"]
     report.succeeded = report.processed - report.failed
-    return rows
 
 
 def _run(
@@ -146,8 +157,9 @@ def _run(
                 rows.fail(row, f"Model {model.ref!r} could not be loaded: {error}.", FAILED)
             return
         stage = Stage(
-            model, runner, runtime.prep(), runtime.settings.max_upload_bytes, held, urgent
-        )
+            model, runner, runtime.prep(), runtime.settings.max_upload_bytes, held, urgent,
+            lease.sampling,
+        )  # fmt: skip
         holder: dict[int, int] = {}
         if runtime.settings.content_cache:
             holder = read_all(stage, rows, indices)
@@ -170,13 +182,12 @@ def _use_cache(
     tenant (or anyone, when the cache is shared) becomes a piece of the results. `loaded`
     is the runner's registration, identical to the job's (the same cache key and scope).
     Returns the rows still to run."""
-    readable = [
-        row
-        for row in indices.tolist()
-        if rows.errors[row] is None and rows.sha256[row] and not rows.cancelled[row]
-    ]
+    going = [r for r in indices.tolist() if rows.errors[r] is None and not rows.cancelled[r]]
+    readable = [row for row in going if rows.sha256[row]]
+    # Videos and their frames are not hashed whole: they run without the cache.
+    unhashed = [row for row in going if not rows.sha256[row]]
     if not readable:
-        return np.empty(0, dtype=np.int64)
+        return np.asarray(unhashed, dtype=np.int64)
     settings = runtime.settings
     with runtime.sessions() as session:
         known = cache_rows.cached_results(
@@ -193,7 +204,7 @@ def _use_cache(
         rows.answer(piece)
         report.cached += len(hits)
     hit = set(hits)
-    return np.asarray([row for row in readable if row not in hit], dtype=np.int64)
+    return np.asarray(sorted(unhashed + [r for r in readable if r not in hit]), dtype=np.int64)
 
 
 def _fall_back(
@@ -273,6 +284,7 @@ def lease_chunk(
         held_elsewhere=elsewhere,
         tenant=job.tenant,
         fallback=fallback,
+        sampling=job_sampling(settings, job.options),
     )
 
 

@@ -46,6 +46,12 @@ class Fetcher:
                 self._s3 = make_s3_client(self.settings)
             return self._s3
 
+    def local_path(self, source: str | None) -> Path | None:
+        """The file a `file://` source names, where this process may read it (else None)."""
+        if source and source.startswith("file:///") and self.settings.local_inputs:
+            return Path(unquote(urlparse(source).path))
+        return None
+
     def fetch(self, source: str | None, max_bytes: int) -> bytes:
         if not source:
             raise InputError("The item has no source to read.")

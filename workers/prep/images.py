@@ -11,7 +11,14 @@ import numpy as np
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
-from kiln.workers.preprocess import Letterbox, Squash, decode_image, fit_image, fit_size
+from kiln.workers.preprocess import (
+    Decoded,
+    Letterbox,
+    Squash,
+    decode_image,
+    fit_image,
+    fit_size,
+)
 
 FIT_WIDTH = 4  # meta per row: scale across, scale down, upright width, height (0s for a crop)
 
@@ -29,6 +36,13 @@ class ImagePrep:
 
     def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> None:
         decoded = decode_image(images_only(data), max_pixels=self.max_pixels, draft_to=self._sizer)
+        self.prepare_decoded(decoded, slot, meta)
+
+    def frame_size(self, width: int, height: int) -> tuple[int, int]:
+        """What a video frame of this size may be reduced to before the fit."""
+        return self._sizer(width, height)
+
+    def prepare_decoded(self, decoded: Decoded, slot: np.ndarray | None, meta: np.ndarray) -> None:
         pixels, placement = fit_image(decoded, self.pre)
         assert slot is not None
         slot[...] = pixels

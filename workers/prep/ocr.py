@@ -10,7 +10,7 @@ import numpy as np
 from kiln.workers.models.ocr_config import load_config
 from kiln.workers.models.ocr_det import Detection
 from kiln.workers.prep.images import images_only
-from kiln.workers.preprocess import decode_image
+from kiln.workers.preprocess import Decoded, decode_image
 
 
 class OcrPrep:
@@ -24,5 +24,12 @@ class OcrPrep:
         decoded = decode_image(
             images_only(data), max_pixels=self.max_pixels, draft_to=self.config.max_side_len
         )
+        return self.prepare_decoded(decoded, slot, meta)
+
+    def frame_size(self, width: int, height: int) -> tuple[int, int]:
+        side = self.config.max_side_len
+        return side, side
+
+    def prepare_decoded(self, decoded: Decoded, slot: np.ndarray | None, meta: np.ndarray) -> Any:
         page = self.detection.page(decoded)
         return self.detection.input(page), page

@@ -7,7 +7,7 @@ import numpy as np
 from PIL import Image
 
 from kiln.workers.prep.images import images_only
-from kiln.workers.preprocess import decode_image
+from kiln.workers.preprocess import Decoded, decode_image
 
 HASH_SIDE = 32  # imagehash.phash: an 8×8 hash from the DCT of a 32×32 greyscale image
 # JPEGs decode at a reduced DCT scale that still has 8× the hash's input size, which keeps the
@@ -21,6 +21,12 @@ class PhashPrep:
 
     def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> None:
         decoded = decode_image(images_only(data), max_pixels=self.max_pixels, draft_to=DRAFT_SIDE)
+        self.prepare_decoded(decoded, slot, meta)
+
+    def frame_size(self, width: int, height: int) -> tuple[int, int]:
+        return DRAFT_SIDE, DRAFT_SIDE
+
+    def prepare_decoded(self, decoded: Decoded, slot: np.ndarray | None, meta: np.ndarray) -> None:
         small = decoded.image.convert("L").resize((HASH_SIDE, HASH_SIDE), Image.Resampling.LANCZOS)
         assert slot is not None
         slot[...] = np.asarray(small)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from kiln.app.core.digest import sha256_hex
 from kiln.workers.prep.slots import SlotLayout
+
+if TYPE_CHECKING:
+    from kiln.workers.preprocess import Decoded
 
 
 class Prep(Protocol):
@@ -27,6 +30,19 @@ class Prep(Protocol):
         fit, e.g. a letterbox's scale and size, into `meta`) and returns None; an object family
         (`slot` is None) returns what its engine needs (picklable). Bad input raises
         `InputError` with a sentence."""
+        ...
+
+
+@runtime_checkable
+class FramePrep(Prep, Protocol):
+    """A prep that also takes video frames, decoded already (the image families)."""
+
+    def frame_size(self, width: int, height: int) -> tuple[int, int]:
+        """The least size a frame of this size may be reduced to before the fit."""
+        ...
+
+    def prepare_decoded(self, decoded: Decoded, slot: np.ndarray | None, meta: np.ndarray) -> Any:
+        """As `prepare`, from an image already decoded."""
         ...
 
 

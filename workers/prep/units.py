@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.app.video import Sampling
 from kiln.workers.prep.spec import PrepSpec
 
 UNIT_ROWS = 32  # items per unit at most: small enough to spread, large enough to amortise
@@ -30,6 +31,10 @@ class Unit:
     segment_slots: int = 0
     read_only: bool = False
     drop: list[int] = field(default_factory=list)  # held bytes no longer wanted
+    # A frame item's moment in its video (seconds; None for any other item): its source is
+    # the video's. `sampling`: the job's, for an item that turns out to be a video.
+    frames: list[float | None] | None = None
+    sampling: Sampling | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -41,6 +46,8 @@ class Unit:
             self.id, self.spec, self.items[index : index + 1], self.sources[index : index + 1],
             self.texts[index : index + 1], self.max_bytes, slots, self.segment,
             self.segment_slots, self.read_only,
+            frames=None if self.frames is None else self.frames[index : index + 1],
+            sampling=self.sampling,
         )  # fmt: skip
 
 
@@ -56,6 +63,7 @@ class Prepped:
     seconds: np.ndarray | None = None  # (items, 2) float32: fetch, prepare
     transient: str | None = None  # a fault worth retrying the chunk for (storage throttling)
     worker: int = -1  # which prep process answered (it holds a read-only unit's bytes)
+    videos: list[Any] | None = None  # per item: its `FramePlan` where it turned out a video
 
     def __len__(self) -> int:
         return len(self.errors)
@@ -74,6 +82,7 @@ class Prepped:
             [o for p in parts for o in (p.objects or [None] * len(p))] if has_objects else None,
             np.concatenate([_seconds(p) for p in parts]) if parts else None,
             next((p.transient for p in parts if p.transient), None),
+            videos=[v for p in parts for v in (p.videos or [None] * len(p))],
         )
 
 

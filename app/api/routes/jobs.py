@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from kiln.app import jobs, results
+from kiln.app import jobs, results, video
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (
@@ -97,6 +97,10 @@ def job_out(
                             },
                             "idempotency_key": {"type": "string"},
                             "options": {"type": "string", "description": "A JSON object."},
+                            "video_fps": {
+                                "type": "number",
+                                "description": "Frames sampled per second of video (0: all).",
+                            },
                         },
                     }
                 },
@@ -155,14 +159,14 @@ async def _read_request(
                 ),
                 pipeline=body.pipeline,
                 output=body.output,
-                options=body.options,
+                options=with_fps(body.options, body.video_fps),
                 idempotency_key=body.idempotency_key or header_key,
             )
         return jobs.JobRequest(
             tenant=tenant,
             model=body.model,
             inputs=[jobs.InputRef(uri=i.uri, text=i.text) for i in body.inputs or []],
-            options=body.options,
+            options=with_fps(body.options, body.video_fps),
             idempotency_key=body.idempotency_key or header_key,
         )
     raise InputError("Send the job as multipart/form-data (files) or application/json (inputs).")
@@ -199,9 +203,16 @@ async def _job_from_form(
         tenant=tenant,
         model=model,
         uploads=uploads,
-        options=_options(form.get("options")),
+        options=with_fps(_options(form.get("options")), form.get(video.FPS_OPTION)),
         idempotency_key=key if isinstance(key, str) and key else header_key,
     )
+
+
+def with_fps(options: dict[str, Any], fps: object) -> dict[str, Any]:
+    """The job's options with its `video_fps` (a JSON field or a form field), if given."""
+    if fps is None or fps == "":
+        return options
+    return {**options, video.FPS_OPTION: video.check_fps(fps)}
 
 
 def _options(raw: object) -> dict[str, Any]:
@@ -288,6 +299,8 @@ def list_items(
                 outputs=i.outputs,
                 answered_by=i.answered_by,
                 fallback_reason=i.fallback_reason,
+                frame_index=i.frame_index,
+                frame_time_s=i.frame_time_s,
             )
             for i in page
         ],

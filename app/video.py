@@ -1,0 +1,155 @@
+"""What a video is to Kiln, before any frame is decoded: how its bytes are recognised, which
+moments of it a job samples, and the limits a video must keep.
+
+Shared by the API (a refusal at submission where an upload's header already tells it) and the
+prep processes (the same checks on an item). A sampled frame is an item keyed
+`<source>#t=<seconds>` (W3C Media Fragments, three decimals): `frame_key` and `split_key`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+from kiln.app.core.errors import InputError
+
+FPS_OPTION = "video_fps"  # a job's option (and the CLI's --video-fps): frames per second sampled
+DEFAULT_FPS = 1.0
+MAX_FPS = 1000.0  # past this, keys three decimals apart could name the same frame
+FRAGMENT = "#t="
+HEAD_BYTES = 1024  # enough of a file to tell its container
+
+# ISO BMFF brands that are still images (HEIC, AVIF), not movies: Pillow's business, not ours.
+_IMAGE_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1", b"avif"}
+_MP4_BOXES = {b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip", b"pnot"}
+TS_PACKET = 188
+
+
+def container_of(head: bytes) -> str | None:
+    """The video container these first bytes begin, by content alone (never the name):
+    'mp4' (MP4, MOV, 3GP), 'matroska' (MKV, WebM), 'avi', 'mpegts', 'mpeg' (program stream),
+    'flv'; None for anything else (an image, a text, audio in its own format)."""
+    if len(head) >= 12 and head[4:8] in _MP4_BOXES:
+        if head[4:8] == b"ftyp" and head[8:12] in _IMAGE_BRANDS:
+            return None
+        return "mp4"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "matroska"
+    if head.startswith(b"RIFF") and head[8:12] == b"AVI ":
+        return "avi"
+    if head.startswith(b"\x00\x00\x01\xba"):
+        return "mpeg"
+    if head.startswith(b"FLV\x01"):
+        return "flv"
+    if _transport_stream(head):
+        return "mpegts"
+    return None
+
+
+def _transport_stream(head: bytes) -> bool:
+    """MPEG-TS: a sync byte every 188 bytes (or 192, M2TS's timestamped packets)."""
+    for start, size in ((0, TS_PACKET), (4, TS_PACKET + 4)):
+        marks = range(start, min(len(head), start + 3 * size), size)
+        if len(marks) >= 3 and all(head[i] == 0x47 for i in marks):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    max_frames: int  # sampled frames per video (KILN_MAX_VIDEO_FRAMES)
+    max_duration_s: float  # a longer video is refused (KILN_MAX_VIDEO_DURATION_S)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a job samples the videos among its inputs."""
+
+    fps: float  # frames per second of video time; 0: every frame
+    limits: VideoLimits
+
+
+def check_fps(value: object) -> float:
+    """A job's `video_fps`, or an InputError with a sentence."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InputError(f"video_fps must be a number of frames per second, not {value!r}.")
+    try:
+        fps = float(value)
+    except ValueError:
+        raise InputError(
+            f"video_fps must be a number of frames per second, not {value!r}."
+        ) from None
+    if not math.isfinite(fps) or fps < 0 or fps > MAX_FPS:
+        raise InputError(
+            f"video_fps must be between 0 (every frame) and {MAX_FPS:g} frames per second, "
+            f"not {value!r}."
+        )
+    return fps
+
+
+def sample_count(duration_s: float, fps: float) -> int:
+    """Frames sampled at `fps` from a video this long: one at each k/fps before its end."""
+    return max(1, math.ceil(duration_s * fps - 1e-9))
+
+
+def sample_times(duration_s: float, fps: float) -> list[float]:
+    return [k / fps for k in range(sample_count(duration_s, fps))]
+
+
+def refusal(
+    duration_s: float | None, frames: int | None, fps: float, limits: VideoLimits
+) -> str | None:
+    """Why a video whose header says it lasts `duration_s` (and holds `frames`) is refused at
+    this sampling rate, or None. A sentence names the limit and how to change it."""
+    if duration_s is not None and duration_s > limits.max_duration_s:
+        return (
+            f"The video's header says it lasts {duration_s:,.0f} s, over the "
+            f"{limits.max_duration_s:,.0f} s limit (KILN_MAX_VIDEO_DURATION_S)."
+        )
+    if fps > 0 and duration_s is not None:
+        sampled = sample_count(duration_s, fps)
+        rate = f"{fps:g} frames per second"
+    elif fps == 0 and frames:
+        sampled, rate = frames, "every frame"
+    else:
+        return None
+    if sampled > limits.max_frames:
+        return (
+            f"Sampling this {duration_s or 0:,.1f} s video at {rate} gives {sampled:,} frames, "
+            f"over the {limits.max_frames:,} limit (KILN_MAX_VIDEO_FRAMES); lower video_fps."
+        )
+    return None
+
+
+def read_header(data: bytes) -> tuple[float | None, int | None] | None:
+    """What a video's header says — its duration (seconds) and frame count — without reading
+    its packets; None where PyAV cannot open it or it has no video stream (the worker's
+    sentence says why, on the item)."""
+    import av  # FFmpeg's libraries: loaded only where a video is judged
+
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            if not container.streams.video:
+                return None
+            stream = container.streams.video[0]
+            duration = None
+            if stream.duration and stream.time_base:
+                duration = float(stream.duration * stream.time_base)
+            elif container.duration:
+                duration = float(container.duration) / 1_000_000
+            return duration, int(stream.frames) or None
+    except av.error.FFmpegError:
+        return None
+
+
+def frame_key(source_key: str, time_s: float) -> str:
+    return f"{source_key}{FRAGMENT}{time_s:.3f}"
+
+
+def split_key(key: str, frame_time_s: float | None) -> str:
+    """The key of the file a row came from: a frame's key without its `#t=` fragment."""
+    if frame_time_s is None:
+        return key
+    suffix = f"{FRAGMENT}{frame_time_s:.3f}"
+    return key[: -len(suffix)] if key.endswith(suffix) else key

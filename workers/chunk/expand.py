@@ -1,0 +1,175 @@
+"""A video item becomes its sampled frames: one item per frame, in chunks of their own.
+
+When a chunk's prep finds that an item is a video (by its bytes), the item is *planned*, not
+run: one unit of work takes the video item out (only while this run still leases it), adds a
+pending item per sampled frame — keyed `<key>#t=<seconds>`, the video's source, its frame
+index and time — in new chunks, and counts them; after the commit the new chunks are sent.
+A crash before the commit leaves the video item to be planned again; after it, the frames are
+ordinary pending items (the reconciler re-sends a chunk whose message was lost). So every
+sampled moment ends as exactly one item, as every image does.
+
+Frame chunks begin at keyframes where the video allows, so each chunk's first seek lands on
+its first frame and no frame is decoded twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from kiln.app import video
+from kiln.app.core.config import Settings
+from kiln.app.db import counters, queries
+from kiln.app.db.items import NewItem, insert_items
+from kiln.app.db.leases import LeasedItem
+from kiln.app.db.models import Item, ItemStatus, PipelineObject
+from kiln.app.db.session import unit_of_work
+from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.jobs import queue_for
+from kiln.workers.chunk.finish import Lease
+from kiln.workers.chunk.rows import ChunkRows
+from kiln.workers.prep.video import FramePlan
+from kiln.workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+CHUNKS_PER_VIDEO = 16  # a long video spreads over this many chunks (so over the prep processes)
+MIN_FRAME_CHUNK = 32
+
+
+def expand_videos(
+    runtime: WorkerRuntime, lease: Lease, rows: ChunkRows, dispatcher: Dispatcher | None
+) -> ChunkRows:
+    """Replace the chunk's video rows by their frames (a unit of work, then the sends); the
+    rows left are the chunk's other items, whose results are written as usual."""
+    videos = [row for row, plan in enumerate(rows.videos) if plan is not None]
+    if not videos:
+        return rows
+    sent: dict[int, list[int]] = {}
+    queue = ""
+    with runtime.sessions() as session:
+        with unit_of_work(session):
+            job = queries.lock_job(session, lease.job_id)  # job row first, as every writer does
+            if job is None:
+                return rows.without(videos)
+            taken = _take_out(session, lease, [rows.items[row].id for row in videos])
+            planned = [
+                (rows.items[row], rows.videos[row]) for row in videos if rows.items[row].id in taken
+            ]
+            count = sum(len(plan.times) for _, plan in planned)
+            size = frame_chunk_size(count, runtime.settings.bulk_chunk_size)
+            new, chunks = [], 0
+            for item, plan in planned:
+                frames, used = chunked(item, taken[item.id], plan, size, job.chunk_count + chunks)
+                new += frames
+                chunks += used
+            sent = insert_items(session, job.id, new)
+            job.chunk_count += chunks
+            counters.add(
+                session, job.id, counters.slot_of(lease.chunk), counters.Tally(total=-len(taken))
+            )
+            if lease.pipeline_id is not None:
+                _mark_done(session, lease, [(item.key, taken[item.id]) for item, _ in planned])
+            queue = queue_for(count)
+        log.info(
+            "chunk %s/%d: %d video(s) → %d frame items in %d chunks", lease.job_id, lease.chunk,
+            len(taken), sum(len(ids) for ids in sent.values()), len(sent),
+            extra={"job_id": lease.job_id, "chunk": lease.chunk},
+        )  # fmt: skip
+    _send(dispatcher, lease.job_id, sent, queue)
+    return rows.without(videos)
+
+
+def _take_out(session: Session, lease: Lease, ids: Sequence[int]) -> dict[int, str | None]:
+    """Delete the video items this run still leases; their ETags (a bulk job's), by id."""
+    gone = session.execute(
+        delete(Item)
+        .where(
+            Item.job_id == lease.job_id,
+            Item.id.in_(ids),
+            Item.lease_owner == lease.owner,
+            Item.status == ItemStatus.RUNNING,
+        )
+        .returning(Item.id, Item.etag),
+        execution_options={"synchronize_session": False},
+    )
+    return {int(item_id): etag for item_id, etag in gone}
+
+
+def job_sampling(settings: Settings, options: dict[str, Any] | None) -> video.Sampling:
+    """How a job samples its videos: its `video_fps` (default 1), within this worker's limits."""
+    fps = (options or {}).get(video.FPS_OPTION, video.DEFAULT_FPS)
+    limits = video.VideoLimits(settings.max_video_frames, settings.max_video_duration_s)
+    return video.Sampling(float(fps), limits)
+
+
+def frame_chunk_size(frames: int, most: int) -> int:
+    """Frames per chunk: a long video spreads over CHUNKS_PER_VIDEO chunks, each at most a
+    bulk chunk and at least MIN_FRAME_CHUNK frames (fewer chunks amortise their writes)."""
+    return max(1, min(most, max(MIN_FRAME_CHUNK, math.ceil(frames / CHUNKS_PER_VIDEO))))
+
+
+def chunk_starts(gops: Sequence[int], size: int) -> list[int]:
+    """Where a video's frames are cut into chunks of about `size`: at the first frame of a GOP
+    once a chunk has `size` frames (so each chunk's seek lands on its own first frame), and at
+    twice `size` whatever the GOP (a video of one long GOP still spreads)."""
+    starts = [0] if gops else []
+    for i in range(1, len(gops)):
+        held = i - starts[-1]
+        if (held >= size and gops[i] != gops[i - 1]) or held >= 2 * size:
+            starts.append(i)
+    return starts
+
+
+def chunked(
+    item: LeasedItem, etag: str | None, plan: FramePlan, size: int, first: int
+) -> tuple[list[NewItem], int]:
+    """One video's frame items, numbered into chunks from `first`; and how many chunks."""
+    starts = chunk_starts(plan.gops, size)
+    chunk_of = np.zeros(len(plan.times), dtype=np.int64)
+    chunk_of[starts[1:]] = 1
+    chunk_of = np.cumsum(chunk_of) + first
+    items = [
+        NewItem(
+            video.frame_key(item.key, t),
+            int(c),
+            item.source,
+            etag=etag,
+            frame_index=i,
+            frame_time_s=t,
+        )
+        for t, i, c in zip(plan.times, plan.indices, chunk_of.tolist(), strict=True)
+    ]
+    return items, len(starts)
+
+
+def _mark_done(session: Session, lease: Lease, videos: list[tuple[str, str | None]]) -> None:
+    """A pipeline's video is done at the ETag its frames were planned from: a rerun skips it
+    while neither the video nor the model version changes."""
+    for key, etag in videos:
+        session.execute(
+            update(PipelineObject)
+            .where(PipelineObject.pipeline_id == lease.pipeline_id, PipelineObject.key == key)
+            .values(done_etag=etag, done_model=lease.model.ref),
+            execution_options={"synchronize_session": False},
+        )
+
+
+def _send(
+    dispatcher: Dispatcher | None, job_id: str, chunks: dict[int, list[int]], queue: str
+) -> None:
+    """After the commit: a chunk not sent (no dispatcher, a broker away) is re-sent by the
+    reconciler, as any pending chunk is."""
+    if dispatcher is None:
+        return
+    try:
+        for chunk, ids in sorted(chunks.items()):
+            dispatcher.enqueue_chunk(job_id, chunk, ids, queue)
+    except Exception as error:
+        log.warning("job %s: frame chunks not sent (%s); the reconciler will", job_id, error)

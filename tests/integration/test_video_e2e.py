@@ -1,0 +1,203 @@
+"""Videos on the real stack (API → Redis → Celery worker → Postgres + S3): frames as items.
+
+OCR reads back the number each sampled frame shows; bad videos fail with sentences beside
+images that succeed; an over-limit upload is refused at submission; a pipeline over a bucket of
+videos skips what did not change, redoes what did, and drops a deleted video's frames.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import pyarrow.parquet as pq
+
+from devstack.images import solid
+from tests import videos
+from tests.integration.test_bulk import manifest_of, stored, wait_job
+from tests.integration.test_http_jobs import wait_done
+from tests.stack import SOURCE_BUCKET
+
+
+def submit(
+    client: httpx.Client,
+    files: dict[str, bytes],
+    model: str,
+    fps: float | None = None,
+    key: str | None = None,
+) -> httpx.Response:
+    parts = [("files", (name, data, "application/octet-stream")) for name, data in files.items()]
+    form: dict[str, str] = {"model": model}
+    if fps is not None:
+        form["video_fps"] = str(fps)
+    if key is not None:
+        form["idempotency_key"] = key
+    return client.post("/v1/jobs", data=form, files=parts)
+
+
+def all_items(client: httpx.Client, job_id: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    after = "0"
+    while True:
+        page = client.get(f"/v1/jobs/{job_id}/items", params={"limit": 1000, "after": after})
+        body = page.json()
+        out += body["items"]
+        if not body["next"]:
+            return out
+        after = body["next"]
+
+
+def test_ocr_reads_every_sampled_frame_of_a_numbered_clip(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """The issue's target: 30 s at 10 fps, sampled at 2 fps → 60 items, each text the number
+    of the frame shown at its moment."""
+    clip = videos.numbered(tmp_path / "count.mp4", 30, fps=10, size=(240, 160))
+    response = submit(client, {"count.mp4": clip.read_bytes()}, "ocr", fps=2, key="count-1")
+    assert response.status_code == 202, response.text
+    job = wait_done(client, response.json()["id"], timeout=420)
+    assert job["status"] == "completed", job
+    assert (job["counts"]["total"], job["counts"]["succeeded"]) == (60, 60)
+
+    items = sorted(all_items(client, job["id"]), key=lambda i: i["frame_time_s"])
+    assert [i["key"] for i in items] == [f"count.mp4#t={k / 2:.3f}" for k in range(60)]
+    assert [i["frame_index"] for i in items] == [5 * k for k in range(60)]
+    texts = [(i["outputs"] or {}).get("text", "").strip() for i in items]
+    assert texts == [str(5 * k) for k in range(60)]
+
+    # The same key again answers the same job.
+    again = submit(client, {"count.mp4": clip.read_bytes()}, "ocr", fps=2, key="count-1")
+    assert again.status_code == 200 and again.json()["id"] == job["id"]
+
+    # The README's DuckDB query over the results: frames grouped by their video.
+    results = tmp_path / "results.parquet"
+    results.write_bytes(client.get(f"/v1/jobs/{job['id']}/results").content)
+    query = (
+        f"SELECT source, count(*), min(frame_time_s), max(frame_time_s) FROM '{results}' "
+        "GROUP BY source"
+    )
+    rows = duckdb.connect().execute(query).fetchall()
+    assert rows == [("count.mp4", 60, 0.0, 29.5)]
+
+
+def test_bad_videos_fail_with_sentences_and_images_beside_them_succeed(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    whole = videos.numbered(tmp_path / "whole.mkv", 8, fps=10, size=(96, 64))
+    files = {
+        "photo.png": solid((200, 40, 40)),
+        "cut.mkv": videos.cut(whole, tmp_path / "cut.mkv", 0.5).read_bytes(),
+        "voice.mp4": videos.audio_only(tmp_path / "voice.mp4").read_bytes(),
+        "empty.mov": b"",
+        "fake.mp4": b"\x00\x00\x00\x18ftypisom" + b"\x00" * 200,
+        "clip.webm": videos.plain(tmp_path / "clip.webm", 10, fps=10).read_bytes(),
+    }
+    response = submit(client, files, "phash", fps=2)
+    assert response.status_code == 202, response.text
+    job = wait_done(client, response.json()["id"], timeout=240)
+    assert job["status"] == "completed", job
+
+    items = {i["key"]: i for i in all_items(client, job["id"])}
+    assert items["photo.png"]["status"] == "succeeded"
+    assert "audio only" in items["voice.mp4"]["error"]
+    assert items["empty.mov"]["status"] == "failed" and items["empty.mov"]["error"]
+    assert "not a video Kiln can read" in items["fake.mp4"]["error"]
+    webm = [i for k, i in items.items() if k.startswith("clip.webm#t=")]
+    assert len(webm) == 2 and all(i["status"] == "succeeded" for i in webm)
+    cut = sorted(
+        (i for k, i in items.items() if k.startswith("cut.mkv#")), key=lambda i: i["frame_time_s"]
+    )
+    assert len(cut) == 16  # every sampled moment of the header's 8 s is an item
+    failed = [i for i in cut if i["status"] == "failed"]
+    assert failed and cut[0]["status"] == "succeeded"
+    assert failed[0]["error"].startswith("The video ends at ")
+    assert failed[0]["error"].endswith(
+        f"; {len(failed)} sampled frames after it were not decodable."
+    )
+    counts = job["counts"]
+    assert counts["total"] == len(items) and counts["failed"] == len(failed) + 3
+
+
+def test_an_upload_over_the_frame_limit_is_refused_at_submission(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    long = videos.plain(tmp_path / "long.mkv", 300, fps=1)  # 300 s; at 500 fps: 150,000 frames
+    response = submit(client, {"long.mkv": long.read_bytes()}, "phash", fps=500)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("long.mkv: Sampling this 300.0 s video at 500 frames per second")
+    assert "KILN_MAX_VIDEO_FRAMES" in detail
+    bad = submit(client, {"x.mkv": long.read_bytes()}, "phash", fps=-1)
+    assert bad.status_code == 422 and "video_fps" in bad.json()["detail"]
+
+
+def _pipeline(client: httpx.Client, prefix: str) -> dict[str, Any]:
+    body = {
+        "model": "phash",
+        "source": {"s3": f"s3://{SOURCE_BUCKET}/{prefix}"},
+        "pipeline": "dashcams",
+        "video_fps": 1,
+    }
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    return wait_job(client, response.json()["id"], timeout=300)
+
+
+def test_a_pipeline_of_videos_is_incremental(
+    client: httpx.Client, s3: Any, settings: Any, tmp_path: Path
+) -> None:
+    prefix = "videos-inc/"
+    clips = {
+        # no extension: a video is known by its bytes
+        f"{prefix}cam-a": videos.plain(tmp_path / "a.mp4", 40, fps=10).read_bytes(),
+        f"{prefix}cam-b.mkv": videos.plain(tmp_path / "b.mkv", 30, fps=10).read_bytes(),
+    }
+    for key, data in clips.items():
+        s3.put_object(Bucket=SOURCE_BUCKET, Key=key, Body=data)
+
+    first = _pipeline(client, prefix)
+    c = first["counts"]
+    assert (first["status"], c["total"], c["succeeded"]) == ("completed", 7, 7), first
+
+    again = _pipeline(client, prefix)
+    assert (again["counts"]["total"], again["counts"]["skipped"]) == (0, 2)
+
+    shorter = videos.plain(tmp_path / "a2.mp4", 20, fps=10, size=(80, 48)).read_bytes()
+    s3.put_object(Bucket=SOURCE_BUCKET, Key=f"{prefix}cam-a", Body=shorter)  # new ETag
+    changed = _pipeline(client, prefix)
+    c = changed["counts"]
+    assert (c["total"], c["succeeded"], c["skipped"]) == (2, 2, 1), changed
+    library = _library(s3, settings, changed["id"])
+    assert sorted(k for k in library if k.startswith(f"{prefix}cam-a")) == [
+        f"{prefix}cam-a#t=0.000",
+        f"{prefix}cam-a#t=1.000",
+    ]  # the old cut's third and fourth second left with it
+
+    s3.delete_object(Bucket=SOURCE_BUCKET, Key=f"{prefix}cam-b.mkv")
+    pruned = _pipeline(client, prefix)
+    assert pruned["counts"]["deleted"] == 1
+    assert not [k for k in _library(s3, settings, pruned["id"]) if "cam-b" in k]
+
+
+def _library(s3: Any, settings: Any, job_id: str) -> list[str]:
+    manifest = manifest_of(s3, settings, job_id)
+    table = pq.read_table(io.BytesIO(stored(s3, settings, manifest["library"]["key"])))
+    return list(table.column("key").to_pylist())
+
+
+def test_json_jobs_take_video_fps(client: httpx.Client, s3: Any, tmp_path: Path) -> None:
+    key = "videos-json/clip.ts"
+    s3.put_object(
+        Bucket=SOURCE_BUCKET, Key=key, Body=videos.plain(tmp_path / "c.ts", 30, fps=10).read_bytes()
+    )
+    body = {"model": "phash", "inputs": [{"uri": f"s3://{SOURCE_BUCKET}/{key}"}], "video_fps": 0}
+    response = client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    job = wait_done(client, response.json()["id"], timeout=240)
+    assert (job["status"], job["counts"]["total"], job["counts"]["succeeded"]) == (
+        "completed", 30, 30,
+    ), json.dumps(job)  # fmt: skip

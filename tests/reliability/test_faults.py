@@ -41,6 +41,7 @@ from kiln.app.db.migrate import upgrade
 from kiln.app.db.models import Item
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.workers.prep.slots import PREFIX, shm_dir
+from tests import videos
 from tests.models import oom_embedder
 from tests.reliability.faults import PrivatePostgres, PrivateRedis, TcpProxy
 from tests.reliability.jobs import items_by_key, upload, wait_closed
@@ -206,6 +207,28 @@ def test_three_workers_killed_mid_job(stack: Stack) -> None:
     _gone, alive = psutil.wait_procs(orphans, timeout=10)
     assert not alive, f"prep processes outlived their killed worker: {alive}"
     assert _dead_segments() == [], "a killed worker's shared memory was never reclaimed"
+
+
+def test_a_worker_killed_mid_video_loses_no_frame(stack: Stack, tmp_path: Path) -> None:
+    """A video's frames are items like any other: a worker killed while it decodes and runs
+    them leaves leases that run out, and every sampled moment still ends exactly once."""
+    faults, client = stack[0], stack[1]
+    faults.ensure_workers(2)
+    clip = videos.numbered(tmp_path / "dashcam.mp4", 96, fps=10, size=(320, 240))
+    parts = [("files", ("dashcam.mp4", clip.read_bytes(), "video/mp4"))]
+    response = client.post("/v1/jobs", data={"model": "detector", "video_fps": "5"}, files=parts)
+    assert response.status_code == 202, response.text
+    job_id = str(response.json()["id"])
+    _wait_done(client, job_id, 30)
+    victim = faults.live_workers()[0]
+    victim.kill()
+    faults.start_worker()
+    print(f"killed {victim.name} at {_done(client, job_id)}/480 frames")
+    keys = {f"dashcam.mp4#t={k / 5:.3f}" for k in range(480)}
+    items = _assert_exactly_once(stack, job_id, keys)
+    assert sorted(i["frame_index"] for i in items.values()) == list(range(0, 960, 2))
+    rerun = sum(1 for i in items.values() if i["attempts"] > 1)
+    print(f"{rerun} frames ran more than once (their run was killed); none duplicated")
 
 
 def test_a_prep_process_killed_mid_job(stack: Stack) -> None:

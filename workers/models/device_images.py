@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image, JpegImagePlugin
@@ -84,7 +84,7 @@ def read_header(data: bytes, *, max_pixels: int) -> Header:
 
 
 def decode_batch(
-    datas: Sequence[bytes],
+    datas: Sequence[bytes | np.ndarray],
     device: Any,
     *,
     max_pixels: int,
@@ -103,16 +103,19 @@ def decode_batch(
         else [_header_or_error(data, max_pixels) for data in datas]
     )  # fmt: skip
     results: list[Any] = list(read)  # errors stay; headers are replaced by pixels
+    for i, data in enumerate(datas):
+        if isinstance(data, np.ndarray):  # a video frame, decoded in prep: HWC RGB uint8
+            results[i] = torch.from_numpy(data).to(where, non_blocking=True).permute(2, 0, 1)
     on_device = [i for i, h in enumerate(read) if isinstance(h, Header) and h.nvjpeg]
     if (where.type == "cuda" if nvjpeg is None else nvjpeg) and on_device:
-        decoded = _nvjpeg([datas[i] for i in on_device], where)
+        decoded = _nvjpeg([cast(bytes, datas[i]) for i in on_device], where)
         for i, tensor in zip(on_device, decoded, strict=True):
             header = read[i]
             if tensor is not None and isinstance(header, Header):
                 results[i] = orient(tensor, header.orientation)  # decode_jpeg leaves EXIF be
     for i, result in enumerate(results):
         if isinstance(result, Header):  # not decoded on the device: Pillow, then upload
-            results[i] = _on_cpu(datas[i], where, max_pixels)
+            results[i] = _on_cpu(cast(bytes, datas[i]), where, max_pixels)
     return results
 
 

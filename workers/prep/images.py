@@ -79,3 +79,11 @@ class HeaderPrep:
         encoded = images_only(data)
         header = read_header(encoded, max_pixels=self.max_pixels)
         return encoded, header
+
+    def frame_size(self, width: int, height: int) -> tuple[int, int]:
+        """A video frame goes whole: the device fits it, and its fit is mapped from its size."""
+        return width, height
+
+    def prepare_decoded(self, decoded: Decoded, slot: np.ndarray | None, meta: np.ndarray) -> Any:
+        """A video frame, decoded in prep already: its RGB pixels travel instead of bytes."""
+        return np.asarray(decoded.image), None

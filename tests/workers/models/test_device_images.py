@@ -154,6 +154,7 @@ def run_torch(where: str) -> None:
     report["orientations"] = orientations_match()
     report["engine"] = engine_checks(folder)
     report["routed"] = routed_through_a_stand_in(folder)
+    report["frame"] = a_decoded_frame_travels_as_pixels(folder)
     # Where torchvision does not import, nvJPEG declines every image (they go to Pillow).
     sys.modules["torchvision"] = None  # type: ignore[assignment]
     di.jpeg_decoder.cache_clear()
@@ -177,6 +178,20 @@ def decode_errors(folder: Path, names: list[str]) -> list[str | list[int]]:
     batch = [good] + [(folder / f"{name}.img").read_bytes() for name in names] + [good]
     results = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
     return [str(r) if isinstance(r, InputError) else list(r.shape) for r in results]
+
+
+def a_decoded_frame_travels_as_pixels(folder: Path) -> list[Any]:
+    """A video frame (decoded in prep, HWC RGB) beside an image's bytes in one batch: it is
+    the device's CHW tensor of those very pixels; the image decodes as ever."""
+    from kiln.workers.models import device_images as di
+
+    good = (folder / "png-up.img").read_bytes()
+    frame = np.random.default_rng(7).integers(0, 256, (36, 64, 3), dtype=np.uint8)
+    header = di.read_header(good, max_pixels=MAX_PIXELS)
+    image, pixels = di.decode_batch([good, frame], "cpu", max_pixels=MAX_PIXELS,
+                                    headers=[header, None])  # type: ignore[list-item]  # fmt: skip
+    same = bool(np.array_equal(pixels.permute(1, 2, 0).numpy(), frame))
+    return [list(image.shape), list(pixels.shape), same]
 
 
 def orientations_match() -> dict[str, bool]:
@@ -393,6 +408,10 @@ def test_a_bad_image_is_its_own_error(torch_run: TorchRun) -> None:
     assert torch_run.report["capped"] == (
         "The image is 640×480 pixels, over the limit of 1,000 pixels."
     )
+
+
+def test_a_video_frame_decoded_in_prep_is_uploaded_as_is(torch_run: TorchRun) -> None:
+    assert torch_run.report["frame"] == [[3, 100, 150], [3, 36, 64], True]
 
 
 def test_an_empty_batch_has_the_models_shape(torch_run: TorchRun) -> None:

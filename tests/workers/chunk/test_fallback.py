@@ -236,3 +236,39 @@ def test_a_fallback_takes_the_failures_its_job_names(runtime: WorkerRuntime) -> 
         assert job_fallback(runtime, session, "acme", {"max_distance": 3}) is None
         found = job_fallback(runtime, session, "acme", {"fallback": {"model": "colours:1"}})
     assert found is not None and (found.model.ref, found.on) == ("colours:1", {"failed"})
+
+
+def test_a_videos_refused_frames_are_answered_by_the_fallback(
+    runtime: WorkerRuntime, tmp_path: Path
+) -> None:
+    """Frames are items: the frames the strict model refuses (grey seconds of the clip) go to
+    the fallback, the others are its own."""
+    from PIL import Image
+
+    from tests import videos
+
+    colours = [(250, 5, 5), (128, 128, 128), (5, 250, 5), (128, 128, 128)]  # one per second
+    frames = (Image.new("RGB", (64, 48), colours[i // 10]) for i in range(40))
+    clip = videos.encode(tmp_path / "clip.mkv", frames, 10, (64, 48))
+    dispatcher = RecordingDispatcher()
+    request = JobRequest(
+        tenant="acme", model=STRICT, uploads=[Upload("clip.mkv", clip.read_bytes())],
+        options={"fallback": {"model": MODEL, "on": ["refused"]}, "video_fps": 1},
+    )  # fmt: skip
+    with runtime.sessions() as session:
+        job_id = submit_job(session, runtime.store, dispatcher, runtime.settings, request).job.id
+    pending = list(dispatcher.calls)
+    while pending:
+        call = pending.pop(0)
+        sent = RecordingDispatcher()
+        process_chunk(runtime, call.job_id, call.chunk, call.item_ids, dispatcher=sent)
+        pending += sent.calls
+    rows = items(runtime, job_id)
+    assert {k: (i.status, i.answered_by, i.fallback_reason) for k, i in rows.items()} == {
+        "clip.mkv#t=0.000": (ItemStatus.SUCCEEDED, "strict:1", None),
+        "clip.mkv#t=1.000": (ItemStatus.SUCCEEDED, "colours:1", REFUSED),
+        "clip.mkv#t=2.000": (ItemStatus.SUCCEEDED, "strict:1", None),
+        "clip.mkv#t=3.000": (ItemStatus.SUCCEEDED, "colours:1", REFUSED),
+    }
+    found = counts(runtime, job_id)
+    assert (found.total, found.succeeded, found.fell_back) == (4, 4, 2)

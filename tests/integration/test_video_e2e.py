@@ -201,3 +201,33 @@ def test_json_jobs_take_video_fps(client: httpx.Client, s3: Any, tmp_path: Path)
     assert (job["status"], job["counts"]["total"], job["counts"]["succeeded"]) == (
         "completed", 30, 30,
     ), json.dumps(job)  # fmt: skip
+
+
+def test_search_finds_a_frames_look_alikes_across_videos(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """Embedded frames are searchable like images: a frame's nearest are the frames that show
+    the same scene, in its own video and in another one."""
+    from PIL import Image
+
+    from tests.models import register_thumbnail_embedder
+
+    model = register_thumbnail_embedder(client, tmp_path, "e2e-video-thumbs")
+    scenes = [(230, 20, 20), (20, 20, 230), (20, 230, 20)]  # one second each
+
+    def clip(name: str, order: list[int]) -> bytes:
+        frames = (Image.new("RGB", (64, 48), scenes[order[i // 10]]) for i in range(30))
+        return videos.encode(tmp_path / name, frames, 10, (64, 48)).read_bytes()
+
+    files = {"a.mp4": clip("a.mp4", [0, 1, 2]), "b.mkv": clip("b.mkv", [2, 0, 1])}
+    response = submit(client, files, model, fps=1)
+    assert response.status_code == 202, response.text
+    job = wait_done(client, response.json()["id"], timeout=240)
+    assert (job["status"], job["counts"]["succeeded"]) == ("completed", 6), job
+
+    found = client.post(f"/v1/jobs/{job['id']}/search", json={"key": "a.mp4#t=0.000", "k": 2})
+    assert found.status_code == 200, found.text
+    keys = [hit["key"] for hit in found.json()["hits"]]
+    assert keys[0] == "b.mkv#t=1.000"  # the other video's red second (the query is left out)
+    thumb = client.get(found.json()["hits"][0]["thumbnail_url"])
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"

@@ -30,7 +30,7 @@ def container_of(head: bytes) -> str | None:
     """The video container these first bytes begin, by content alone (never the name):
     'mp4' (MP4, MOV, 3GP), 'matroska' (MKV, WebM), 'avi', 'mpegts', 'mpeg' (program stream),
     'flv'; None for anything else (an image, a text, audio in its own format)."""
-    if len(head) >= 12 and head[4:8] in _MP4_BOXES:
+    if len(head) >= 12 and head[4:8] in _MP4_BOXES and _boxes(head):
         if head[4:8] == b"ftyp" and head[8:12] in _IMAGE_BRANDS:
             return None
         return "mp4"
@@ -45,6 +45,24 @@ def container_of(head: bytes) -> str | None:
     if _transport_stream(head):
         return "mpegts"
     return None
+
+
+def _boxes(head: bytes) -> bool:
+    """ISO BMFF boxes, not a text that happens to spell a box's name: `ftyp` and `moov` are
+    trusted with a sane size; a padding box (`free`, `wide`, …) or `mdat` must be followed,
+    where the size says, by another box we know."""
+    size = int.from_bytes(head[:4], "big")
+    kind = head[4:8]
+    if size in (0, 1):  # to the end of the file / a 64-bit size follows
+        return kind in (b"mdat", b"moov")
+    if size < 8:
+        return False
+    if kind in (b"ftyp", b"moov"):
+        return size <= 1 << 32 and (kind != b"ftyp" or size <= 4096)
+    if size + 8 <= len(head):
+        return head[size + 4 : size + 8] in _MP4_BOXES
+    # a large mdat first (a camera's file, its moov at the end): a size, not letters
+    return kind == b"mdat" and not all(32 <= b < 127 for b in head[:4])
 
 
 def _transport_stream(head: bytes) -> bool:
@@ -94,6 +112,9 @@ def sample_count(duration_s: float, fps: float) -> int:
 
 
 def sample_times(duration_s: float, fps: float) -> list[float]:
+    """The moments sampled at `fps` > 0 (every frame, fps 0, is the video's own times)."""
+    if fps <= 0:
+        raise ValueError("sample_times takes a rate above 0; every frame has no grid.")
     return [k / fps for k in range(sample_count(duration_s, fps))]
 
 

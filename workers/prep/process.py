@@ -185,6 +185,8 @@ class PrepWorker:
         kept for the units after."""
         path = self.fetcher.local_path(source)
         if path is not None:
+            if not path.is_file():
+                raise InputError(f"There is no file at {path}.")
             return path
         data = self.videos.held(source)
         if data is None:

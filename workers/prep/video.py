@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 EPS = 1e-6  # seconds: a frame shown at t has a time ≤ t + EPS
 DRAFT_STEPS = (8, 4, 2)  # frames are reduced by one of these (or not) before the fit
 SEEK_SKIP = 12  # frames decoded on rather than seeking past them (a seek flushes the decoder)
-READERS = 4  # open readers per prep process (each holds a decoder's reference frames)
+READERS = 6  # open readers per prep process (each holds a decoder's reference frames)
+PER_VIDEO = 4  # of them, at most this many on one video (chunks of it interleave in a process)
 HELD_VIDEO_BYTES = 512 * 2**20  # fetched videos kept for their next unit, at most
 
 
@@ -252,10 +253,11 @@ class VideoReader:
     """One open video in a prep process: frames by presentation time, decoding on from where
     it stopped unless a keyframe lies between (then it seeks)."""
 
-    def __init__(self, data: bytes | Path) -> None:
+    def __init__(self, data: bytes | Path, index: VideoIndex | None = None) -> None:
+        """`index`: the video's, read already by another reader (it is read once)."""
         self.container = open_container(data)
         self.stream = video_stream(self.container)
-        self.index = read_index(self.container, self.stream)
+        self.index = index if index is not None else read_index(self.container, self.stream)
         self._base = float(self.stream.time_base)
         self._start = self.index.start_pts
         self._frames: Iterator[tuple[float, Any]] | None = None
@@ -326,19 +328,29 @@ class VideoReader:
         return next(self._frames, None)
 
     def _decode(self) -> Iterator[tuple[float, Any]]:
-        """Frames in presentation order from the current position; a packet that does not
-        decode is skipped (the frames it held fail by the index's reckoning)."""
+        """Frames in presentation order from the current position. A packet that does not
+        decode, or a frame FFmpeg concealed (patched with older pixels), breaks the chain:
+        nothing is given out again until a clean keyframe, so a damaged frame — or one built
+        on it — fails by the index's reckoning instead of passing as its neighbour."""
         import av
 
+        broken = False
         for packet in self.container.demux(self.stream):
             try:
                 frames = packet.decode()
             except av.error.FFmpegError as error:
                 log.debug("a packet did not decode: %s", error)
+                broken = True
                 continue
             for frame in frames:
                 if frame.pts is None:
                     continue
+                if frame.is_corrupt:
+                    broken = True
+                    continue
+                if broken and not frame.key_frame:
+                    continue
+                broken = False
                 t = (frame.pts - self._start) * self._base
                 self.position = t
                 yield t, frame
@@ -349,26 +361,28 @@ class VideoReader:
 
 class VideoReaders:
     """The readers a prep process keeps open, a few per video: a unit continues in the reader
-    that last stopped just before its first frame. Fetched bytes of remote videos are kept too
-    (a local file is opened where it is)."""
+    that last stopped before its first frame; another stretch of the same video (another chunk)
+    gets a reader of its own, up to PER_VIDEO, sharing the video's index. Fetched bytes of
+    remote videos are kept too (a local file is opened where it is)."""
 
-    def __init__(self, most: int = READERS) -> None:
-        self.most = most
+    def __init__(self, most: int = READERS, per_video: int = PER_VIDEO) -> None:
+        self.most, self.per_video = most, per_video
         self._open: list[tuple[str, VideoReader]] = []  # most recently used last
         self._bytes: OrderedDict[str, bytes] = OrderedDict()
         self._held = 0
 
     def reader(self, source: str, t: float, data: bytes | Path) -> VideoReader:
-        """The open reader of `source` that reaches `t` without a seek, else any of its
-        readers (it seeks), else a new one (the least recently used is closed)."""
+        """The open reader of `source` that reaches `t` without a seek; else a new one while
+        the video has fewer than `per_video` (the least recently used reader of any video is
+        closed past `most`); else this video's least recently used reader, which seeks."""
         mine = [i for i, (name, _) in enumerate(self._open) if name == source]
         near = [i for i in mine if self._open[i][1].continues_to(t)]
-        best = near[0] if near else (mine[-1] if mine else None)
-        if best is not None:
-            entry = self._open.pop(best)
+        if near or len(mine) >= self.per_video:
+            entry = self._open.pop(near[-1] if near else mine[0])
             self._open.append(entry)
             return entry[1]
-        reader = VideoReader(data)
+        index = self._open[mine[-1]][1].index if mine else None
+        reader = VideoReader(data, index)
         self._open.append((source, reader))
         if len(self._open) > self.most:
             _, old = self._open.pop(0)

@@ -193,6 +193,8 @@ def test_items_are_paged_with_a_next_cursor(client: TestClient) -> None:
         "outputs": None,
         "answered_by": None,
         "fallback_reason": None,
+        "frame_index": None,
+        "frame_time_s": None,
     }
 
 
@@ -373,7 +375,8 @@ def test_results_before_any_shard_is_an_empty_parquet_file(client: TestClient) -
     table = pq.read_table(io.BytesIO(response.content))
     assert table.num_rows == 0
     assert table.column_names == [
-        *["key", "status", "error", "duration_ms", "sha256", "answered_by", "fallback_reason"]
+        *["key", "status", "error", "duration_ms", "sha256", "answered_by", "fallback_reason"],
+        *["source", "frame_index", "frame_time_s"],
     ]
 
 

@@ -28,9 +28,9 @@ from kiln.app.core.config import Settings
 from kiln.app.db import counters, queries
 from kiln.app.db.items import NewItem, insert_items
 from kiln.app.db.leases import LeasedItem
-from kiln.app.db.models import Item, ItemStatus, PipelineObject
+from kiln.app.db.models import Item, ItemStatus, JobStatus, PipelineObject
 from kiln.app.db.session import unit_of_work
-from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import queue_for
 from kiln.workers.chunk.finish import Lease
 from kiln.workers.chunk.rows import ChunkRows
@@ -58,6 +58,9 @@ def expand_videos(
             job = queries.lock_job(session, lease.job_id)  # job row first, as every writer does
             if job is None:
                 return rows.without(videos)
+            if job.status != JobStatus.RUNNING and job.status != JobStatus.QUEUED:
+                rows.cancelled[videos] = True  # cancelling: the video ends as one item
+                return rows
             taken = _take_out(session, lease, [rows.items[row].id for row in videos])
             planned = [
                 (rows.items[row], rows.videos[row]) for row in videos if rows.items[row].id in taken
@@ -76,7 +79,9 @@ def expand_videos(
             )
             if lease.pipeline_id is not None:
                 _mark_done(session, lease, [(item.key, taken[item.id]) for item, _ in planned])
-            queue = queue_for(count)
+            if queue_for(count) == BULK:  # a long video: its chunks (and re-sends) go to bulk
+                job.queue = BULK
+            queue = job.queue
         log.info(
             "chunk %s/%d: %d video(s) → %d frame items in %d chunks", lease.job_id, lease.chunk,
             len(taken), sum(len(ids) for ids in sent.values()), len(sent),

@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 
 from devstack.images import solid
 from kiln.app.db import counters
-from kiln.app.db.models import Item, ItemStatus, Job
+from kiln.app.db.models import Item, ItemStatus, Job, JobStatus
 from kiln.app.dispatch.stub import Enqueued, RecordingDispatcher
 from kiln.app.jobs import JobRequest, Upload, submit_job
 from kiln.workers.chunk.expand import chunk_starts, frame_chunk_size
@@ -165,3 +165,25 @@ def test_frame_chunks_begin_at_keyframes() -> None:
     assert frame_chunk_size(60, 512) == 32
     assert frame_chunk_size(18_000, 512) == 512
     assert frame_chunk_size(3_200, 512) == 200
+
+
+def test_a_video_of_a_cancelling_job_ends_as_one_cancelled_item(
+    runtime: WorkerRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.workers.chunk import expand
+
+    clip = videos.plain(tmp_path / "clip.mp4", frames=20, fps=10)
+    job_id, calls = _submit(runtime, [("clip.mp4", clip.read_bytes())])
+    real = expand.expand_videos
+
+    def cancelled_meanwhile(rt, lease, rows, dispatcher):  # type: ignore[no-untyped-def]
+        with rt.sessions() as session, session.begin():
+            session.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.CANCELLING))
+        return real(rt, lease, rows, dispatcher)
+
+    monkeypatch.setattr("kiln.workers.chunk.run.expand_videos", cancelled_meanwhile)
+    sent = RecordingDispatcher()
+    process_chunk(runtime, job_id, calls[0].chunk, calls[0].item_ids, dispatcher=sent)
+    items = _items(runtime, job_id)
+    assert [(i.key, i.status) for i in items] == [("clip.mp4", ItemStatus.CANCELLED)]
+    assert not sent.calls

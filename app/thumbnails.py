@@ -1,18 +1,32 @@
 """Small JPEG previews of a job's image inputs, made by the API from the item's own source (what
 search answers link to). An original never leaves whole: only a thumbnail of at most
 `THUMBNAIL_PX` (on request up to `MAX_PX`) on its longer side.
+
+A video's sampled frame (an item with a `frame_time_s`) is decoded from its video with PyAV:
+from the keyframe before its moment, forward to the frame on screen then — the frame the
+worker gave the model, by the same rule (the last frame whose time from the first frame is at
+most t + 1 µs). A frame that cannot be decoded (past a cut file's end, in a damaged stretch) is
+a 404 with a sentence, never another frame. The video's bytes are kept a few minutes, so a
+strip of its frames reads it once.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
+import statistics
+import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
+from cachetools import TTLCache
 from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, sources, tenants
+from kiln.app import jobs, sources, tenants, video
 from kiln.app.catalog import get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
@@ -26,6 +40,9 @@ THUMBNAIL_PX = 256  # enough to recognise a picture in a results table, ~10 KB a
 MAX_PX = 512  # the most a caller may ask for: a preview still, never the original
 JPEG_QUALITY = 80
 ORIENTATION = 0x0112  # the EXIF tag
+EPS = 1e-6  # seconds: the frame shown at t is the last one whose time is at most t + EPS
+VIDEO_CACHE_BYTES = 128 * 2**20  # videos kept for their other frames' thumbnails, at most
+VIDEO_CACHE_S = 300.0  # ... and for this long
 
 
 def item_thumbnail(
@@ -49,11 +66,23 @@ def item_thumbnail(
     item = queries.item_by_key(session, job.id, key)
     if item is None:
         raise NotFoundError(f"Job {job_id} has no item {key!r}.")
-    data = _item_bytes(session, store, s3, settings, tenant, item)
     drawn = detections(item) if boxes else []
-    return thumbnail(
-        data, settings.max_image_pixels, f"Item {item.key!r}", min(side, MAX_PX), drawn
-    )
+    name, side = f"Item {item.key!r}", min(side, MAX_PX)
+    if item.frame_time_s is not None:  # a video's frame: its video, decoded at that moment
+        name = f"The video of item {item.key!r}"
+        if (item.source or "").startswith("s3://"):  # kept bytes too: while it may read them
+            tenants.check_buckets(session, tenant, [item.source or ""])
+        data = _VIDEOS.get(
+            item.source or "",
+            lambda: _item_bytes(session, store, s3, settings, tenant, item),
+        )
+        pixels = settings.max_image_pixels
+        return frame_thumbnail(data, item.frame_time_s, pixels, name, side, drawn)
+    data = _item_bytes(session, store, s3, settings, tenant, item)
+    if video.container_of(data[: video.HEAD_BYTES]) is not None:
+        # a video not yet split into its frames (or refused whole): its first frame
+        return frame_thumbnail(data, 0.0, settings.max_image_pixels, name, side, drawn)
+    return thumbnail(data, settings.max_image_pixels, name, side, drawn)
 
 
 def detections(item: Item) -> list[Labelled]:
@@ -113,9 +142,238 @@ def thumbnail(
         raise InputError(f"{name} is not a picture Kiln can read.") from None
     except (OSError, Image.DecompressionBombError) as error:  # truncated, or a bomb
         raise InputError(f"{name} cannot be shown as a picture: {error}.") from None
+    return _jpeg(small)
+
+
+def _jpeg(image: Image.Image) -> bytes:
     out = io.BytesIO()
-    small.save(out, "JPEG", quality=JPEG_QUALITY)
+    image.save(out, "JPEG", quality=JPEG_QUALITY)
     return out.getvalue()
+
+
+def frame_thumbnail(
+    data: bytes | Path,
+    time_s: float,
+    max_pixels: int,
+    name: str = "The video",
+    side: int = THUMBNAIL_PX,
+    boxes: Sequence[Labelled] = (),
+) -> bytes:
+    """The frame of the video in `data` (its bytes, or a file) on screen at `time_s` seconds
+    from its first frame, as a JPEG at most `side` pixels a side, with `boxes` (in the frame's
+    pixels, as the detector answers a frame) drawn on. Not a video: an InputError; no frame
+    decodable at that moment: a NotFoundError; each with a sentence."""
+    frame = video_frame(data, time_s, max_pixels, name)
+    width, height = frame.width, frame.height
+    step = max(1, min(width, height, max(width, height) // (2 * side)))
+    # RGB, as the worker gives it to the model; reduced by FFmpeg first when it is large
+    rgb = frame.to_ndarray(
+        format="rgb24", width=max(2, width // step), height=max(2, height // step),
+        interpolation="AREA",
+    )  # fmt: skip
+    small = Image.fromarray(rgb)
+    small.thumbnail((side, side))
+    if boxes:
+        draw_boxes(small, boxes, small.width / width)
+    return _jpeg(small)
+
+
+def video_frame(data: bytes | Path, time_s: float, max_pixels: int, name: str) -> Any:
+    """PyAV's frame of the video on screen at `time_s`: seek to the keyframe before it, decode
+    forward to the last frame at or before it. The frame the packets say is on screen then
+    must be the one decoded (a damaged one is not answered with its neighbour)."""
+    import av
+
+    try:
+        container = av.open(str(data) if isinstance(data, Path) else io.BytesIO(data), "r")
+    except (av.error.FFmpegError, ValueError) as error:
+        raise InputError(f"{name} cannot be read as a video ({_reason(error)}).") from None
+    try:
+        with container:
+            streams = container.streams.video
+            if not streams:
+                raise InputError(f"{name} holds no video stream; it has no frames to show.")
+            stream = streams[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            if width * height > max_pixels:
+                raise InputError(f"{name} is {width}×{height} pixels, more than Kiln decodes.")
+            return _frame_at(container, stream, time_s, name)
+    except (av.error.FFmpegError, ValueError) as error:  # past the sentences above: FFmpeg's
+        raise NotFoundError(
+            f"{name} could not be decoded at {time_s:.3f} s ({_reason(error)})."
+        ) from None
+
+
+def _frame_at(container: Any, stream: Any, time_s: float, name: str) -> Any:
+    index = _index(container, stream, time_s)
+    if not index.times:
+        raise NotFoundError(f"{name} holds no frames (its stream is empty or unreadable).")
+    if index.end_s is not None and time_s >= index.end_s - EPS:
+        raise NotFoundError(
+            f"{name} ends at {index.end_s:.1f} s; it has no frame at {time_s:.3f} s."
+        )
+    target = index.times[max(0, bisect.bisect_right(index.times, time_s + EPS) - 1)]
+    key = index.keyframes[max(0, bisect.bisect_right(index.keyframes, target + EPS) - 1)]
+    base = stream.time_base
+    frame = _decode_to(container, stream, index.start + round(key / base), index, key, target)
+    if frame is _LANDED_LATE:  # a demuxer that seeks by bytes passed the keyframe: from 0
+        frame = _decode_to(container, stream, None, index, 0.0, target)
+    if frame is None or frame is _LANDED_LATE:
+        raise NotFoundError(
+            f"{name} is damaged at {target:.3f} s: the frame shown then could not be decoded."
+        )
+    return frame
+
+
+REORDER = 32  # packets read past the moment: more than any decoder holds back to reorder
+_LANDED_LATE = object()
+
+
+class _Index:
+    """The stream's packets up to a little past the moment, none decoded (as the worker's
+    index, `workers/prep/video.py`): their times from the first frame's, the keyframes among
+    them, and where the video ends when the stream ended before that."""
+
+    def __init__(self) -> None:
+        self.start = 0  # the first frame's timestamp: time 0
+        self.times: list[float] = []
+        self.keyframes: list[float] = []
+        self.end_s: float | None = None
+
+
+def _index(container: Any, stream: Any, time_s: float) -> _Index:
+    import av
+
+    base = float(stream.time_base)
+    stamps: list[int] = []
+    keys: list[int] = []
+    durations: list[float] = []
+    past, ended, low = 0, True, None
+    try:
+        for packet in container.demux(stream):
+            pts = packet.pts if packet.pts is not None else packet.dts
+            if pts is None or packet.size == 0:
+                continue
+            stamps.append(pts)
+            low = pts if low is None else min(low, pts)
+            if packet.is_keyframe:
+                keys.append(pts)
+            if packet.duration:
+                durations.append(packet.duration * base)
+            if (pts - low) * base > time_s + EPS:
+                past += 1
+                if past > REORDER:
+                    ended = False
+                    break
+    except av.error.FFmpegError:  # a cut or damaged tail: the packets end here
+        pass
+    index = _Index()
+    if not stamps:
+        return index
+    index.start = start = min(stamps)
+    index.times = sorted((pts - start) * base for pts in stamps)
+    index.keyframes = sorted((pts - start) * base for pts in keys) or index.times[:1]
+    if ended:
+        index.end_s = index.times[-1] + _frame_seconds(stream, durations, index.times)
+    return index
+
+
+def _frame_seconds(stream: Any, durations: list[float], times: list[float]) -> float:
+    """One frame's duration (the last frame is shown this long), as the worker reckons it."""
+    if durations:
+        return float(statistics.median(durations))
+    rate = stream.average_rate or stream.guessed_rate
+    if rate:
+        return 1 / float(rate)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return float(statistics.median(gaps)) if gaps else 0.0
+
+
+def _decode_to(
+    container: Any, stream: Any, offset: int | None, index: _Index, key: float, target: float
+) -> Any:
+    """Seek to `offset` (None: the file's start) and decode forward to the frame at `target`:
+    it, None where the stream passes `target` without it, `_LANDED_LATE` where the first frame
+    decoded comes after the keyframe `key` sought."""
+    if offset is None:
+        container.seek(0)
+    else:
+        container.seek(offset, stream=stream, backward=True, any_frame=False)
+    base = stream.time_base
+    first = True
+    for frame in _decoded(container, stream):
+        t = float((frame.pts - index.start) * base)
+        if t < key - EPS:
+            continue  # the demuxer landed on an earlier keyframe
+        if first and t > key + EPS:
+            return _LANDED_LATE
+        first = False
+        if abs(t - target) <= EPS:
+            return frame
+        if t > target + EPS:
+            return None
+    return None
+
+
+def _decoded(container: Any, stream: Any) -> Iterator[Any]:
+    """Frames in presentation order from the container's position. A packet that does not
+    decode is skipped (its frame is missing, as the index tells); a file cut short ends where
+    its packets do."""
+    import av
+
+    packets = container.demux(stream)
+    while True:
+        try:
+            packet = next(packets)
+        except (StopIteration, av.error.FFmpegError):  # the end, or a cut or damaged tail
+            return
+        try:
+            frames = packet.decode()
+        except av.error.FFmpegError:
+            continue
+        yield from (frame for frame in frames if frame.pts is not None)
+
+
+def _reason(error: Exception) -> str:
+    text = getattr(error, "strerror", None) or str(error)
+    return str(text).rstrip(".")
+
+
+class _VideoBytes:
+    """Videos' bytes by source, kept `VIDEO_CACHE_S` (a strip's thumbnails ask for one video
+    many times at once: the first request reads it, the others wait for it). A video over
+    half the budget is read each time, never kept."""
+
+    def __init__(self, most: int = VIDEO_CACHE_BYTES, seconds: float = VIDEO_CACHE_S) -> None:
+        self._kept: TTLCache[str, bytes] = TTLCache(most, seconds, getsizeof=len)
+        self._lock = threading.Lock()
+        self._reading: dict[str, threading.Lock] = {}
+
+    def get(self, source: str, read: Callable[[], bytes]) -> bytes:
+        if not source:
+            return read()
+        with self._lock:
+            data = self._kept.get(source)
+            if data is not None:
+                return data
+            reading = self._reading.setdefault(source, threading.Lock())
+        with reading:
+            try:
+                with self._lock:
+                    data = self._kept.get(source)
+                if data is None:
+                    data = read()
+                    if len(data) <= self._kept.maxsize // 2:
+                        with self._lock:
+                            self._kept[source] = data
+                return data
+            finally:
+                with self._lock:
+                    if self._reading.get(source) is reading:
+                        del self._reading[source]
+
+
+_VIDEOS = _VideoBytes()
 
 
 Labelled = tuple[str, Sequence[float]]  # a label and its box: x1, y1, x2, y2

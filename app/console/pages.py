@@ -16,6 +16,7 @@ from kiln.app.console.render import make_templates, page
 
 THUMBNAIL_CACHE_BYTES = 64 * 2**20  # ~6,000 thumbnails of ~10 KB: a few pages of a few jobs
 GROUPS_CACHE_JOBS = 8  # closed jobs' groups tables (they never change once written)
+VIDEOS_CACHE_JOBS = 1024  # whether a closed job has video frames (it never changes either)
 LOGIN = "/console/login"
 
 
@@ -24,6 +25,8 @@ class ConsoleState:
     templates: Jinja2Templates
     thumbnails: LRUCache[tuple[str, str, str, int, bool], bytes]
     groups: LRUCache[str, pa.Table]
+    # closed job → whether it has video frames: a job of images alone is not searched again
+    videos: LRUCache[str, bool]
 
     @classmethod
     def build(cls) -> ConsoleState:
@@ -31,6 +34,7 @@ class ConsoleState:
             templates=make_templates(),
             thumbnails=LRUCache(THUMBNAIL_CACHE_BYTES, getsizeof=len),
             groups=LRUCache(GROUPS_CACHE_JOBS),
+            videos=LRUCache(VIDEOS_CACHE_JOBS),
         )
 
 

@@ -14,7 +14,7 @@ from fastapi.templating import Jinja2Templates
 from kiln.app.console.auth import csrf_token
 
 HERE = Path(__file__).parent
-ASSET_VERSION = "1"  # bump when a static file changes: assets are cached for a day
+ASSET_VERSION = "2"  # bump when a static file changes: assets are cached for a day
 
 
 def _duration(seconds: float | None) -> str:
@@ -39,6 +39,13 @@ def _when(moment: datetime | None) -> str:
     return aware.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _seconds(value: float | None) -> str:
+    """A moment of a video as its key names it (three decimals), less trailing zeros: 12.5."""
+    if value is None:
+        return "–"
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
 def _count(value: int | float | None) -> str:
     return "–" if value is None else f"{value:,}"
 
@@ -50,7 +57,7 @@ def _mib(value: int | float | None) -> str:
 def make_templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     env = templates.env
-    env.filters.update(duration=_duration, when=_when, count=_count, mib=_mib)
+    env.filters.update(duration=_duration, when=_when, count=_count, mib=_mib, seconds=_seconds)
     env.globals["asset_version"] = ASSET_VERSION
     return templates
 

@@ -17,7 +17,6 @@ import math
 import queue
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -39,6 +38,9 @@ from kiln.workers.prep.units import UNIT_ROWS, Prepped, Unit
 from kiln.workers.runtime import ModelRunner
 
 SLOT_WAIT_S = 1.0  # a thread waiting for slots looks at its lease this often
+# Units of video frames in prep at once per chunk: they all go to one prep process, which
+# decodes them in order, so more would only hold slots the chunks of other processes need.
+FRAME_UNITS_AHEAD = 2
 
 
 @dataclass
@@ -79,16 +81,6 @@ def make_unit(stage: Stage, rows: ChunkRows, indices: np.ndarray, read_only: boo
         frames=frames if any(f is not None for f in frames) else None,
         sampling=stage.sampling,
     )
-
-
-def frame_process(rows: ChunkRows, unit: np.ndarray, processes: int) -> int:
-    """The prep process for a unit of video frames: the same one for every unit of a chunk, so
-    its reader decodes on where the last unit stopped (another chunk of the same video goes to
-    the next process, which decodes its stretch at the same time); -1 for other units."""
-    item = rows.items[int(unit[0])]
-    if item.frame_time_s is None or processes <= 1:
-        return -1
-    return (zlib.crc32((item.source or "").encode()) + item.chunk) % processes
 
 
 # --- reading first (content cache on) ----------------------------------------------------
@@ -135,6 +127,7 @@ class _Run:
         self.started: set[int] = set()
         self._lock = threading.Lock()  # `aborted` against the callbacks that queue events
         self.aborted = False
+        self.frame_process: int | None = None  # where this run's video frames are decoded
 
     def run(self, holder: dict[int, int]) -> None:
         """`holder`: rows already read (content cache on) and by which prep process; those
@@ -191,6 +184,8 @@ class _Run:
             unit = self.pending[0]
             if self.stage.held.stopping() and not self._started(unit):
                 return
+            if self.in_prep >= FRAME_UNITS_AHEAD and self._frames(unit):
+                return  # its process reads them one after another: no slots held idle
             tickets = self.lender.acquire(len(unit), timeout=SLOT_WAIT_S if wait else 0)
             if tickets is None:
                 return
@@ -203,13 +198,24 @@ class _Run:
                     self.pool.count,
                 )
             prefer = holder.get(int(unit[0]), -1)
-            if prefer < 0:
-                prefer = frame_process(self.rows, unit, self.stage.prep.processes)
+            if prefer < 0 and self._frames(unit):
+                prefer = self._frame_process()
             future = self.stage.prep.submit(sent, prefer)
             self.in_prep += 1
             future.add_done_callback(self._event("prep", (unit, tickets)))
             if wait:
                 return
+
+    def _frame_process(self) -> int:
+        """The prep process for this run's video frames: whichever had room when the first
+        unit went, then the same one for every unit after, so its reader decodes on where the
+        last unit stopped (another chunk of the video starts where there is room then)."""
+        if self.frame_process is None:
+            self.frame_process = self.stage.prep.least_busy()
+        return self.frame_process
+
+    def _frames(self, unit: np.ndarray) -> bool:
+        return self.rows.items[int(unit[0])].frame_time_s is not None
 
     def _event(self, kind: str, payload: Any) -> Callable[[Future[Any]], None]:
         def put(future: Future[Any]) -> None:

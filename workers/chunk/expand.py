@@ -39,7 +39,10 @@ from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
-CHUNKS_PER_VIDEO = 16  # a long video spreads over this many chunks (so over the prep processes)
+# A long video spreads over this many chunks per prep process of the worker that plans it: each
+# process then decodes about two stretches at once, one reader each (more would interleave
+# past its open readers, and every switch would decode a GOP again).
+CHUNKS_PER_PROCESS = 2
 MIN_FRAME_CHUNK = 32
 
 
@@ -66,7 +69,8 @@ def expand_videos(
                 (rows.items[row], rows.videos[row]) for row in videos if rows.items[row].id in taken
             ]
             count = sum(len(plan.times) for _, plan in planned)
-            size = frame_chunk_size(count, runtime.settings.bulk_chunk_size)
+            spread = CHUNKS_PER_PROCESS * max(1, runtime.prep().processes)
+            size = frame_chunk_size(count, runtime.settings.bulk_chunk_size, spread)
             new, chunks = [], 0
             for item, plan in planned:
                 frames, used = chunked(item, taken[item.id], plan, size, job.chunk_count + chunks)
@@ -114,10 +118,10 @@ def job_sampling(settings: Settings, options: dict[str, Any] | None) -> video.Sa
     return video.Sampling(float(fps), limits)
 
 
-def frame_chunk_size(frames: int, most: int) -> int:
-    """Frames per chunk: a long video spreads over CHUNKS_PER_VIDEO chunks, each at most a
-    bulk chunk and at least MIN_FRAME_CHUNK frames (fewer chunks amortise their writes)."""
-    return max(1, min(most, max(MIN_FRAME_CHUNK, math.ceil(frames / CHUNKS_PER_VIDEO))))
+def frame_chunk_size(frames: int, most: int, spread: int) -> int:
+    """Frames per chunk: a video spreads over `spread` chunks, each at most a bulk chunk and at
+    least MIN_FRAME_CHUNK frames (fewer chunks amortise their writes)."""
+    return max(1, min(most, max(MIN_FRAME_CHUNK, math.ceil(frames / max(1, spread)))))
 
 
 def chunk_starts(gops: Sequence[int], size: int) -> list[int]:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -89,6 +89,7 @@ def process_chunk(
             rows = answer_chunk(runtime, lease, held, urgent, report)
             if not held.lost.is_set():
                 rows = expand_videos(runtime, lease, rows, dispatcher)
+                lease = replace(lease, items=rows.items)  # a video item left: its frames are new
                 _count(rows, report)
             if held.lost.is_set():
                 log.warning(

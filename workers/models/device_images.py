@@ -100,7 +100,7 @@ def decode_batch(
     where = torch.device(device)
     read: list[Header | InputError] = (
         list(headers) if headers is not None
-        else [_header_or_error(data, max_pixels) for data in datas]
+        else [_header_or_error(cast(bytes, data), max_pixels) for data in datas]
     )  # fmt: skip
     results: list[Any] = list(read)  # errors stay; headers are replaced by pixels
     for i, data in enumerate(datas):

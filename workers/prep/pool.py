@@ -76,6 +76,11 @@ class Preparer(Protocol):
 
     def submit(self, unit: Unit, prefer: int = -1) -> Future[Prepped]: ...
 
+    def least_busy(self) -> int:
+        """The process with the fewest units now (what `submit` picks when free to), -1 for
+        none: a run whose units must share a process starts where there is room."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -159,6 +164,11 @@ class PrepPool:
         task = _Task(unit, Future())
         self._send(task, prefer)
         return task.future
+
+    def least_busy(self) -> int:
+        with self._lock:
+            live = [p for p in self._procs if not p.dead]
+            return min(live, key=lambda p: len(p.tasks)).id if live else -1
 
     def _send(self, task: _Task, prefer: int = -1) -> None:
         with self._lock:
@@ -336,6 +346,9 @@ class InlinePrep:
 
     def pids(self) -> list[int]:
         return []
+
+    def least_busy(self) -> int:
+        return -1
 
     def close(self) -> None:
         self._worker.close()

@@ -46,7 +46,7 @@ class PrepWorker:
         self._segments: dict[str, Segment] = {}
         self._held: OrderedDict[int, bytes] = OrderedDict()  # item id → bytes (read-only units)
         self._held_bytes = 0
-        self.videos = VideoReaders()
+        self.videos = VideoReaders(threads=decoder_threads(settings))
 
     @property
     def fetcher(self) -> Fetcher:
@@ -168,7 +168,8 @@ class PrepWorker:
             fps = unit.sampling.fps if unit.sampling is not None else DEFAULT_FPS
             frame = reader.frame(time_s, fps)
             want = prep.frame_size(frame.width, frame.height)
-            made = prep.prepare_decoded(decoded_frame(frame, want), slot, out.meta[i])
+            decoded = decoded_frame(frame, want, getattr(prep, "frame_mode", "RGB"))
+            made = prep.prepare_decoded(decoded, slot, out.meta[i])
         except TransientError:
             raise
         except KilnError as error:
@@ -268,6 +269,17 @@ class PrepWorker:
             segment.close()
         self._segments.clear()
         self.videos.close()
+
+
+def decoder_threads(settings: Settings) -> int:
+    """A video decoder's threads in a prep process: the cores each prep process has to itself
+    (one where there is a process per core, the default), all of them for prep on the chunk's
+    thread."""
+    from kiln.workers.prep.pool import usable_cores  # the pool imports this module
+
+    cores = usable_cores()
+    processes = settings.prep_count(cores)
+    return max(1, cores // processes) if processes else cores
 
 
 def is_video(data: bytes) -> bool:

@@ -35,7 +35,8 @@ class Prep(Protocol):
 
 @runtime_checkable
 class FramePrep(Prep, Protocol):
-    """A prep that also takes video frames, decoded already (the image families)."""
+    """A prep that also takes video frames, decoded already (the image families). It may say
+    `frame_mode = "L"` when all it reads of a frame is its grey (then nothing else is made)."""
 
     def frame_size(self, width: int, height: int) -> tuple[int, int]:
         """The least size a frame of this size may be reduced to before the fit."""

@@ -119,7 +119,9 @@ def open_container(data: bytes | Path) -> Any:
         raise InputError(f"The video could not be opened ({_reason(error)}).") from None
 
 
-def video_stream(container: Any) -> Any:
+def video_stream(container: Any, threads: int = 0) -> Any:
+    """The container's first video stream, its decoder on `threads` threads (0: FFmpeg's pick,
+    about one per core) — or an InputError saying why there is none to decode."""
     streams = container.streams.video
     if not streams:
         kinds = sorted({s.type for s in container.streams}) or ["no"]
@@ -132,7 +134,10 @@ def video_stream(container: Any) -> Any:
         raise InputError(
             f"The video's codec ({stream.codec_tag or 'unknown'}) is not one Kiln can decode."
         )
-    stream.thread_type = "AUTO"  # frame threads: one video is decoded on every core we have
+    # Frame and slice threads where this process has cores to itself; where every core has a
+    # prep process of its own, one thread each (threads on shared cores only contend).
+    stream.thread_type = "AUTO"
+    stream.thread_count = threads
     return stream
 
 
@@ -253,10 +258,13 @@ class VideoReader:
     """One open video in a prep process: frames by presentation time, decoding on from where
     it stopped unless a keyframe lies between (then it seeks)."""
 
-    def __init__(self, data: bytes | Path, index: VideoIndex | None = None) -> None:
-        """`index`: the video's, read already by another reader (it is read once)."""
+    def __init__(
+        self, data: bytes | Path, index: VideoIndex | None = None, threads: int = 0
+    ) -> None:
+        """`index`: the video's, read already by another reader (it is read once); `threads`:
+        the decoder's (0: FFmpeg's pick)."""
         self.container = open_container(data)
-        self.stream = video_stream(self.container)
+        self.stream = video_stream(self.container, threads)
         self.index = index if index is not None else read_index(self.container, self.stream)
         self._base = float(self.stream.time_base)
         self._start = self.index.start_pts
@@ -265,6 +273,7 @@ class VideoReader:
         self._next: tuple[float, Any] | None = None  # the one after it (decoded ahead)
         self._failed: list[float] = []  # packet times that did not decode since the last seek
         self.position = -1.0  # the time of the last frame decoded (-1: needs a seek)
+        self._target = -math.inf  # the frame being read: those shown before it may be skipped
         self.seeks = 0
 
     def frame(self, t: float, fps: float | None = None) -> Any:
@@ -273,6 +282,7 @@ class VideoReader:
         if not self.index.times or t >= self.index.end_s - EPS:
             raise InputError(self.past_end_sentence(t, fps))
         target = self.index.times[self.index.shown_at(t)]
+        self._target = target
         if self._must_seek(target):
             self._seek(target)
         while self._next is not None and self._next[0] <= target + EPS:
@@ -335,7 +345,14 @@ class VideoReader:
         import av
 
         broken = False
+        context = self.stream.codec_context
         for packet in self.container.demux(self.stream):
+            # A frame shown before the one being read, that no other frame refers to, is never
+            # looked at: FFmpeg need not decode it (sparse sampling decodes far fewer frames;
+            # reference frames are still decoded, so what is shown is exact).
+            pts = packet.pts
+            early = pts is not None and (pts - self._start) * self._base < self._target - EPS
+            context.skip_frame = "NONREF" if early else "DEFAULT"
             try:
                 frames = packet.decode()
             except av.error.FFmpegError as error:
@@ -365,8 +382,8 @@ class VideoReaders:
     gets a reader of its own, up to PER_VIDEO, sharing the video's index. Fetched bytes of
     remote videos are kept too (a local file is opened where it is)."""
 
-    def __init__(self, most: int = READERS, per_video: int = PER_VIDEO) -> None:
-        self.most, self.per_video = most, per_video
+    def __init__(self, most: int = READERS, per_video: int = PER_VIDEO, threads: int = 0) -> None:
+        self.most, self.per_video, self.threads = most, per_video, threads
         self._open: list[tuple[str, VideoReader]] = []  # most recently used last
         self._bytes: OrderedDict[str, bytes] = OrderedDict()
         self._held = 0
@@ -382,7 +399,7 @@ class VideoReaders:
             self._open.append(entry)
             return entry[1]
         index = self._open[mine[-1]][1].index if mine else None
-        reader = VideoReader(data, index)
+        reader = VideoReader(data, index, self.threads)
         self._open.append((source, reader))
         if len(self._open) > self.most:
             _, old = self._open.pop(0)
@@ -415,19 +432,21 @@ class VideoReaders:
         self._held = 0
 
 
-def decoded_frame(frame: Any, want: tuple[int, int] | None) -> Decoded:
-    """A video frame as the image preps take it: RGB, reduced by FFmpeg's scaler (by 2, 4 or
-    8, as a JPEG's draft would be) where the model's fit still has at least `want` pixels —
-    the same shortcut a drafted JPEG takes, on an already lossy source."""
+def decoded_frame(frame: Any, want: tuple[int, int] | None, mode: str = "RGB") -> Decoded:
+    """A video frame as the image preps take it, reduced by FFmpeg's scaler (by 2, 4 or 8, as a
+    JPEG's draft would be) where the model's fit still has at least `want` pixels — the same
+    shortcut a drafted JPEG takes, on an already lossy source. `mode` "L": the scaler gives
+    grey (luma) straight away, for a model that wants nothing else (phash)."""
     width, height = frame.width, frame.height
     step = 1
     if want is not None:
         step = next((s for s in DRAFT_STEPS if width // s >= want[0] and height // s >= want[1]), 1)
+    fmt = "gray" if mode == "L" else "rgb24"
     if step > 1:
-        rgb = frame.to_ndarray(
-            format="rgb24", width=max(2, width // step), height=max(2, height // step),
+        pixels = frame.to_ndarray(
+            format=fmt, width=max(2, width // step), height=max(2, height // step),
             interpolation="AREA",
         )  # fmt: skip
     else:
-        rgb = frame.to_ndarray(format="rgb24")
-    return Decoded(Image.fromarray(rgb), width, height, jpeg=True)
+        pixels = frame.to_ndarray(format=fmt)
+    return Decoded(Image.fromarray(pixels), width, height, jpeg=True)

@@ -1,6 +1,6 @@
 """One job: counts and progress (live while it runs), throughput over time, its items as a grid
-of thumbnails with the model's answers drawn on, its near-duplicate groups side by side, the
-Parquet download and cancel."""
+of thumbnails with the model's answers drawn on (a video's frames as a strip per video, in time
+order), its near-duplicate groups side by side, the Parquet download and cancel."""
 
 from __future__ import annotations
 
@@ -71,15 +71,33 @@ def _items(
     job_id: str,
     status: str | None,
     after: int,
-) -> tuple[Job, ModelInfo, views.ItemsPage]:
+) -> tuple[Job, ModelInfo, views.ItemsPage, views.VideosPage | None]:
+    """A page of the job's items; on the first, its videos' strips above them."""
+    videos = None
     with context.sessions() as session:
         job, model = _job_and_model(session, tenant, job_id)
         page = views.items_page(session, job, model, status, after, ITEMS_PAGE)
-    if job.status not in views.OPEN and model.input == "image":
+        if after == 0 and model.input == "image" and console.videos.get(job.id, True):
+            videos = views.video_strips(session, job, model, status)
+            if job.status not in views.OPEN and not status:  # closed: it has its frames for good
+                console.videos[job.id] = bool(videos.strips)
+    shown = page.items + [f for strip in (videos.strips if videos else []) for f in strip.frames]
+    _add_groups(context, console, s3, job, model, shown)
+    return job, model, page, videos
+
+
+def _add_groups(
+    context: ApiContext,
+    console: ConsoleState,
+    s3: S3Factory,
+    job: Job,
+    model: ModelInfo,
+    shown: list[views.ItemView],
+) -> None:
+    if shown and job.status not in views.OPEN and model.input == "image":
         members = _group_of(_groups(context, console, s3, job))
-        for item in page.items:
+        for item in shown:
             item.group = members.get(item.key)
-    return job, model, page
 
 
 @router.get("/{job_id}/items")
@@ -93,13 +111,94 @@ async def job_items(
     status: Annotated[ItemStatus | None, Query()] = None,
     after: Annotated[int, Query(ge=0)] = 0,
 ) -> HTMLResponse:
-    """A page of the job's items as a grid (the job page loads it into itself)."""
-    job, model, page = await run_in_threadpool(
+    """A page of the job's items as a grid (the job page loads it into itself), under its
+    videos' strips on the first page."""
+    job, model, page, videos = await run_in_threadpool(
         _items, context, console, s3, tenant, job_id, status, after
     )
     return render(
-        request, "_items.html", job=job, model=model, page=page, status=status, after=after
+        request,
+        "_items.html",
+        job=job,
+        model=model,
+        page=page,
+        videos=videos,
+        status=status,
+        after=after,
     )
+
+
+def _videos(
+    context: ApiContext,
+    console: ConsoleState,
+    s3: S3Factory,
+    tenant: str,
+    job_id: str,
+    status: str | None,
+    after: int,
+) -> tuple[Job, ModelInfo, views.VideosPage]:
+    with context.sessions() as session:
+        job, model = _job_and_model(session, tenant, job_id)
+        videos = views.video_strips(session, job, model, status, after)
+    _add_groups(context, console, s3, job, model, [f for s in videos.strips for f in s.frames])
+    return job, model, videos
+
+
+@router.get("/{job_id}/videos")
+async def job_videos(
+    request: Request,
+    job_id: str,
+    context: ContextDep,
+    console: ConsoleDep,
+    s3: S3Dep,
+    tenant: ConsoleTenant,
+    after: Annotated[int, Query(ge=0)],
+    status: Annotated[ItemStatus | None, Query()] = None,
+) -> HTMLResponse:
+    """The next videos' strips, after the one whose first frame is item `after`."""
+    job, model, videos = await run_in_threadpool(
+        _videos, context, console, s3, tenant, job_id, status, after
+    )
+    return render(request, "_videos.html", job=job, model=model, videos=videos, status=status)
+
+
+def _frames(
+    context: ApiContext,
+    console: ConsoleState,
+    s3: S3Factory,
+    tenant: str,
+    job_id: str,
+    status: str | None,
+    source: str,
+    name: str,
+    after: tuple[float, int],
+) -> tuple[Job, ModelInfo, views.Strip]:
+    with context.sessions() as session:
+        job, model = _job_and_model(session, tenant, job_id)
+        strip = views.more_frames(session, job, model, status, source, name, after)
+    _add_groups(context, console, s3, job, model, strip.frames)
+    return job, model, strip
+
+
+@router.get("/{job_id}/frames")
+async def job_frames(
+    request: Request,
+    job_id: str,
+    context: ContextDep,
+    console: ConsoleDep,
+    s3: S3Dep,
+    tenant: ConsoleTenant,
+    source: Annotated[str, Query(min_length=1, max_length=2048)],
+    video: Annotated[str, Query(max_length=1024)],
+    t: Annotated[float, Query(ge=0, allow_inf_nan=False)],
+    after: Annotated[int, Query(ge=0)],
+    status: Annotated[ItemStatus | None, Query()] = None,
+) -> HTMLResponse:
+    """More of a video's strip: its frames after the one at `t` (item `after`)."""
+    job, model, strip = await run_in_threadpool(
+        _frames, context, console, s3, tenant, job_id, status, source, video, (t, after)
+    )
+    return render(request, "_frames.html", job=job, model=model, strip=strip, status=status)
 
 
 def _groups(context: ApiContext, console: ConsoleState, s3: S3Factory, job: Job) -> pa.Table:

@@ -162,9 +162,10 @@ def test_frame_chunks_begin_at_keyframes() -> None:
     assert chunk_starts(gops, 8) == [0, 10, 20, 30]
     assert chunk_starts([0] * 40, 8) == [0, 16, 32]  # one long GOP still spreads
     assert chunk_starts([], 8) == []
-    assert frame_chunk_size(60, 512) == 32
-    assert frame_chunk_size(18_000, 512) == 512
-    assert frame_chunk_size(3_200, 512) == 200
+    assert frame_chunk_size(60, 512, 4) == 32
+    assert frame_chunk_size(18_000, 512, 4) == 512
+    assert frame_chunk_size(1_800, 512, 4) == 450
+    assert frame_chunk_size(3_200, 512, 32) == 100
 
 
 def test_a_video_of_a_cancelling_job_ends_as_one_cancelled_item(

@@ -52,6 +52,13 @@ def bench(
     ),
     results_dir: Annotated[Path, typer.Option(help="Where the JSON goes.")] = HERE / "results",
     readme: Annotated[bool, typer.Option(help="Update bench/README.md and chart.png.")] = True,
+    video_seconds: Annotated[
+        float | None, typer.Option(help="Length of the `video` case's clip (600; 20 --quick).")
+    ] = None,
+    detector_every_frame_seconds: Annotated[
+        float | None,
+        typer.Option(help="`video`: the detector at every frame runs on a clip this long (60)."),
+    ] = None,
     kiln_set: Annotated[
         list[str] | None,
         typer.Option("--set", help="KILN_NAME=value for every Kiln process (repeatable)."),
@@ -67,6 +74,11 @@ def bench(
         changes["cases"] = chosen
     if (chosen := _csv(models, MODELS, "models")) is not None:
         changes["models"] = chosen
+    lengths = {
+        "video_seconds": video_seconds,
+        "detector_every_frame_seconds": detector_every_frame_seconds,
+    }
+    changes |= {name: seconds for name, seconds in lengths.items() if seconds}
     if kiln_set:
         changes["kiln_env"] = (*plan.kiln_env, *(_setting(s) for s in kiln_set))
     plan = plan.with_(**changes)

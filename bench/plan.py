@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 # ratio compares two measurements taken seconds apart on the same (noisy, shared) machine.
 MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray", "daft")
 PAIRED = {"loop", "embedded", "services", "naive-celery", "ray", "daft"}
-GLOBAL_CASES = ("ceiling", "ceiling-local", "streaming", "builtin", "bigjob", "feed")
+GLOBAL_CASES = ("ceiling", "ceiling-local", "streaming", "builtin", "bigjob", "feed", "video")
 ALL_CASES = MODEL_CASES + GLOBAL_CASES
 SERVICE_CASES = {"services", "naive-celery", "ray", "daft", "ceiling", "streaming", "builtin"}
 SERVICE_CASES |= {"ceiling-local", "bigjob", "feed"}  # feed: a local deployment beside the stack
@@ -30,6 +30,11 @@ class Plan:
     bigjob_workers: int = 3
     feed_images: int = 4000  # 640×480 JPEGs of the `feed` case; each subject also runs half
     stream_seconds: float = 20.0
+    # `video` (bench/video.py): a 1280×720, 30 fps H.264 clip this long; the detector at every
+    # frame gets a clip of its own, shorter (20–30 frames/s on two cores)
+    video_seconds: float = 600.0
+    detector_every_frame_seconds: float = 60.0
+    video_size: tuple[int, int] = (1280, 720)
     idle_samples: int = 30
     builtin_items: int = 200  # per built-in model
     raw_seconds: float = 4.0
@@ -56,6 +61,8 @@ PRESETS = {
         bigjob_seconds=20.0,
         feed_images=1200,
         stream_seconds=6.0,
+        video_seconds=20.0,
+        detector_every_frame_seconds=10.0,
         idle_samples=15,
         builtin_items=60,
         raw_seconds=2.0,
@@ -63,6 +70,8 @@ PRESETS = {
         paired_seconds=1.5,
     ),
     "smoke": Plan(
+        # not `video`: tests/bench/test_video_case.py runs it end to end on a tiny clip
+        cases=tuple(c for c in ALL_CASES if c != "video"),
         images=12,
         size=(96, 72),
         models=("resnet18",),

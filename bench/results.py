@@ -130,6 +130,7 @@ def targets(results: list[CaseResult], models: list[str], max_batch: int) -> lis
         *_one_image(results, max_batch),
         *_big_job(results),
         *_feed(results),
+        *_video(results),
     ]
     return [row for row in rows if row.value is not None]
 
@@ -306,3 +307,13 @@ def _marginal_cpu(result: CaseResult | None, group: str) -> float | None:
         return None
     assert result is not None
     return result.cpu_ms_per_item(group)
+
+
+def _video(results: list[CaseResult]) -> list[Target]:
+    """V (the `video` case, bench/video.py): `kiln run` ÷ a plain PyAV loop, sampled frames per
+    second, per row (model, sampling rate and clip length in its name)."""
+    rows = []
+    for kiln in (r for r in results if r.case == "video-kiln" and not r.skipped):
+        peer = find(results, "video-peer", kiln.model)
+        rows.append(_ratio_row(f"V video {kiln.model}: kiln run ÷ PyAV loop", kiln, peer, 1.2))
+    return rows

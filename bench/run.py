@@ -23,6 +23,7 @@ from bench.cases import (
     ray_data,
     services,
     streaming,
+    video,
 )
 from bench.context import Context
 from bench.inputs import make_images
@@ -158,6 +159,21 @@ class Runner:
         if "feed" in self.ctx.plan.cases:
             for subject in feed.SUBJECTS:  # apart: one failing leaves the others' rows
                 self._feed(subject)
+        if "video" in self.ctx.plan.cases:
+            self.video_cases()
+
+    def video_cases(self) -> None:
+        """Each row's peer, then `kiln run`, seconds apart; each apart, so one failing leaves
+        the others' rows. The clips are made (or found) first, outside every timing."""
+        self.attempt("video clips", lambda: video.make_clips(self.ctx))
+        for row in video.rows(self.ctx.plan):
+            self._video(row, "video-peer", video.run_peer)
+            self._video(row, "video-kiln", video.run_kiln)
+
+    def _video(
+        self, row: video.Row, case: str, fn: Callable[[Context, video.Row], CaseResult]
+    ) -> None:
+        self.attempt(f"{case} {row.label}", lambda: [fn(self.ctx, row)])
 
     def _feed(self, subject: str) -> None:
         self.attempt(f"{subject} {FEED_MODEL}", lambda: [feed.run(self.ctx, subject)])

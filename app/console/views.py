@@ -111,7 +111,7 @@ class ItemView:
     dim: int | None = None  # an embedding's length (the vector itself is not shown)
     group: int | None = None  # near-duplicate group, once the job has closed
     item_id: int = 0
-    frame_index: int | None = None  # a video's frame: its index (-1: past the video's end)
+    frame_index: int | None = None  # a video's frame: its index (None: past the video's end)
     frame_time_s: float | None = None  # ... and the moment it stands for
 
     @property

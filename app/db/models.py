@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -187,6 +188,15 @@ class Item(Base):
         UniqueConstraint("job_id", "key", name="uq_items_job_key"),
         Index("ix_items_job_status", "job_id", "status"),
         Index("ix_items_status_lease", "status", "lease_expires_at"),  # the reconciler's scan
+        # A job's videos and their frames in time order (the console's strips): frames only.
+        Index(
+            "ix_items_job_frames",
+            "job_id",
+            "source",
+            "frame_time_s",
+            postgresql_where=text("frame_time_s IS NOT NULL"),
+            sqlite_where=text("frame_time_s IS NOT NULL"),
+        ),  # fmt: skip
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

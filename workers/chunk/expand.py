@@ -150,7 +150,7 @@ def chunked(
             int(c),
             item.source,
             etag=etag,
-            frame_index=i,
+            frame_index=i if i >= 0 else None,  # past a cut: no frame of the video
             frame_time_s=t,
         )
         for t, i, c in zip(plan.times, plan.indices, chunk_of.tolist(), strict=True)

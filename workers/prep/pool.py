@@ -125,6 +125,9 @@ class PrepPool:
         if processes < 1:
             raise ValueError("A prep pool needs at least one process; use InlinePrep for none.")
         self.settings, self.processes = settings, processes
+        # A video decoder's threads in each process: the cores each has to itself (one where
+        # there is a process per core, the default: threads on shared cores only contend).
+        self.decoder_threads = max(1, usable_cores() // max(1, processes))
         # A unit is stuck past the batch deadline, but never under STUCK_FLOOR_S: a huge image
         # may take seconds to decode.
         self.stuck_s = stuck_s or max(STUCK_FLOOR_S, settings.batch_deadline_s)
@@ -143,7 +146,7 @@ class PrepPool:
         ours, theirs = self._context.Pipe()
         number = next(self._ids)
         process = self._context.Process(
-            target=serve, args=(theirs, self.settings, os.getpid()),
+            target=serve, args=(theirs, self.settings, os.getpid(), self.decoder_threads),
             name=f"kiln-prep-{number}", daemon=True,
         )  # fmt: skip
         process.start()
@@ -333,7 +336,7 @@ class InlinePrep:
     replaced = 0
 
     def __init__(self, settings: Settings, fetcher: Fetcher | None = None) -> None:
-        self._worker = PrepWorker(settings, fetcher)
+        self._worker = PrepWorker(settings, fetcher, decoder_threads=usable_cores())
         self._lock = threading.Lock()  # one worker: its caches are not thread-safe
         self._units = itertools.count(1)
 

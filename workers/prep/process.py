@@ -39,14 +39,17 @@ PARENT_CHECK_S = 1.0  # how often an idle prep process checks that its parent li
 class PrepWorker:
     """Runs units; keeps what it built (preps, attached segments) between them."""
 
-    def __init__(self, settings: Settings, fetcher: Fetcher | None = None) -> None:
+    def __init__(
+        self, settings: Settings, fetcher: Fetcher | None = None, decoder_threads: int = 0
+    ) -> None:
+        """`decoder_threads`: a video decoder's (0: FFmpeg's pick, about one per core)."""
         self.settings = settings
         self._fetcher = fetcher
         self._preps: dict[str, Prep] = {}
         self._segments: dict[str, Segment] = {}
         self._held: OrderedDict[int, bytes] = OrderedDict()  # item id → bytes (read-only units)
         self._held_bytes = 0
-        self.videos = VideoReaders(threads=decoder_threads(settings))
+        self.videos = VideoReaders(threads=decoder_threads)
 
     @property
     def fetcher(self) -> Fetcher:
@@ -271,17 +274,6 @@ class PrepWorker:
         self.videos.close()
 
 
-def decoder_threads(settings: Settings) -> int:
-    """A video decoder's threads in a prep process: the cores each prep process has to itself
-    (one where there is a process per core, the default), all of them for prep on the chunk's
-    thread."""
-    from kiln.workers.prep.pool import usable_cores  # the pool imports this module
-
-    cores = usable_cores()
-    processes = settings.prep_count(cores)
-    return max(1, cores // processes) if processes else cores
-
-
 def is_video(data: bytes) -> bool:
     return container_of(data[:HEAD_BYTES]) is not None
 
@@ -295,7 +287,7 @@ def _local_video(path: Path) -> bool:
         return False
 
 
-def serve(conn: Connection, settings: Settings, parent: int) -> None:
+def serve(conn: Connection, settings: Settings, parent: int, decoder_threads: int = 0) -> None:
     """A prep process's life: units in, answers out, until told to stop or orphaned."""
     # Ctrl-C and a SIGTERM to the group reach us too: the worker decides when its prep
     # processes stop (after its in-flight chunks have drained), or we notice it is gone.
@@ -305,7 +297,7 @@ def serve(conn: Connection, settings: Settings, parent: int) -> None:
     # accelerator and answers interactive rows) and a co-located API go first; an idle core is
     # still all ours.
     os.nice(PREP_NICE)
-    worker = PrepWorker(settings)
+    worker = PrepWorker(settings, decoder_threads=decoder_threads)
     try:
         while True:
             if not conn.poll(PARENT_CHECK_S):

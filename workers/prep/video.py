@@ -290,7 +290,7 @@ class VideoReader:
         if self._current is None or abs(self._current[0] - target) > EPS:
             raise InputError(
                 f"The frame shown at {target:.3f} s could not be decoded (the stream is damaged "
-                "there); the frames around it are unaffected."
+                "there)."
             )
         return self._current[1]
 

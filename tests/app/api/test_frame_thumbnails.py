@@ -69,7 +69,7 @@ def expand(sessions: sessionmaker[Session], job_id: str, key: str, times: list[f
                 .values(
                     status=ItemStatus.FAILED if ended else ItemStatus.SUCCEEDED,
                     error=ENDS if ended else None,
-                    frame_index=-1 if ended else round(t * FPS),
+                    frame_index=None if ended else round(t * FPS),
                     outputs=None if ended else {"phash": f"{round(t * FPS):016x}"},
                 )
             )

@@ -150,6 +150,9 @@ class _Run:
             except BaseException:
                 self._abandon()
                 raise
+            finally:
+                if self.frame_process is not None:
+                    self.stage.prep.release_frames(self.frame_process)
 
     def _abandon(self) -> None:
         """The run stops early (a transient fault): slots lent to units still in prep, or back
@@ -184,8 +187,11 @@ class _Run:
             unit = self.pending[0]
             if self.stage.held.stopping() and not self._started(unit):
                 return
-            if self.in_prep >= FRAME_UNITS_AHEAD and self._frames(unit):
-                return  # its process reads them one after another: no slots held idle
+            if self._frames(unit):
+                if self.in_prep >= FRAME_UNITS_AHEAD:
+                    return  # its process reads them one after another: no slots held idle
+                if not self._claim_frame_process(wait):
+                    return  # every process decodes as many stretches as it keeps readers for
             tickets = self.lender.acquire(len(unit), timeout=SLOT_WAIT_S if wait else 0)
             if tickets is None:
                 return
@@ -198,21 +204,21 @@ class _Run:
                     self.pool.count,
                 )
             prefer = holder.get(int(unit[0]), -1)
-            if prefer < 0 and self._frames(unit):
-                prefer = self._frame_process()
+            if prefer < 0 and self.frame_process is not None and self._frames(unit):
+                prefer = self.frame_process
             future = self.stage.prep.submit(sent, prefer)
             self.in_prep += 1
             future.add_done_callback(self._event("prep", (unit, tickets)))
             if wait:
                 return
 
-    def _frame_process(self) -> int:
-        """The prep process for this run's video frames: whichever had room when the first
-        unit went, then the same one for every unit after, so its reader decodes on where the
-        last unit stopped (another chunk of the video starts where there is room then)."""
+    def _claim_frame_process(self, wait: bool) -> bool:
+        """The prep process for this run's video frames: claimed when the first unit goes (the
+        one decoding the fewest stretches), then the same for every unit after, so its reader
+        decodes on where the last unit stopped. False: none is free yet."""
         if self.frame_process is None:
-            self.frame_process = self.stage.prep.least_busy()
-        return self.frame_process
+            self.frame_process = self.stage.prep.claim_frames(SLOT_WAIT_S if wait else 0)
+        return self.frame_process is not None
 
     def _frames(self, unit: np.ndarray) -> bool:
         return self.rows.items[int(unit[0])].frame_time_s is not None

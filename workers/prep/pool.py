@@ -17,6 +17,7 @@ debugging and the smallest hosts.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 STUCK_FLOOR_S = 30.0
 TRIES = 2  # prep processes a unit (an item alone) may stop before it is split (failed)
+# Runs of video frames one prep process decodes at once (each keeps a reader of its own).
+FRAME_RUNS = 2
 
 
 def usable_cores() -> int:
@@ -76,9 +79,15 @@ class Preparer(Protocol):
 
     def submit(self, unit: Unit, prefer: int = -1) -> Future[Prepped]: ...
 
-    def least_busy(self) -> int:
-        """The process with the fewest units now (what `submit` picks when free to), -1 for
-        none: a run whose units must share a process starts where there is room."""
+    def claim_frames(self, timeout: float = 0) -> int | None:
+        """A process for a run of video frames (all its units go there, in order): the one
+        decoding the fewest such runs, while one decodes fewer than FRAME_RUNS; None if none
+        came free within `timeout` (the run waits: a process decoding more stretches than it
+        keeps readers for would decode GOPs twice). -1: any (no processes)."""
+        ...
+
+    def release_frames(self, process: int) -> None:
+        """A run of video frames is done with `process`."""
         ...
 
     def close(self) -> None: ...
@@ -125,6 +134,7 @@ class PrepPool:
         if processes < 1:
             raise ValueError("A prep pool needs at least one process; use InlinePrep for none.")
         self.settings, self.processes = settings, processes
+        self._frame_runs: collections.Counter[int] = collections.Counter()  # process → runs
         # A video decoder's threads in each process: the cores each has to itself (one where
         # there is a process per core, the default: threads on shared cores only contend).
         self.decoder_threads = max(1, usable_cores() // max(1, processes))
@@ -135,6 +145,7 @@ class PrepPool:
         self._ids = itertools.count(1)
         self._units = itertools.count(1)
         self._lock = threading.Lock()
+        self._frames_free = threading.Condition()  # guards `_frame_runs`
         self._closing = False
         self._procs = [self._start() for _ in range(processes)]
         self.replaced = 0  # processes that died and were replaced (a metric)
@@ -168,10 +179,25 @@ class PrepPool:
         self._send(task, prefer)
         return task.future
 
-    def least_busy(self) -> int:
-        with self._lock:
-            live = [p for p in self._procs if not p.dead]
-            return min(live, key=lambda p: len(p.tasks)).id if live else -1
+    def claim_frames(self, timeout: float = 0) -> int | None:
+        deadline = time.monotonic() + timeout
+        with self._frames_free:
+            while True:
+                live = [p for p in self._procs if not p.dead]
+                free = [p for p in live if self._frame_runs[p.id] < FRAME_RUNS]
+                if free:
+                    chosen = min(free, key=lambda p: (self._frame_runs[p.id], len(p.tasks)))
+                    self._frame_runs[chosen.id] += 1
+                    return chosen.id
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closing:
+                    return None
+                self._frames_free.wait(left)
+
+    def release_frames(self, process: int) -> None:
+        with self._frames_free:
+            self._frame_runs[process] = max(0, self._frame_runs[process] - 1)
+            self._frames_free.notify_all()
 
     def _send(self, task: _Task, prefer: int = -1) -> None:
         with self._lock:
@@ -350,8 +376,11 @@ class InlinePrep:
     def pids(self) -> list[int]:
         return []
 
-    def least_busy(self) -> int:
+    def claim_frames(self, timeout: float = 0) -> int | None:
         return -1
+
+    def release_frames(self, process: int) -> None:
+        pass
 
     def close(self) -> None:
         self._worker.close()

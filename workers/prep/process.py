@@ -279,7 +279,10 @@ def is_video(data: bytes) -> bool:
 
 
 def _local_video(path: Path) -> bool:
-    """Whether a local file begins as a video does (a missing file is left to the fetch)."""
+    """Whether a local file begins as a video does (a missing file, or one that is not a
+    regular file — a FIFO, whose bytes a peek would take — is left to the fetch)."""
+    if not path.is_file():
+        return False
     try:
         with path.open("rb") as file:
             return container_of(file.read(HEAD_BYTES)) is not None

@@ -97,7 +97,9 @@ def test_the_chunk_task_runs_process_chunk(
 
     answer = run_task(app, contract.CHUNK_TASK, "job-1", 1, [7, 8, 9], queue=queue)
 
-    assert recorder.calls == [((runtime, "job-1", 1, [7, 8, 9]), {"urgent": urgent})]
+    [(args, kwargs)] = recorder.calls
+    assert args == (runtime, "job-1", 1, [7, 8, 9]) and kwargs["urgent"] is urgent
+    assert isinstance(kwargs["dispatcher"], CeleryDispatcher)  # a video's frame chunks go out
     assert answer == {"processed": 3, "job_status": "completed"}
 
 
@@ -176,7 +178,8 @@ def test_what_the_producer_sends_is_what_the_tasks_take(
 
     assert [m["name"] for m in sent] == [contract.CHUNK_TASK, contract.INGEST_TASK]
     assert [m["queue"] for m in sent] == [contract.BULK, contract.INGEST]
-    assert chunks.calls == [((runtime, "job-1", 2, [5, 6]), {"urgent": False})]
+    [(args, kwargs)] = chunks.calls
+    assert args == (runtime, "job-1", 2, [5, 6]) and kwargs["urgent"] is False
     assert steps.calls[0][0][2:] == ("job-1", "step-3")
 
 

@@ -196,7 +196,7 @@ class Item(Base):
             "frame_time_s",
             postgresql_where=text("frame_time_s IS NOT NULL"),
             sqlite_where=text("frame_time_s IS NOT NULL"),
-        ),  # fmt: skip
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

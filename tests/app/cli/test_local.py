@@ -48,14 +48,17 @@ def test_a_path_that_is_not_there(kiln: CliRunner, tmp_path: Path) -> None:
 
 def test_an_absolute_glob_that_matches_nothing(kiln: CliRunner, tmp_path: Path) -> None:
     pattern = f"{tmp_path}/nowhere/*.jpg"  # pathlib alone refuses absolute patterns
-    assert f"No images or videos found at '{pattern}'" in refused(kiln, pattern, "--model", "detector")
+    found = refused(kiln, pattern, "--model", "detector")
+    assert f"No images or videos found at '{pattern}'" in found
 
 
 def test_a_folder_with_no_images(kiln: CliRunner, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "notes.txt").write_text("not an image\n")
-    assert f"No images or videos found at '{empty}'" in refused(kiln, str(empty), "--model", "detector")
+    assert f"No images or videos found at '{empty}'" in refused(
+        kiln, str(empty), "--model", "detector"
+    )
 
 
 def test_an_unknown_model(kiln: CliRunner, photos: Path) -> None:

@@ -132,7 +132,7 @@ def video_stream(container: Any, threads: int = 0) -> Any:
     stream = streams[0]
     if stream.codec_context is None or not stream.codec_context.codec:
         raise InputError(
-            f"The video's codec ({stream.codec_tag or 'unknown'}) is not one Kiln can decode."
+            "The video's codec is not one FFmpeg knows, so Kiln cannot decode its frames."
         )
     # Frame and slice threads where this process has cores to itself; where every core has a
     # prep process of its own, one thread each (threads on shared cores only contend).

@@ -333,6 +333,33 @@ def test_what_is_not_a_video_is_refused_with_a_sentence(data: bytes, tmp_path: P
             plan(given, 1.0, LIMITS)
 
 
+def test_a_codec_ffmpeg_does_not_know_is_refused_with_a_sentence(tmp_path: Path) -> None:
+    """An MKV whose track names a codec no one has heard of: one sentence for the video, not
+    one per frame."""
+    data = plain(tmp_path / "clip.mkv", 20, fps=10).read_bytes()
+    assert b"V_MPEG4/ISO/AVC" in data
+    unknown = data.replace(b"V_MPEG4/ISO/AVC", b"V_XXXXX/ISO/XYZ")
+    with pytest.raises(InputError, match=r"^The video's codec is not one FFmpeg knows, so Kiln"):
+        plan(unknown, 1.0, LIMITS)
+
+
+def test_a_frame_rate_field_of_0_is_sampled_by_the_frames_own_times(tmp_path: Path) -> None:
+    """An AVI whose stream header says 0 frames per second: its frames still carry their
+    timestamps, which is what sampling reads; the frames are the ones shown then."""
+    data = bytearray(plain(tmp_path / "clip.avi", 20, fps=10).read_bytes())
+    rate = (
+        data.find(b"strh") + 8 + 24
+    )  # fccType, handler, flags, priority, language, initial, scale
+    assert int.from_bytes(data[rate : rate + 4], "little") == 10
+    data[rate : rate + 4] = (0).to_bytes(4, "little")
+    made = plan(bytes(data), 2.0, LIMITS)
+    assert made.indices == [0, 5, 10, 15]
+    reader = VideoReader(bytes(data))
+    assert [shows(reader.frame(t), k) for t, k in zip(made.times, made.indices, strict=True)] == [
+        True
+    ] * 4
+
+
 def test_a_truncated_video_with_no_frames_left_is_refused(
     clips: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -271,3 +271,15 @@ def test_throughput_starts_at_zero_and_counts_every_finished_item(
     assert series["t"][0] == pytest.approx(started.timestamp()) and series["rate"][0] == 0
     width = series["t"][1] - series["t"][0]  # the job is open: its buckets reach now
     assert sum(series["rate"]) * width == pytest.approx(1, abs=0.05)  # its one item
+
+
+def test_every_item_filter_of_a_job_page_answers(browser: TestClient, acme_key: str) -> None:
+    """Each filter the job page offers is a status items have (a pipeline's skipped objects
+    are not items: the summary counts them)."""
+    job = submit(browser, acme_key)
+    sign_in(browser, acme_key)
+    page = browser.get(f"/console/jobs/{job}").text
+    filters = re.findall(rf'hx-get="(/console/jobs/{job}/items(?:\?status=\w+)?)"', page)
+    assert len(filters) >= 6
+    for path in filters:
+        assert browser.get(path).status_code == 200, path

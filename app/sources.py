@@ -8,6 +8,10 @@ read by the workers' fetcher: both go through these functions.
 from __future__ import annotations
 
 STORE = "store:"
+# What a local file's name says it is (`kiln run` collects folders by them; a video is still
+# known by its bytes, so a name that says neither is looked into).
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
+VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg"}
 
 
 def in_store(key: str) -> str:

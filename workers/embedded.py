@@ -29,6 +29,7 @@ from kiln.app.db.queries import is_open
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.dispatch.contract import QUEUES
 from kiln.app.dispatch.producer import CeleryDispatcher
+from kiln.app.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from kiln.app.storage import open_store
 from kiln.workers.celery.app import KilnCelery, make_celery
 from kiln.workers.prep.slots import reclaim
@@ -37,8 +38,6 @@ from kiln.workers.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 
 PROGRESS_S = 1.0  # the longest a progress report waits when no chunk finishes
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
-VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".mpg"}
 LOCAL_TENANT = "local"
 
 

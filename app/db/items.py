@@ -67,21 +67,23 @@ def insert_items(
     return chunks
 
 
+def _values(item: NewItem) -> dict[str, Any]:
+    """An item's own columns, as both dialects' statements take them."""
+    return {
+        "key": item.key,
+        "source": item.source,
+        "text": item.text,
+        "etag": item.etag,
+        "chunk": item.chunk,
+        "frame_index": item.frame_index,
+        "frame_time_s": item.frame_time_s,
+    }
+
+
 def _insert_postgres(
     session: Session, job_id: str, items: Sequence[NewItem], skip_existing: bool
 ) -> list[tuple[int, int]]:
-    rows = [
-        {
-            "key": i.key,
-            "source": i.source,
-            "text": i.text,
-            "etag": i.etag,
-            "chunk": i.chunk,
-            "frame_index": i.frame_index,
-            "frame_time_s": i.frame_time_s,
-        }
-        for i in items
-    ]
+    rows = [_values(i) for i in items]
     params = {"job_id": job_id, "now": utcnow(), "items": json.dumps(rows)}
     statement = _INSERT_NEW if skip_existing else _INSERT
     return [(int(a), int(b)) for a, b in session.execute(statement, params)]
@@ -92,21 +94,10 @@ def _insert_sqlite(
 ) -> list[tuple[int, int]]:
     now = utcnow()
     rows: list[dict[str, Any]] = [
-        {
-            "job_id": job_id,
-            "key": i.key,
-            "source": i.source,
-            "text": i.text,
-            "etag": i.etag,
-            "chunk": i.chunk,
-            "frame_index": i.frame_index,
-            "frame_time_s": i.frame_time_s,
-            "status": ItemStatus.PENDING,
-            "attempts": 0,
-            "queued_at": now,
-        }
+        {"job_id": job_id, **_values(i), "status": ItemStatus.PENDING, "attempts": 0,
+         "queued_at": now}
         for i in items
-    ]
+    ]  # fmt: skip
     if skip_existing:
         statement = dialect.insert(session, Item).values(rows).on_conflict_do_nothing()
         inserted = session.execute(statement.returning(Item.id, Item.chunk))

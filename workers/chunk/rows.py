@@ -145,21 +145,32 @@ class ChunkRows:
 
     def table(self, fields: Sequence[pa.Field]) -> pa.Table:
         """The shard: the base columns, then the family's, in the shard's types."""
+        keys = pa.array([item.key for item in self.items], pa.string())
         base = [
-            pa.array([item.key for item in self.items], pa.string()),
+            keys,
             pa.array(self.statuses(), pa.string()),
             pa.array(self.shown_errors(), pa.string()),
             pa.array(self.duration_ms(), pa.float32()),
             pa.array(self.sha256, pa.string()),
             pa.array(self.answered_by, pa.string()),
             pa.array(self.fallback_reason, pa.string()),
-            pa.array([split_key(i.key, i.frame_time_s) for i in self.items], pa.string()),
-            pa.array([i.frame_index for i in self.items], pa.int32()),
-            pa.array([i.frame_time_s for i in self.items], pa.float64()),
+            *self._frame_columns(keys),
         ]
         family = [self._column(f) for f in fields]
         schema = pa.schema([*BASE_FIELDS, *fields])
         return pa.Table.from_arrays([*base, *family], schema=schema)
+
+    def _frame_columns(self, keys: pa.Array) -> list[pa.Array]:
+        """source, frame_index, frame_time_s: for a chunk of no video frames (most), the keys
+        and nulls, with no pass over the rows."""
+        times = [item.frame_time_s for item in self.items]
+        if not any(t is not None for t in times):
+            return [keys, pa.nulls(len(self), pa.int32()), pa.nulls(len(self), pa.float64())]
+        return [
+            pa.array([split_key(i.key, i.frame_time_s) for i in self.items], pa.string()),
+            pa.array([item.frame_index for item in self.items], pa.int32()),
+            pa.array(times, pa.float64()),
+        ]
 
     def _column(self, field: pa.Field) -> pa.Array:
         """One output column over every row: the pieces' values, nulls elsewhere."""

@@ -22,6 +22,7 @@ import numpy as np
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import InputError, KilnError, TransientError
+from kiln.app.sources import IMAGE_SUFFIXES
 from kiln.app.video import DEFAULT_FPS, HEAD_BYTES, Sampling, VideoLimits, container_of
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.slots import Segment, attach
@@ -280,8 +281,10 @@ def is_video(data: bytes) -> bool:
 
 def _local_video(path: Path) -> bool:
     """Whether a local file begins as a video does (a missing file, or one that is not a
-    regular file — a FIFO, whose bytes a peek would take — is left to the fetch)."""
-    if not path.is_file():
+    regular file — a FIFO, whose bytes a peek would take — is left to the fetch). A file named
+    as an image is not opened twice to be sure: a video so named is read whole, then known by
+    its bytes all the same."""
+    if path.suffix.lower() in IMAGE_SUFFIXES or not path.is_file():
         return False
     try:
         with path.open("rb") as file:

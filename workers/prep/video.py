@@ -326,9 +326,18 @@ class VideoReader:
         offset = round(key / self._base) + self._start
         self.container.seek(offset, stream=self.stream, backward=True, any_frame=False)
         self.seeks += 1
+        self._from(key)
+        if self._next is not None and self._next[0] > key + EPS:
+            # A demuxer that seeks by bytes (MPEG-TS) may land past the keyframe: the frames
+            # before its landing would be missing, so decode from the start instead.
+            self.container.seek(0)
+            self._from(key)
+
+    def _from(self, key: float) -> None:
+        """Decode from where the container stands to the keyframe `key` (a demuxer may land
+        on an earlier one)."""
         self._frames = self._decode()
         self._current, self._next = None, self._pull()
-        # the demuxer may land on an earlier keyframe: skip to ours
         while self._next is not None and self._next[0] < key - EPS:
             self._current, self._next = self._next, self._pull()
         self._current = None

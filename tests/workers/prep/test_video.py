@@ -543,3 +543,14 @@ def test_another_stretch_of_a_video_gets_its_own_reader_sharing_the_index(
         assert third is early and readers.readers_of("a") == 2
     finally:
         readers.close()
+
+
+@pytest.mark.parametrize("suffix", ["ts", "mp4", "mkv"])
+def test_reading_out_of_order_seeks_to_the_right_frames(tmp_path: Path, suffix: str) -> None:
+    """Back and forth over short GOPs: every seek lands where the frame is decoded from (an
+    MPEG-TS demuxer seeks by bytes and may land past the keyframe: then from the start)."""
+    path = plain(tmp_path / f"sparse.{suffix}", 200, fps=10, gop=10)
+    reader = VideoReader(path)
+    for t in (15.0, 3.0, 9.5, 0.0, 19.9, 7.2, 12.1):
+        assert shows(reader.frame(t), reader.index.shown_at(t)), t
+    assert reader.seeks >= 6

@@ -18,6 +18,10 @@ Two refinements for a worker that serves both bulk and interactive jobs:
 - `max_queued`: `submit` blocks while that many rows wait, so callers cannot run arbitrarily
   far ahead of the engine (memory stays bounded, the CPU goes to the engine).
 
+- `Announcement.withdraw`: a caller whose job was cancelled takes back its rows that no batch
+  has taken yet (their blocks answer with the withdrawn rows failed), and `submit` given a
+  `give_up` test stops waiting for room in a full queue once it is true.
+
 And two for a fleet that runs for weeks:
 - `deadline_s`: a watchdog fails the blocks of a batch that has run longer (a wedged GPU call,
   a deadlocked engine) with `BatchDeadlineError`, a transient error, starts a fresh runner in
@@ -46,6 +50,8 @@ from kiln.app.core.errors import TransientError
 from kiln.app.observability.tracing import batch_span, current_span_context
 
 log = logging.getLogger(__name__)
+
+GIVE_UP_POLL_S = 0.25  # how often a submitter waiting for room asks whether to give up
 
 B = TypeVar("B", bound=Sized)  # a block of rows
 R = TypeVar("R", bound=Sized)  # what the batch function answers for its rows (one per row)
@@ -155,6 +161,10 @@ class BatchStats:
         return self.rows / self.batches if self.batches else 0.0
 
 
+class WithdrawnError(Exception):
+    """The answer of rows their caller took back before any batch took them (a cancel)."""
+
+
 class Announcement(Generic[B, R]):
     """Rows a caller said it will submit; `submit` through it counts them down."""
 
@@ -162,13 +172,33 @@ class Announcement(Generic[B, R]):
         self._batcher = batcher
         self.remaining = rows
         self.urgent = urgent
+        self._queued: list[_Queued[B, R]] = []  # its blocks, for `withdraw`
 
     def submit(self, block: B) -> Future[R]:
-        return self._batcher._submit(block, self)
+        future = self.submit_unless(block, None)
+        assert future is not None  # nothing to give up on
+        return future
+
+    def submit_unless(self, block: B, give_up: Callable[[], bool] | None) -> Future[R] | None:
+        """The block's future; None when `give_up` became true while the queue was full (the
+        block was not queued)."""
+        queued = self._batcher._submit(block, self, give_up)
+        if queued is None:
+            return None
+        self._queued = [q for q in self._queued if not q.future.done()]
+        self._queued.append(queued)
+        return queued.future
 
     def skip(self, rows: int = 1) -> None:
         """Rows that will not come after all (a bad input, a cached result)."""
         self._batcher._write_off(self, rows)
+
+    def withdraw(self) -> dict[Future[R], int]:
+        """Take back every row of this caller's blocks that no batch has taken yet. Returns,
+        per block that lost rows, the first row withdrawn (rows from there to the block's end);
+        each such block still answers, its withdrawn rows failed with `WithdrawnError`, once
+        its rows already in a batch are answered."""
+        return self._batcher._withdraw(self._queued)
 
 
 class Batcher(Generic[B, R]):
@@ -237,7 +267,9 @@ class Batcher(Generic[B, R]):
     # --- callers -------------------------------------------------------------------------
 
     def submit(self, block: B) -> Future[R]:
-        return self._submit(block, None)
+        queued = self._submit(block, None, None)
+        assert queued is not None  # nothing to give up on
+        return queued.future
 
     @contextmanager
     def expect(self, rows: int, urgent: bool = False) -> Iterator[Announcement[B, R]]:
@@ -258,12 +290,17 @@ class Batcher(Generic[B, R]):
             announcement.remaining -= rows
             self._cond.notify_all()  # a runner may be waiting for those rows
 
-    def _submit(self, block: B, announcement: Announcement[B, R] | None) -> Future[R]:
+    def _submit(
+        self,
+        block: B,
+        announcement: Announcement[B, R] | None,
+        give_up: Callable[[], bool] | None,
+    ) -> _Queued[B, R] | None:
         urgent = announcement is not None and announcement.urgent
         queued: _Queued[B, R] = _Queued(block, urgent)
         if not queued.rows:
             queued.future.set_result(self.shape.join([]))
-            return queued.future
+            return queued
         with self._cond:
             while (
                 not urgent
@@ -271,7 +308,10 @@ class Batcher(Generic[B, R]):
                 and self.max_queued is not None
                 and self._bulk_rows >= self.max_queued
             ):
-                self._cond.wait()
+                if give_up is not None and give_up():
+                    return None
+                # With a give_up test, look at it now and then: nothing notifies a cancel.
+                self._cond.wait(None if give_up is None else GIVE_UP_POLL_S)
             if self._closed:
                 raise BatcherClosedError(f"{self.name} is closed.")
             (self._urgent if urgent else self._blocks).append(queued)
@@ -285,7 +325,30 @@ class Batcher(Generic[B, R]):
                 self._announced -= counted
             if self._worth_waking(before):
                 self._cond.notify_all()
-        return queued.future
+        return queued
+
+    def _withdraw(self, blocks: Sequence[_Queued[B, R]]) -> dict[Future[R], int]:
+        """Remove the uncut rows of `blocks` from the queues; answer them as withdrawn."""
+        withdrawn: list[tuple[_Queued[B, R], int]] = []
+        with self._cond:
+            for queued in blocks:
+                left = queued.rows - queued.cut
+                queue = self._urgent if queued.urgent else self._blocks
+                if not left or queued.future.done() or queued not in queue:
+                    continue
+                queue.remove(queued)
+                withdrawn.append((queued, queued.cut))
+                queued.cut = queued.rows
+                self._rows -= left
+                if not queued.urgent:
+                    self._bulk_rows -= left
+            self._cond.notify_all()  # room in the queue for blocked submitters
+        for queued, start in withdrawn:
+            error = WithdrawnError("The job was cancelled.")
+            self._answered(
+                _Taken(queued, start, queued.rows), self.shape.failed(queued.rows - start, error)
+            )
+        return {queued.future: start for queued, start in withdrawn}
 
     def _worth_waking(self, before: int) -> bool:
         """Whether a new block changes what a runner would do: the first rows start a runner's

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kiln.app.core.errors import KilnError, TransientError
-from kiln.workers.batching import Batcher, BatcherClosedError, ListShape, Part
+from kiln.workers.batching import Batcher, BatcherClosedError, ListShape, Part, WithdrawnError
 
 RESULT_TIMEOUT = 2.0
 
@@ -488,3 +488,63 @@ def test_skipped_rows_stop_the_wait_at_once(make_batcher) -> None:
         assert time.monotonic() - started < 1.0
         announced.skip(5)  # more than announced: harmless
     assert batcher._announced == 0
+
+
+def test_withdraw_takes_back_the_rows_no_batch_has_taken(make_batcher) -> None:
+    """A cancel: the block in the running batch finishes; a block cut across the next batch
+    keeps the rows taken and loses the rest; a block still queued is answered at once, every
+    row withdrawn — and the runner never sees the withdrawn rows."""
+    release = threading.Event()
+    fn = Recorder(lambda rows: release.wait(RESULT_TIMEOUT) and [x * 2 for x in rows])
+    batcher = make_batcher(fn, max_batch=2, max_delay_s=0.0)
+    with batcher.expect(6) as announced:
+        running = announced.submit([1, 2])
+        wait_until(lambda: fn.sizes == [2])  # the first batch is in the engine
+        later = announced.submit([3, 4, 5])
+        queued = announced.submit([6])
+        withdrawn = announced.withdraw()
+        assert withdrawn == {later: 0, queued: 0}
+        assert queued.result(timeout=RESULT_TIMEOUT)[0].args == ("The job was cancelled.",)
+        release.set()
+        assert running.result(timeout=RESULT_TIMEOUT) == [2, 4]
+        assert all(isinstance(r, WithdrawnError) for r in later.result(timeout=RESULT_TIMEOUT))
+    time.sleep(0.1)
+    assert fn.calls == [[1, 2]]
+
+
+def test_withdraw_keeps_the_rows_a_batch_already_took(make_batcher) -> None:
+    release = threading.Event()
+    fn = Recorder(lambda rows: release.wait(RESULT_TIMEOUT) and [x * 2 for x in rows])
+    batcher = make_batcher(fn, max_batch=2, max_delay_s=0.0)
+    with batcher.expect(3) as announced:
+        block = announced.submit([1, 2, 3])
+        wait_until(lambda: fn.sizes == [2])  # rows 0-1 taken, row 2 still queued
+        assert announced.withdraw() == {block: 2}
+        assert not block.done()  # its first rows are still in the engine
+        release.set()
+        answer = block.result(timeout=RESULT_TIMEOUT)
+    assert answer[:2] == [2, 4] and isinstance(answer[2], WithdrawnError)
+    assert batcher.snapshot().rows == 2
+
+
+def test_a_submitter_waiting_for_room_gives_up_when_told(make_batcher) -> None:
+    release = threading.Event()
+    fn = Recorder(lambda rows: release.wait(RESULT_TIMEOUT) and [x * 2 for x in rows])
+    batcher = make_batcher(fn, max_batch=1, max_delay_s=0.0, max_queued=1)
+    stop = threading.Event()
+    with batcher.expect(3) as announced:
+        announced.submit([1])
+        wait_until(lambda: fn.sizes == [1])
+        announced.submit([2])  # fills the queue
+        threading.Timer(0.2, stop.set).start()
+        started = time.monotonic()
+        assert announced.submit_unless([3], stop.is_set) is None
+        assert time.monotonic() - started < 1.5
+        release.set()
+
+
+def wait_until(check: Callable[[], bool], timeout: float = RESULT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)

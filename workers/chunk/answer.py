@@ -5,7 +5,9 @@ sends it to the prep processes; a unit that comes back becomes a block for the m
 (its rows that failed to prepare fail with their sentence, and give their slots back at once);
 a settled block gives its slots back from the runner's thread and its answers become a piece
 of the chunk's results. The thread only waits for slots when nothing of its own is in prep, so
-chunks never hold each other's slots hostage. A cancel or a lost lease stops new units.
+chunks never hold each other's slots hostage. A cancel or a lost lease (the lease keeper wakes
+the thread) stops every row no batch has taken: units not sent, units back from prep, and the
+chunk's blocks still queued in the Batcher are cancelled; rows already in a batch finish.
 
 With the content cache on, units first only *read* their items (fetch and hash, bytes kept in
 the prep process); one lookup answers what the cache knows, and only the rest is decoded.
@@ -124,22 +126,21 @@ class _Run:
         self.in_prep = self.in_engine = 0
         self.lender = stage.runner.lender  # bounds our rows in prep and queued (tickets)
         self.pool = stage.runner.slots  # the same lender, when rows go into slots
-        self.started: set[int] = set()
+        self.blocks: dict[Future[Answers], _Block] = {}  # in the Batcher, by their future
         self._lock = threading.Lock()  # `aborted` against the callbacks that queue events
         self.aborted = False
         self.frame_process: int | None = None  # where this run's video frames are decoded
 
     def run(self, holder: dict[int, int]) -> None:
-        """`holder`: rows already read (content cache on) and by which prep process; those
-        were started, so a cancel no longer stops them."""
-        self.started = set(holder)
+        """`holder`: rows already read (content cache on) and by which prep process."""
         pipeline = self.stage.runner.pipeline
         total = sum(len(u) for u in self.pending)
+        woken = self.stage.held.on_stop(lambda: self.events.put(("stop", None, Future())))
         with self.stage.runner.batcher.expect(total, self.stage.urgent) as announced:
             try:
                 while self.pending or self.in_prep or self.in_engine:
                     if self.stage.held.stopping():
-                        self._cancel_pending(announced)
+                        self._stop(announced)
                     self._dispatch(holder, wait=False)
                     if self.pending and not self.in_prep:
                         self._dispatch(holder, wait=True)  # nothing of ours in prep: wait
@@ -151,6 +152,7 @@ class _Run:
                 self._abandon()
                 raise
             finally:
+                woken()
                 if self.frame_process is not None:
                     self.stage.prep.release_frames(self.frame_process)
 
@@ -168,24 +170,24 @@ class _Run:
     def _release(self, tickets: np.ndarray) -> None:
         self.lender.release(tickets)
 
-    def _cancel_pending(self, announced: Announcement[Rows, Answers]) -> None:
-        """The job is cancelling, or the lease is lost: rows not started never will be."""
-        keep = deque(unit for unit in self.pending if self._started(unit))
+    def _stop(self, announced: Announcement[Rows, Answers]) -> None:
+        """The job is cancelling, or the lease is lost: rows no batch has taken never will be.
+        Units not sent are cancelled here, the chunk's blocks still queued in the Batcher are
+        taken back (their blocks answer, the withdrawn rows cancelled), and units still in
+        prep are cancelled as they come back (`_prepared`)."""
         for unit in self.pending:
-            if not self._started(unit):
-                self.rows.cancelled[unit] = True
-                announced.skip(len(unit))
-        self.pending = keep
-
-    def _started(self, unit: np.ndarray) -> bool:
-        return int(unit[0]) in self.started
+            self.rows.cancelled[unit] = True
+            announced.skip(len(unit))
+        self.pending.clear()
+        for future, start in announced.withdraw().items():
+            self.rows.cancelled[self.blocks[future].rows[start:]] = True
 
     def _dispatch(self, holder: dict[int, int], wait: bool) -> None:
         """Send units while slots allow (`wait`: block for the first one's slots a while),
         unless the lease says stop: a unit not sent is not started."""
         while self.pending:
             unit = self.pending[0]
-            if self.stage.held.stopping() and not self._started(unit):
+            if self.stage.held.stopping():
                 return
             if self._frames(unit):
                 if self.in_prep >= FRAME_UNITS_AHEAD:
@@ -242,6 +244,8 @@ class _Run:
         announced: Announcement[Rows, Answers],
         finish: Callable[[Answers], Answers],
     ) -> None:
+        if kind == "stop":
+            return  # the loop looks at the lease again
         if kind == "prep":
             self.in_prep -= 1
             unit, slots = payload
@@ -264,10 +268,14 @@ class _Run:
         announced: Announcement[Rows, Answers],
     ) -> None:
         """A unit is back from prep: its good rows go to the Batcher as one block (a video is
-        not a row: its frames become items of their own)."""
+        not a row: its frames become items of their own) — unless the run must stop, when
+        they are cancelled instead."""
         ok = np.array([e is None for e in prepped.errors], dtype=bool)
         if prepped.videos is not None:
             ok &= np.array([v is None for v in prepped.videos], dtype=bool)
+        if self.stage.held.stopping():
+            self._cancel_prepared(unit, ok, tickets, announced)
+            return
         if not ok.all():
             self._release(tickets[~ok])  # rows that failed to prepare need no slot
         announced.skip(int((~ok).sum()))
@@ -284,19 +292,39 @@ class _Run:
         )
         entry = _Block(unit[ok], time.monotonic())
         try:
-            future = announced.submit(block)
+            future = announced.submit_unless(block, self.stage.held.stopping)
         except BaseException:  # the Batcher closed (the model unloads, the worker stops)
             self._release(held)
             raise
+        if future is None:  # stopped while the Batcher's queue was full
+            self._release(held)
+            self.rows.cancelled[entry.rows] = True
+            return
+        self.blocks[future] = entry
         self.in_engine += 1
         lender = self.lender
         future.add_done_callback(lambda _: lender.release(held))  # on the runner's thread
         future.add_done_callback(self._event("block", entry))
 
+    def _cancel_prepared(
+        self,
+        unit: np.ndarray,
+        ok: np.ndarray,
+        tickets: np.ndarray,
+        announced: Announcement[Rows, Answers],
+    ) -> None:
+        """A unit back from prep after the run was told to stop: its rows that prepared well
+        are cancelled (their failures stand), its slots go back."""
+        self.rows.cancelled[unit[ok]] = True
+        self._release(tickets)
+        announced.skip(len(unit))
+
     def _answered(
         self, block: _Block, future: Future[Answers], finish: Callable[[Answers], Answers]
     ) -> None:
-        """A block's answers: failed rows fail, the others become a piece of the results."""
+        """A block's answers: failed rows fail, the others become a piece of the results (rows
+        withdrawn from the Batcher on a cancel are cancelled already)."""
+        self.blocks.pop(future, None)
         engine = time.monotonic() - block.submitted
         answers = future.result()  # a transient failure (a stuck engine) retries the chunk
         started = time.monotonic()
@@ -311,6 +339,8 @@ class _Run:
         for position, (error, refused) in enumerate(
             zip(answers.errors, answers.refused_list(), strict=True)
         ):
+            if self.rows.cancelled[int(block.rows[position])]:
+                continue  # withdrawn before a batch took it
             if error is None:
                 good.append(position)
             else:

@@ -59,6 +59,7 @@ class Lease:
     tenant: str = ""
     fallback: Fallback | None = None  # the job's fallback model, if it names one
     sampling: Sampling | None = None  # how the job samples its videos
+    cancelling: bool = False  # the job was cancelled: what this run took, it cancels
 
 
 def finish_chunk(

@@ -1,7 +1,9 @@
 """Keep every chunk run's lease alive while it works, and notice a cancel or a lost lease.
 
 One thread per worker process (`Leases`) renews the leases of every run it holds in one
-statement every `lease_renew_s`, and reads their jobs' statuses in one more. A renewal that
+statement every `lease_renew_s`, and reads their jobs' statuses every `cancel_check_s` (one
+statement), so a cancel reaches a running chunk within about a second: the run is woken
+(`Held.on_stop`) and stops its work that no batch has taken. A renewal that
 fails (the database is restarting) is retried at the next tick: the lease is long enough to
 ride out a short outage, and if it does run out, another run takes the items and this run's
 results are discarded.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -46,8 +48,25 @@ class Held:
     cancelled: threading.Event = field(default_factory=threading.Event)  # stop taking work
     lost: threading.Event = field(default_factory=threading.Event)  # another run has the items
 
+    _wakers: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
     def stopping(self) -> bool:
         return self.cancelled.is_set() or self.lost.is_set()
+
+    def on_stop(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake` (from the keeper's thread) when the run must stop; returns the undo."""
+        self._wakers.append(wake)
+        if self.stopping():
+            wake()
+        return lambda: self._wakers.remove(wake)
+
+    def stop(self, reason: threading.Event) -> None:
+        """Set `reason` (cancelled or lost) and wake whoever waits on this run."""
+        if reason.is_set():
+            return
+        reason.set()
+        for wake in list(self._wakers):
+            wake()
 
     @property
     def health_key(self) -> str:
@@ -64,8 +83,11 @@ class Leases:
         renew_s: float,
         max_s: float = float("inf"),
         health: Health | None = None,
+        cancel_check_s: float | None = None,
     ) -> None:
         self.lease_s, self.renew_s, self.max_s = lease_s, renew_s, max_s
+        self.check_s = min(renew_s, cancel_check_s or renew_s)
+        self._renewed = 0.0  # monotonic time of the last renewal
         self.health = health or Health()
         self._sessions = sessions
         self._held: dict[str, Held] = {}  # by owner
@@ -91,22 +113,35 @@ class Leases:
 
     def renew_once(self) -> None:
         """One tick: every held lease pushed out in one statement; cancels and losses seen."""
+        self._tick(renew=True)
+
+    def _tick(self, renew: bool) -> None:
+        """Read the held runs' job statuses (a cancel stops them); with `renew`, also push out
+        their leases in one statement (a run whose items are gone has lost them)."""
         with self._lock:
             runs = [h for h in self._held.values() if h.watched and not self._overran(h)]
         if not runs:
             return
         with self._sessions() as session, unit_of_work(session):
-            held = leases.renew_many(session, [h.owner for h in runs], self.lease_s)
+            owners = [h.owner for h in runs]
+            held = leases.renew_many(session, owners, self.lease_s) if renew else {}
             statuses = leases.job_statuses(session, {h.job_id for h in runs})
+        if renew:
+            self._renewed = time.monotonic()
         for run in runs:
             if statuses.get(run.job_id) == JobStatus.CANCELLING:
-                run.cancelled.set()
-            if not held.get(run.owner):
+                run.stop(run.cancelled)
+            if renew and not held.get(run.owner):
                 with self._lock:  # a run ending, or writing its results, holds nothing
                     still = run.owner in self._held and not run.writing
                 if still:
                     log.warning("chunk run %s of job %s lost its lease", run.owner, run.job_id)
-                    run.lost.set()
+                    run.stop(run.lost)
+
+    def _renewal_due(self) -> bool:
+        """Renew on the tick nearest `renew_s` after the last renewal (ticks come every
+        `check_s`, a cancel check each)."""
+        return time.monotonic() - self._renewed >= self.renew_s - self.check_s / 2
 
     def _overran(self, held: Held) -> bool:
         """Past its longest lease: stop renewing, give the items up, report it (once)."""
@@ -119,13 +154,13 @@ class Leases:
             )
             log.error(sentence, extra={"job_id": held.job_id})
             self.health.fail(held.health_key, sentence)
-            held.lost.set()  # whatever it finishes is not written: the items went elsewhere
+            held.stop(held.lost)  # whatever it finishes is not written: the items went elsewhere
         return True
 
     def _run(self) -> None:
-        while not self._wake.wait(self.renew_s):
+        while not self._wake.wait(self.check_s):
             try:
-                self.renew_once()
+                self._tick(renew=self._renewal_due())
             except Exception as error:  # the database is away: try again next tick
                 log.warning("could not renew leases: %s", error)
 

@@ -86,6 +86,8 @@ def process_chunk(
         return report
     try:
         with runtime.leases.hold(job_id, owner, watched=bool(lease.items)) as held:
+            if lease.cancelling:  # items a retry or the reconciler handed back: none runs
+                held.stop(held.cancelled)
             rows = answer_chunk(runtime, lease, held, urgent, report)
             if not held.lost.is_set():
                 rows = expand_videos(runtime, lease, rows, dispatcher)
@@ -286,6 +288,7 @@ def lease_chunk(
         tenant=job.tenant,
         fallback=fallback,
         sampling=job_sampling(settings, job.options),
+        cancelling=job.status == JobStatus.CANCELLING,
     )
 
 

@@ -3,6 +3,7 @@ job is cancelled, and re-sent by the reconciler when their run died or their mes
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, update
 
+from devstack.images import solid
 from kiln.app import results
 from kiln.app.db import leases
 from kiln.app.db.models import Item, ItemStatus, JobStatus, utcnow
@@ -23,6 +25,7 @@ from kiln.workers.chunk.run import process_chunk
 from kiln.workers.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.chunk.test_run import FILES, items_by_key, job_row, manifest, shard_rows, submit
+from tests.workers.colours import MODEL
 
 
 @contextmanager
@@ -107,8 +110,9 @@ def test_one_keeper_renews_every_run_of_the_process_in_one_statement(
 def test_a_cancel_stops_a_running_chunk_between_inputs(
     runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The cancel arrives while the first input is being fetched: the inputs not yet started
-    are cancelled, the started one keeps its result, and the job closes as cancelled."""
+    """The cancel arrives while the first input is being fetched: no input has reached a batch,
+    so every one is cancelled — the one in prep as it comes back, the others before they are
+    sent — and the job closes as cancelled."""
     monkeypatch.setattr(answer_module, "UNIT_ROWS", 1)
     runtime.settings.lease_renew_s = 0.05
     job_id, calls = submit(runtime)
@@ -127,11 +131,10 @@ def test_a_cancel_stops_a_running_chunk_between_inputs(
     report = process_chunk(runtime, job_id, 0, calls[0].item_ids)
 
     items = items_by_key(runtime, job_id)
-    assert len(fetched) == 1 and report.processed == 1
-    assert items["r.png"].status == ItemStatus.SUCCEEDED
-    assert [items[k].status for k in ("g.png", "b.png", "notes.txt", "b2.png")] == [
+    assert len(fetched) == 1 and report.processed == 0
+    assert [items[k].status for k in ("r.png", "g.png", "b.png", "notes.txt", "b2.png")] == [
         ItemStatus.CANCELLED
-    ] * 4
+    ] * 5
     assert items["g.png"].error == "The job was cancelled."
     assert job_row(runtime, job_id).status == JobStatus.CANCELLED
     assert [r["key"] for r in shard_rows(runtime, job_id, 0)] == ["r.png", "g.png", "b.png"]
@@ -209,3 +212,60 @@ def test_an_input_that_keeps_killing_its_runs_fails_with_the_reason(
     assert items["r.png"].status == ItemStatus.SUCCEEDED
     assert items["g.png"].status == ItemStatus.FAILED
     assert f"gave up on this input after {limit} attempts" in (items["g.png"].error or "")
+
+
+def test_a_cancel_takes_back_the_rows_waiting_for_the_engine(
+    runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine is busy with the chunk's first batch when the cancel comes: the rows no batch
+    has taken are cancelled within a moment (not run after it), the rows the engine has keep
+    their results, and the database, the counters and the shard agree."""
+    monkeypatch.setattr(answer_module, "UNIT_ROWS", 4)
+    runtime.settings.cancel_check_s = 0.05
+    files = [(f"c{i:02d}.png", solid((10 * i, 5, 250 - 10 * i))) for i in range(24)]
+    job_id, calls = submit(runtime, files)
+    with runtime.using(runtime_model(runtime)) as runner:
+        batcher = runner.batcher
+        engine = batcher.fn
+        seen: list[int] = []
+        busy = threading.Event()
+
+        def slow_engine(parts: Any) -> Any:
+            seen.append(sum(len(part) for part in parts))
+            busy.set()
+            time.sleep(1.0)  # a batch on a slow engine
+            return engine(parts)
+
+        monkeypatch.setattr(batcher, "fn", slow_engine)
+        cancelled_at: list[float] = []
+
+        def cancel_once_busy() -> None:
+            busy.wait(10)
+            with runtime.sessions() as session:
+                cancel_job(session, "acme", job_id)
+            cancelled_at.append(time.monotonic())
+
+        canceller = threading.Thread(target=cancel_once_busy)
+        canceller.start()
+        ids = [item_id for call in calls for item_id in call.item_ids]
+        report = process_chunk(runtime, job_id, 0, ids, owner="one-run")
+        canceller.join()
+
+    ran = sum(seen)
+    assert 0 < ran < len(files)
+    assert report.processed == ran and report.job_status == JobStatus.CANCELLED
+    # The batches already running finish; nothing else starts: at most about one batch's time.
+    assert time.monotonic() - cancelled_at[0] < 2.5
+    items = items_by_key(runtime, job_id)
+    statuses = [item.status for item in items.values()]
+    assert statuses.count(ItemStatus.SUCCEEDED) == ran
+    assert statuses.count(ItemStatus.CANCELLED) == len(files) - ran
+    shard = shard_rows(runtime, job_id, 0)
+    assert {row["key"]: row["status"] for row in shard} == {k: i.status for k, i in items.items()}
+    counts = manifest(runtime, job_id)["counts"]
+    assert (counts["succeeded"], counts["cancelled"]) == (ran, len(files) - ran)
+
+
+def runtime_model(runtime: WorkerRuntime) -> Any:
+    with runtime.sessions() as session:
+        return runtime.model_info(session, MODEL, "acme")

@@ -245,10 +245,13 @@ def test_a_chunk_of_a_cancelled_job_processes_nothing(runtime: WorkerRuntime) ->
     assert job_row(runtime, job_id).status == JobStatus.CANCELLED
 
 
-def test_a_chunk_of_a_cancelling_job_drains_and_cancels_it(runtime: WorkerRuntime) -> None:
+def test_a_chunk_leased_before_a_cancel_cancels_what_no_batch_took(
+    runtime: WorkerRuntime,
+) -> None:
+    """A worker has leased chunk 0 when the cancel arrives, but no batch has its rows yet: the
+    run cancels them rather than starting them, and chunk 1 never runs."""
     job_id, calls = submit(runtime)
     first = calls[0]
-    # A worker has leased chunk 0 when the cancel arrives: chunk 0 drains, chunk 1 never runs.
     with runtime.sessions() as session:
         leases.take(session, job_id, first.item_ids, "msg-0", 60)
         session.commit()
@@ -256,14 +259,14 @@ def test_a_chunk_of_a_cancelling_job_drains_and_cancels_it(runtime: WorkerRuntim
 
     reports = run_all(runtime, calls)
 
-    assert reports[0].processed == 3  # the running items finish and keep their results
-    assert reports[1].processed == 0
+    assert reports[0].processed == 0 and reports[1].processed == 0
     assert JobStatus.CANCELLED in {r.job_status for r in reports}
     items = items_by_key(runtime, job_id)
-    assert [items[k].status for k in ("r.png", "g.png", "b.png")] == [ItemStatus.SUCCEEDED] * 3
-    assert items["notes.txt"].status == ItemStatus.CANCELLED
+    assert {item.status for item in items.values()} == {ItemStatus.CANCELLED}
+    assert items["r.png"].error == "The job was cancelled."
     assert job_row(runtime, job_id).status == JobStatus.CANCELLED
     assert manifest(runtime, job_id)["status"] == "cancelled"
+    assert manifest(runtime, job_id)["counts"]["cancelled"] == len(items)
 
 
 def test_a_chunk_of_a_deleted_job_is_dropped(runtime: WorkerRuntime) -> None:

@@ -1,17 +1,25 @@
-"""The repository's Markdown links resolve inside the repository.
+"""The repository's Markdown links resolve inside the repository, and the `kiln` commands it
+shows are commands Kiln has.
 
 A relative link must name a file or folder that exists, and must not leave the repository (a
 clone has nothing beside it); a `#fragment` must name a heading of the linked Markdown file.
-Links to the web are not followed: no network here.
+Links to the web are not followed: no network here. A `kiln …` line in a README or docs code
+block, a `kiln …` code span, and a `<code>kiln …</code>` hint of the console must name an
+existing command, with options it has and no more arguments than it takes.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
+
+from kiln.app.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 # Generated or third-party trees that are not the repository's own documents.
@@ -102,3 +110,86 @@ def test_the_checker_finds_what_it_should() -> None:
     assert slug("Figures after the structure change (issue 14)") == (
         "figures-after-the-structure-change-issue-14"
     )
+
+
+_SHELL = re.compile(r"^```(?:bash|sh|shell|console)?\n(.*?)^```", re.M | re.S)
+_KILN_SPAN = re.compile(r"`(kiln [^`\n]*)`")
+_KILN_HINT = re.compile(r"<code>(kiln [^<]*)</code>")
+TEMPLATES = ROOT / "app" / "console" / "templates"
+
+
+def kiln_commands() -> list[tuple[str, str]]:
+    """(where, command) for every `kiln …` the README, docs and console templates show."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        for block in _SHELL.findall(text):
+            for line in block.replace("\\\n", " ").splitlines():
+                if line.strip().startswith("kiln "):
+                    found.append((path.name, line.strip()))
+        found += [(path.name, span) for span in _KILN_SPAN.findall(_FENCE.sub("", text))]
+    for path in sorted(TEMPLATES.glob("*.html")):
+        found += [(path.name, hint) for hint in _KILN_HINT.findall(path.read_text())]
+    return found
+
+
+def command_problem(line: str) -> str | None:
+    """Why `line` is not a `kiln` command Kiln has; or None."""
+    try:
+        words = shlex.split(line, comments=True)[1:]
+    except ValueError as error:
+        return f"{line!r} does not parse: {error}"
+    command: Any = typer.main.get_command(app)
+    path = ["kiln"]
+    while hasattr(command, "list_commands") and words:
+        sub = command.get_command(command.context_class(command), words[0])
+        if sub is None:
+            return f"there is no command {' '.join([*path, words[0]])}"
+        path.append(words.pop(0))
+        command = sub
+    if hasattr(command, "list_commands"):
+        return f"{' '.join(path)} needs a subcommand"
+    return _arguments_problem(command, " ".join(path), words)
+
+
+def _arguments_problem(command: Any, name: str, words: list[str]) -> str | None:
+    options = {
+        flag: p
+        for p in command.params
+        if p.param_type_name == "option"
+        for flag in (*p.opts, *p.secondary_opts)
+    }
+    takes = [p.nargs for p in command.params if p.param_type_name == "argument"]
+    given = 0
+    while words:
+        word = words.pop(0)
+        if word in ("&", "…", "..."):  # run in the background; "and the rest" elided
+            continue
+        if not word.startswith("-") or len(word) == 1:
+            given += 1
+            continue
+        option = options.get(word.partition("=")[0])
+        if option is None:
+            return f"{name} has no option {word.partition('=')[0]}"
+        if not option.is_flag and "=" not in word and words:
+            words.pop(0)  # its value
+    if -1 not in takes and given > sum(takes):
+        return f"{name} takes {sum(takes)} argument(s), not {given}"
+    return None
+
+
+@pytest.mark.parametrize(("where", "line"), kiln_commands(), ids=lambda v: str(v)[:60])
+def test_every_kiln_command_shown_is_one_kiln_has(where: str, line: str) -> None:
+    assert command_problem(line) is None, where
+
+
+def test_the_command_checker_finds_what_it_should() -> None:
+    assert ("login.html", "kiln keys create --tenant NAME") in kiln_commands()
+    assert command_problem("kiln keys create --tenant acme --bucket photos  # a note") is None
+    assert command_problem("kiln api --host 0.0.0.0 --port 8000 &") is None
+    assert command_problem("kiln keys create TENANT") == (
+        "kiln keys create takes 0 argument(s), not 1"
+    )
+    assert command_problem("kiln schedules add") == "there is no command kiln schedules"
+    assert command_problem("kiln storage check --make") == "kiln storage check has no option --make"
+    assert command_problem("kiln db") == "kiln db needs a subcommand"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve
+from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve, storage
 
 app = typer.Typer(help="Kiln: batch inference on GPUs.", no_args_is_help=True)
 app.add_typer(admin.db_app, name="db")
@@ -12,6 +12,7 @@ app.add_typer(admin.keys_app, name="keys")
 app.add_typer(admin.tenants_app, name="tenants")
 app.add_typer(admin.models_app, name="models")
 app.add_typer(admin.engines_app, name="engines")
+app.add_typer(storage.storage_app, name="storage")
 app.add_typer(bulk.schedule_app, name="schedule")
 app.command("api")(serve.api)
 app.command("worker")(serve.worker)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from kiln.app.cli.common import console, errors, fail, redact, session, settings
-from kiln.app.core.errors import KilnError
+from kiln.app.core.errors import KilnError, plain_reason
 
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
@@ -21,11 +21,31 @@ engines_app = typer.Typer(help="Inference engines (TensorRT plans).", no_args_is
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Apply database migrations (run once per release, before the API starts)."""
-    from kiln.app.db.migrate import upgrade
+    from sqlalchemy.exc import OperationalError
+
+    from kiln.app.db.migrate import describe, upgrade
 
     current = settings()
-    upgrade(current)
-    console.print(f"database at {redact(current.database_url)} is up to date")
+    where = redact(current.database_url)
+    try:
+        done = upgrade(current)
+    except KilnError as error:
+        raise fail(error) from None
+    except OperationalError as error:  # no such database, refused, a wrong password
+        sentence = f"The database at {where} cannot be reached: {plain_reason(error)}."
+        raise fail(KilnError(sentence)) from None
+    if done.applied:
+        plural = "" if done.applied == 1 else "s"
+        console.print(
+            f"Upgraded the database at {where} from {describe(done.before)} to "
+            f"{describe(done.after)}: {done.applied} migration{plural} applied.",
+            soft_wrap=True,
+        )
+    else:
+        console.print(
+            f"The database at {where} is already at {describe(done.after)}; nothing to do.",
+            soft_wrap=True,
+        )
 
 
 @db_app.command("recount")

@@ -11,6 +11,12 @@ class TransientError(KilnError):
     """A fault that may pass (throttling, a restarting database): retry with backoff."""
 
 
+class SetupError(TransientError):
+    """Kiln's own setup is wrong: its storage bucket missing, its credentials refused. Not the
+    caller's fault: the API answers 503 with the sentence, and a task retries it as it does any
+    transient fault (no item fails for it), so the work resumes once an operator fixes it."""
+
+
 class InputError(KilnError):
     """The input itself is bad: fail that item (or request) with this sentence."""
 
@@ -33,3 +39,13 @@ class LimitExceededError(KilnError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = max(1, retry_after)
+
+
+def plain_reason(error: BaseException) -> str:
+    """A driver's own words for a failure, its first line without boilerplate, for a sentence:
+    `Connection refused`, `database "kiln" does not exist` (psycopg, kombu, botocore)."""
+    lines = str(getattr(error, "orig", None) or error).strip().splitlines()
+    first = lines[0] if lines else ""
+    if "connection to server" in first:  # psycopg: 'connection failed: connection to server…'
+        first = first.rpartition(" failed: ")[2]
+    return first.replace("FATAL:", "").strip().rstrip(".") or type(error).__name__

@@ -21,5 +21,5 @@ def open_store(settings: Settings) -> ObjectStore:
     if scheme == "s3":
         from kiln.app.storage.s3 import S3Store, make_s3_client
 
-        return S3Store.from_url(url, make_s3_client(settings))
+        return S3Store.from_url(url, make_s3_client(settings), own=True)
     raise ValueError(f"KILN_STORAGE_URL must start with s3:// or file://, not {url!r}.")

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from kiln.app.core.errors import ConflictError, NotFoundError
+from kiln.app.core.errors import ConflictError, NotFoundError, SetupError
 from kiln.app.storage.base import NewObject, check_key
 
 
@@ -71,9 +71,18 @@ class LocalStore:
         self._path(key).unlink(missing_ok=True)
 
     def ping(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SetupError(
+                f"Kiln's storage folder {self.root} cannot be created "
+                f"({error.strerror or error}); fix KILN_STORAGE_URL or the folder's permissions."
+            ) from error
         if not os.access(self.root, os.W_OK):
-            raise OSError(f"{self.root} is not writable.")
+            raise SetupError(
+                f"Kiln's storage folder {self.root} is not writable; fix KILN_STORAGE_URL or "
+                "the folder's permissions."
+            )
 
     def describe(self, key: str) -> str:
         return self._path(key).as_uri()

@@ -9,9 +9,9 @@ from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from kiln.app.core.errors import InputError, NotFoundError, TransientError
+from kiln.app.core.errors import InputError, NotFoundError, SetupError, TransientError
 from kiln.app.storage.base import NewObject, check_key
 
 if TYPE_CHECKING:
@@ -44,10 +44,16 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.lstrip("/")
 
 
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
 def translate(error: Exception, where: str) -> Exception:
-    """Map boto errors onto Kiln's taxonomy, with a sentence naming the object."""
+    """Map boto errors onto Kiln's taxonomy, with a sentence naming the object. A bucket a
+    user named that is missing or refused is the user's error (`InputError`); Kiln's own
+    store says otherwise (`S3Store(own=True)`)."""
     if isinstance(error, ClientError):
-        code = str(error.response.get("Error", {}).get("Code", ""))
+        code = _code(error)
         if code == "NoSuchBucket":
             return InputError(f"The bucket of {where} does not exist.")
         if code in _MISSING:
@@ -72,16 +78,45 @@ def read_object(client: Any, uri: str, max_bytes: int) -> bytes:
         raise translate(error, uri) from error
 
 
+def missing_bucket(bucket: str) -> SetupError:
+    return SetupError(
+        f"Kiln's storage bucket {bucket} does not exist (KILN_STORAGE_URL); "
+        "create it with `kiln storage check --create`."
+    )
+
+
 class S3Store:
-    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+    """A bucket (and a prefix in it). `own` marks Kiln's own store (`KILN_STORAGE_URL`):
+    there a missing or refused bucket is the service's misconfiguration (`SetupError`, 503),
+    not the user's error it is in a bucket the user named (a job's `output`)."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "", *, own: bool = False) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.own = own
 
     @classmethod
-    def from_url(cls, url: str, client: Any) -> S3Store:
+    def from_url(cls, url: str, client: Any, *, own: bool = False) -> S3Store:
         bucket, prefix = parse_s3_uri(url)
-        return cls(client, bucket, prefix)
+        return cls(client, bucket, prefix, own=own)
+
+    def _translate(self, error: Exception, where: str) -> Exception:
+        if self.own and isinstance(error, NoCredentialsError):
+            return SetupError(
+                f"Kiln has no S3 credentials for its storage bucket {self.bucket}: set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or another way boto3 reads)."
+            )
+        if self.own and isinstance(error, ClientError):
+            code = _code(error)
+            if code == "NoSuchBucket":
+                return missing_bucket(self.bucket)
+            if code in _DENIED:
+                return SetupError(
+                    f"Kiln may not use its storage bucket {self.bucket} ({code}): check its "
+                    "S3 credentials and KILN_STORAGE_URL."
+                )
+        return translate(error, where)
 
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
@@ -91,7 +126,7 @@ class S3Store:
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
         except (ClientError, BotoCoreError) as error:
-            raise translate(error, self.describe(key)) from error
+            raise self._translate(error, self.describe(key)) from error
 
     def put_new(self, objects: Sequence[NewObject]) -> None:
         """Side by side: an upload's objects go up PUT_CONCURRENCY at a time."""
@@ -107,7 +142,7 @@ class S3Store:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
             return bytes(response["Body"].read())
         except (ClientError, BotoCoreError) as error:
-            raise translate(error, self.describe(key)) from error
+            raise self._translate(error, self.describe(key)) from error
 
     def exists(self, key: str) -> bool:
         try:
@@ -115,7 +150,7 @@ class S3Store:
         except ClientError as error:
             if isinstance(translate(error, key), NotFoundError):
                 return False
-            raise translate(error, self.describe(key)) from error
+            raise self._translate(error, self.describe(key)) from error
         return True
 
     def list(self, prefix: str) -> Iterator[str]:
@@ -126,24 +161,49 @@ class S3Store:
                 for entry in page.get("Contents", []):
                     yield entry["Key"][len(self.prefix) :]
         except (ClientError, BotoCoreError) as error:
-            raise translate(error, self.describe(prefix)) from error
+            raise self._translate(error, self.describe(prefix)) from error
 
     def delete(self, key: str) -> None:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
         except (ClientError, BotoCoreError) as error:
-            raise translate(error, self.describe(key)) from error
+            raise self._translate(error, self.describe(key)) from error
 
-    def ping(self) -> None:
+    def bucket_exists(self) -> bool:
+        """Whether the bucket is there (HEAD); a refusal or an unreachable S3 raises."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except ClientError as error:
-            code = str(error.response.get("Error", {}).get("Code", ""))
-            if code in _MISSING or code == "NoSuchBucket":
-                raise InputError(f"The bucket s3://{self.bucket} does not exist.") from error
-            raise translate(error, f"s3://{self.bucket}") from error
+            if _code(error) in _MISSING or _code(error) == "NoSuchBucket":
+                return False
+            raise self._translate(error, f"s3://{self.bucket}") from error
         except BotoCoreError as error:
-            raise translate(error, f"s3://{self.bucket}") from error
+            raise self._translate(error, f"s3://{self.bucket}") from error
+        return True
+
+    def ping(self) -> None:
+        if not self.bucket_exists():
+            if self.own:
+                raise missing_bucket(self.bucket)
+            raise InputError(f"The bucket s3://{self.bucket} does not exist.")
+
+    def create_bucket(self) -> None:
+        """Create the bucket (in the client's region)."""
+        region = self.client.meta.region_name
+        extra: dict[str, Any] = {}
+        if region and region != "us-east-1":  # us-east-1 takes no LocationConstraint
+            extra["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self.client.create_bucket(Bucket=self.bucket, **extra)
+        except ClientError as error:
+            if _code(error) == "BucketAlreadyExists":  # the name is another account's
+                raise SetupError(
+                    f"The bucket name {self.bucket} is taken by another S3 account; "
+                    "name another in KILN_STORAGE_URL."
+                ) from error
+            raise self._translate(error, f"s3://{self.bucket}") from error
+        except BotoCoreError as error:
+            raise self._translate(error, f"s3://{self.bucket}") from error
 
     def describe(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
@@ -158,5 +218,5 @@ class S3Store:
                 ExpiresIn=seconds,
             )
         except (ClientError, BotoCoreError) as error:
-            raise translate(error, self.describe(key)) from error
+            raise self._translate(error, self.describe(key)) from error
         return str(url)

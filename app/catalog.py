@@ -139,9 +139,19 @@ def _visible(tenant: str) -> Any:
 
 
 def get_model(session: Session, ref: str, tenant: str) -> ModelInfo:
-    """The model `ref` names for `tenant`: its own registration first, then a shared one."""
+    """The model `ref` names for `tenant`: its own registration first, then a shared one.
+
+    The one place a ref is resolved, whichever door it came by (a job, multipart or JSON, a bulk
+    job, a schedule, `kiln run --model`, a fallback): a version that does not exist is a
+    NotFoundError naming the versions there are (a built-in has none), which a submit answers
+    422."""
     name, version = parse_ref(ref)
     if name in BUILTINS:
+        if version is not None:  # a built-in is its package's: nothing to pin
+            raise NotFoundError(
+                f"Model {name!r} has no version {version}; built-in models have no versions: "
+                f"use {name!r}."
+            )
         return builtin_model(name)
     query = select(Model).where(Model.name == name, _visible(tenant))
     if version is not None:
@@ -151,9 +161,15 @@ def get_model(session: Session, ref: str, tenant: str) -> ModelInfo:
         query.order_by((Model.tenant == tenant).desc(), Model.version.desc()).limit(1)
     ).first()
     if row is None:
+        versions = model_versions(session, tenant, name) if version is not None else []
+        if versions:
+            there = ", ".join(str(v) for v in versions)
+            plural = "versions" if len(versions) > 1 else "version"
+            raise NotFoundError(
+                f"Model {name!r} has {plural} {there}; there is no version {version}."
+            )
         known = ", ".join(m.name for m in list_models(session, tenant))
-        missing = f"version {version} of model {name!r}" if version else f"model named {name!r}"
-        raise NotFoundError(f"There is no {missing}; available models: {known}.")
+        raise NotFoundError(f"There is no model named {name!r}; available models: {known}.")
     return _from_row(row)
 
 

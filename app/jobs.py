@@ -206,8 +206,9 @@ def _check_videos(
     for key, upload in zip(keys, request.uploads, strict=False):
         if video.container_of(upload.data[: video.HEAD_BYTES]) is None:
             continue
-        header = video.read_header(upload.data)
-        if header is not None and (why := video.refusal(*header, fps, limits)):
+        if (header := video.read_header(upload.data)) is None:
+            continue
+        if why := video.refusal(header.duration_s, header.frames, fps, limits, own_fps=header.fps):
             raise InputError(f"{key}: {why}")
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from kiln.app.core.errors import InputError
 
@@ -89,7 +91,7 @@ class Sampling:
 
 
 def check_fps(value: object) -> float:
-    """A job's `video_fps`, or an InputError with a sentence."""
+    """A job's `video_fps`, or an InputError with a sentence that echoes it as given."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InputError(f"video_fps must be a number of frames per second, not {value!r}.")
     try:
@@ -101,9 +103,19 @@ def check_fps(value: object) -> float:
     if not math.isfinite(fps) or fps < 0 or fps > MAX_FPS:
         raise InputError(
             f"video_fps must be between 0 (every frame) and {MAX_FPS:g} frames per second, "
-            f"not {value!r}."
+            f"not {_as_given(value)}."
         )
     return fps
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _as_given(value: int | float | str) -> str:
+    """A number as the user wrote it: a form field's "-1" is -1, not '-1' (nor -1.0)."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        return value.strip()
+    return repr(value)
 
 
 def sample_count(duration_s: float, fps: float) -> int:
@@ -119,17 +131,29 @@ def sample_times(duration_s: float, fps: float) -> list[float]:
 
 
 def refusal(
-    duration_s: float | None, frames: int | None, fps: float, limits: VideoLimits
+    duration_s: float | None,
+    frames: int | None,
+    fps: float,
+    limits: VideoLimits,
+    sampled: int | None = None,
+    own_fps: float | None = None,
 ) -> str | None:
-    """Why a video whose header says it lasts `duration_s` (and holds `frames`) is refused at
-    this sampling rate, or None. A sentence names the limit and how to change it."""
+    """Why a video whose header says it lasts `duration_s` (and holds `frames`, at `own_fps`
+    frames per second) is refused at this sampling rate, or None. A sentence names the limit
+    and how to change it. Sampling takes each frame at most once, so a rate above the video's
+    own counts its frames; `sampled`: the frames a plan counted exactly, where one did."""
     if duration_s is not None and duration_s > limits.max_duration_s:
         return (
             f"The video's header says it lasts {duration_s:,.0f} s, over the "
             f"{limits.max_duration_s:,.0f} s limit (KILN_MAX_VIDEO_DURATION_S)."
         )
     if fps > 0 and duration_s is not None:
-        sampled = sample_count(duration_s, fps)
+        if sampled is None:
+            sampled = sample_count(duration_s, fps)
+            if frames:
+                sampled = min(sampled, frames)
+            elif own_fps and own_fps > 0:  # a header that counts no frames: its rate
+                sampled = min(sampled, sample_count(duration_s, own_fps))
         rate = f"{fps:g} frames per second"
     elif fps == 0 and frames:
         sampled, rate = frames, "every frame"
@@ -143,10 +167,16 @@ def refusal(
     return None
 
 
-def read_header(data: bytes) -> tuple[float | None, int | None] | None:
-    """What a video's header says — its duration (seconds) and frame count — without reading
-    its packets; None where PyAV cannot open it or it has no video stream (the worker's
-    sentence says why, on the item)."""
+class Header(NamedTuple):
+    duration_s: float | None
+    frames: int | None
+    fps: float | None  # the stream's own frame rate
+
+
+def read_header(data: bytes) -> Header | None:
+    """What a video's header says — its duration (seconds), frame count and frame rate —
+    without reading its packets; None where PyAV cannot open it or it has no video stream (the
+    worker's sentence says why, on the item)."""
     import av  # FFmpeg's libraries: loaded only where a video is judged
 
     try:
@@ -159,9 +189,15 @@ def read_header(data: bytes) -> tuple[float | None, int | None] | None:
                 duration = float(stream.duration * stream.time_base)
             elif container.duration:
                 duration = float(container.duration) / 1_000_000
-            return duration, int(stream.frames) or None
+            return Header(duration, int(stream.frames) or None, own_fps(stream))
     except av.error.FFmpegError:
         return None
+
+
+def own_fps(stream: Any) -> float | None:
+    """A PyAV video stream's frame rate as its header says (None where it says none)."""
+    rate = stream.average_rate or stream.guessed_rate
+    return float(rate) if rate else None
 
 
 def frame_key(source_key: str, time_s: float) -> str:

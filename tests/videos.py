@@ -6,6 +6,7 @@ give the bad inputs a video item must fail with a sentence: cut short, damaged, 
 
 from __future__ import annotations
 
+import struct
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -125,6 +126,17 @@ def cut(source: Path, path: Path, fraction: float) -> Path:
     """The first `fraction` of a file's bytes: a download cut short."""
     data = source.read_bytes()
     path.write_bytes(data[: int(len(data) * fraction)])
+    return path
+
+
+def claiming(source: Path, path: Path, seconds: float) -> Path:
+    """An MKV whose header says it lasts `seconds` (its Segment's Duration, in milliseconds),
+    whatever its frames: a header that promises more than the file holds."""
+    data = bytearray(source.read_bytes())
+    at = data.find(b"\x44\x89\x88")  # Duration: an 8-byte float
+    assert at >= 0, f"{source} has no 8-byte Duration element"
+    data[at + 3 : at + 11] = struct.pack(">d", seconds * 1000)
+    path.write_bytes(bytes(data))
     return path
 
 

@@ -85,6 +85,9 @@ _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 _TRANSPOSED = {2, 3, 4, *_ROTATED}  # orientations `exif_transpose` acts on
 
 
+# Every file an image model is given may be an image or a video (told by its bytes, never its
+# name); one that is neither — a text named `.jpg` or `.mp4` — is answered so.
+NOT_IMAGE_OR_VIDEO = "The file is neither an image nor a video Kiln can read."
 # What Pillow raises on broken files, depending on where the damage is.
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError)
 
@@ -163,7 +166,7 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image: Image.Image = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
-        raise InputError("The file is not an image Kiln can read.") from None
+        raise InputError(NOT_IMAGE_OR_VIDEO) from None
     except Image.DecompressionBombError as error:
         raise _too_large(error, max_pixels) from None
     except _DECODE_ERRORS as error:

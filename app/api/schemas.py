@@ -5,7 +5,27 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+
+
+def _as_given(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A whole number stays an int once checked as a number, so a sentence that echoes it says
+    "not -1.", as it was given, never "not -1.0."."""
+    checked = handler(value)
+    if isinstance(value, int) and not isinstance(value, bool) and checked == value:
+        return value
+    return checked
+
+
+# A JSON number that a check (`video.check_fps`, `model_spec`) may echo in its sentence.
+Number = Annotated[float, WrapValidator(_as_given)]
 
 
 class InputIn(BaseModel):
@@ -50,7 +70,7 @@ class JobCreate(BaseModel):
     )
     options: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(None, min_length=1, max_length=256)
-    video_fps: float | None = Field(
+    video_fps: Number | None = Field(
         None,
         description="Frames sampled per second of each video input (default 1; 0: every frame).",
     )
@@ -96,6 +116,12 @@ class CountsOut(BaseModel):
     deleted: int = 0
     fell_back: int = Field(0, description="Items the job's fallback model took.")
     fell_back_succeeded: int = Field(0, description="Of those, the items it answered.")
+    expanding: int | None = Field(
+        0,
+        description="Of the items not ended, videos (by name: .mp4, .mov, …) no worker has "
+        "expanded into their sampled frames yet; `total` grows by their frames when one does. "
+        "Null: not counted (over 10,000 items not ended).",
+    )
 
 
 class JobOut(BaseModel):
@@ -241,7 +267,7 @@ class ModelSpecIn(BaseModel):
     score_threshold: float | None = Field(None, ge=0, le=1, description="detect only")
     iou_threshold: float | None = Field(None, ge=0, le=1, description="detect only")
     max_boxes: int | None = Field(None, ge=1, le=10_000, description="detect only")
-    refuse_below: float | None = Field(
+    refuse_below: Number | None = Field(
         None,
         description="classify only: a top score below it (0 to 1) is a refusal, which a job's "
         "fallback model may answer; otherwise the item fails.",

@@ -35,8 +35,11 @@ VideoFps = Annotated[
 
 
 def with_video_fps(options: dict[str, Any], fps: float | None) -> dict[str, Any]:
-    """A job's options with its `video_fps`, where the command line gave one."""
-    return options if fps is None else {**options, "video_fps": fps}
+    """A job's options with its `video_fps`, where the command line gave one (a whole number
+    as an int, so a refusal echoes `--video-fps 5000` as 5000, as it was typed)."""
+    if fps is None:
+        return options
+    return {**options, "video_fps": int(fps) if fps.is_integer() else fps}
 
 
 def parse_options(pairs: list[str] | None) -> dict[str, Any]:

@@ -105,7 +105,8 @@ class ApiClient:
 
 def watch(client: Any, job_id: str) -> dict[str, Any]:
     """A live bar until the job closes: done of total, items/s and the API's ETA. While a bulk
-    job is still listing its bucket the total grows and the ETA is unknown."""
+    job is still listing its bucket, or its videos are being expanded into frames, the total
+    grows (and while listing the ETA is unknown)."""
     with Progress(
         TextColumn(job_id[:8]),
         BarColumn(),
@@ -138,7 +139,10 @@ def _eta(job: dict[str, Any]) -> str:
         skipped = job["counts"].get("skipped", 0)
         return f"listing… ({skipped} unchanged)" if skipped else "listing…"
     eta = job.get("eta_seconds")
-    return "" if eta is None else f"ETA {int(eta) // 60}:{int(eta) % 60:02d}"
+    when = "" if eta is None else f"ETA {int(eta) // 60}:{int(eta) % 60:02d}"
+    if videos := job["counts"].get("expanding"):  # the total grows by their frames
+        return f"expanding {videos} video{'s' if videos != 1 else ''} into frames… {when}".rstrip()
+    return when
 
 
 def _print_job(job: dict[str, Any]) -> None:

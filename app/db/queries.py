@@ -23,6 +23,7 @@ from kiln.app.db.models import (
     utcnow,
 )
 from kiln.app.db.notify import notify_job_closed
+from kiln.app.sources import VIDEO_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -331,3 +332,28 @@ def item_by_key(session: Session, job_id: str, key: str) -> Item | None:
 
 def is_open(job: Job) -> bool:
     return job.status in OPEN_JOB_STATUSES
+
+
+# A job with more open items than this does not count its unplanned videos (a scan of them).
+UNPLANNED_SCAN_MAX = 10_000
+
+
+def unplanned_videos(session: Session, job_id: str, open_items: int) -> int | None:
+    """Open items of the job named as videos (`sources.VIDEO_SUFFIXES`) that no worker has
+    expanded into their frames yet: the total grows by their frames once one does. None
+    (not counted) past UNPLANNED_SCAN_MAX open items; 0 with none open."""
+    if open_items <= 0:
+        return 0
+    if open_items > UNPLANNED_SCAN_MAX:
+        return None
+    key = func.lower(Item.key)
+    named = or_(*(key.like(f"%{suffix}") for suffix in sorted(VIDEO_SUFFIXES)))
+    count = session.scalar(
+        select(func.count()).where(
+            Item.job_id == job_id,
+            Item.status.in_(OPEN_ITEM_STATUSES),
+            Item.frame_time_s.is_(None),  # a frame is planned already
+            named,
+        )
+    )
+    return int(count or 0)

@@ -166,6 +166,18 @@ def test_a_video_sampled_over_the_frame_limit_is_refused() -> None:
     assert "KILN_MAX_VIDEO_FRAMES" in every
 
 
+def test_a_rate_above_the_video_s_own_counts_its_frames_once() -> None:
+    """Each frame is sampled at most once: 500 fps of a 10 fps clip is its frames, not 50 of
+    each; a header that does not count its frames is judged by the moments."""
+    limits = VideoLimits(max_frames=100, max_duration_s=3600.0)
+    assert refusal(3.0, 30, 500.0, limits) is None  # 1,500 moments, 30 frames
+    why = refusal(3.0, 101, 500.0, limits)
+    assert why is not None and "gives 101 frames, over the 100 limit" in why
+    assert refusal(3.0, None, 500.0, limits) is not None  # 1,500 moments
+    assert refusal(3.0, None, 500.0, limits, sampled=30) is None  # a plan's exact count
+    assert refusal(3.0, None, 500.0, limits, own_fps=10.0) is None  # the header's rate
+
+
 def test_a_video_within_the_limits_is_taken() -> None:
     limits = VideoLimits(max_frames=60, max_duration_s=30.0)
     assert refusal(30.0, None, 2.0, limits) is None  # exactly at both limits
@@ -202,6 +214,6 @@ def test_a_key_that_holds_a_fragment_itself_round_trips(source: str) -> None:
 def test_read_header_says_what_an_upload_header_claims(clips: dict[str, Path]) -> None:
     header = video.read_header(clips["mp4"].read_bytes())
     assert header is not None
-    duration, frames = header
-    assert duration == pytest.approx(0.3, abs=0.01) and frames == 3
+    duration, frames, fps = header
+    assert duration == pytest.approx(0.3, abs=0.01) and frames == 3 and fps == 10.0
     assert video.read_header(b"not a video at all") is None

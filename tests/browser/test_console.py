@@ -100,7 +100,7 @@ def test_a_failed_item_shows_its_sentence(
     expect(sentence).to_be_hidden()
     card.locator("details.why summary").click()
     expect(sentence).to_be_visible()
-    expect(sentence).to_contain_text("not an image")
+    expect(sentence).to_contain_text("neither an image nor a video")
     assert not watched.problems
 
 

@@ -52,6 +52,7 @@ def test_fifty_images_end_to_end(
         "succeeded": 50,
         "failed": 0,
         "pending": 0,
+        "expanding": 0,
         "cancelled": 0,
         "skipped": 0,
         "deleted": 0,
@@ -115,7 +116,7 @@ def test_bad_files_fail_alone(client: httpx.Client) -> None:
     failed = client.get(f"/v1/jobs/{job['id']}/items", params={"status": "failed"}).json()["items"]
     reasons = {item["key"]: item["error"] for item in failed}
     assert set(reasons) == {"truncated.jpg", "notes.jpg"}
-    assert "not an image" in reasons["notes.jpg"]
+    assert reasons["notes.jpg"] == "The file is neither an image nor a video Kiln can read."
     assert reasons["truncated.jpg"].endswith(".")
 
 
@@ -180,3 +181,20 @@ def test_models_and_readiness(client: httpx.Client) -> None:
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "storage": "ok"}
+
+
+def test_a_model_version_that_does_not_exist_is_422(client: httpx.Client) -> None:
+    """`ocr:7` and `phash:99` name no version (a built-in has none): refused, never run as the
+    built-in, whether the job comes as JSON, as a form or as a bulk source."""
+    sentence = "Model 'ocr' has no version 7; built-in models have no versions: use 'ocr'."
+    uri = {"inputs": [{"uri": f"s3://{SOURCE_BUCKET}/photos/a.jpg"}]}
+    as_json = client.post("/v1/jobs", json={"model": "ocr:7", **uri})
+    assert (as_json.status_code, as_json.json()["detail"]) == (422, sentence)
+    as_form = upload(client, {"a.jpg": photo(1)}, model="phash:99")
+    assert as_form.status_code == 422
+    assert as_form.json()["detail"].startswith("Model 'phash' has no version 99;")
+    bulk = client.post(
+        "/v1/jobs", json={"model": "ocr:7", "source": {"s3": f"s3://{SOURCE_BUCKET}/photos/"}}
+    )
+    assert (bulk.status_code, bulk.json()["detail"]) == (422, sentence)
+    assert client.get("/v1/models/ocr:7").status_code == 404

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import httpx
 import pyarrow.parquet as pq
+from sqlalchemy import update
 
 from devstack.images import solid
 from tests import videos
@@ -94,6 +96,7 @@ def test_bad_videos_fail_with_sentences_and_images_beside_them_succeed(
         "voice.mp4": videos.audio_only(tmp_path / "voice.mp4").read_bytes(),
         "empty.mov": b"",
         "fake.mp4": b"\x00\x00\x00\x18ftypisom" + b"\x00" * 200,
+        "notes.mp4": b"a text, named as a video\n",
         "clip.webm": videos.plain(tmp_path / "clip.webm", 10, fps=10).read_bytes(),
     }
     response = submit(client, files, "phash", fps=2)
@@ -106,6 +109,7 @@ def test_bad_videos_fail_with_sentences_and_images_beside_them_succeed(
     assert "audio only" in items["voice.mp4"]["error"]
     assert items["empty.mov"]["status"] == "failed" and items["empty.mov"]["error"]
     assert "not a video Kiln can read" in items["fake.mp4"]["error"]
+    assert items["notes.mp4"]["error"] == "The file is neither an image nor a video Kiln can read."
     webm = [i for k, i in items.items() if k.startswith("clip.webm#t=")]
     assert len(webm) == 2 and all(i["status"] == "succeeded" for i in webm)
     cut = sorted(
@@ -119,20 +123,52 @@ def test_bad_videos_fail_with_sentences_and_images_beside_them_succeed(
         f"; {len(failed)} sampled frames after it were not decodable."
     )
     counts = job["counts"]
-    assert counts["total"] == len(items) and counts["failed"] == len(failed) + 3
+    assert counts["total"] == len(items) and counts["failed"] == len(failed) + 4
+    assert counts["expanding"] == 0
+
+
+def test_a_rate_above_the_video_s_own_gives_each_frame_once(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """A 10 fps clip sampled at 500 fps: its 20 frames, each once at the moment it is first on
+    screen (its own time), not 50 items of each."""
+    clip = videos.plain(tmp_path / "clip.mp4", 20, fps=10).read_bytes()
+    response = submit(client, {"clip.mp4": clip, "photo.png": solid((20, 20, 200))}, "phash", 500)
+    assert response.status_code == 202, response.text
+    assert response.json()["counts"]["total"] == 2  # the video, until a worker expands it
+    job = wait_done(client, response.json()["id"], timeout=240)
+    c = job["counts"]
+    assert (job["status"], c["total"], c["succeeded"], c["expanding"]) == ("completed", 21, 21, 0)
+    frames = sorted(
+        (i for i in all_items(client, job["id"]) if i["key"].startswith("clip.mp4#")),
+        key=lambda i: i["frame_time_s"],
+    )
+    assert [i["frame_index"] for i in frames] == list(range(20))
+    assert [i["key"] for i in frames] == [f"clip.mp4#t={k / 10:.3f}" for k in range(20)]
 
 
 def test_an_upload_over_the_frame_limit_is_refused_at_submission(
     client: httpx.Client, tmp_path: Path
 ) -> None:
-    long = videos.plain(tmp_path / "long.mkv", 300, fps=1)  # 300 s; at 500 fps: 150,000 frames
+    # 1,000 frames a second, its header saying it lasts 300 s: at 500 fps, 150,000 frames
+    fast = videos.plain(tmp_path / "fast.mkv", 1000, fps=1000, size=(16, 16))
+    long = videos.claiming(fast, tmp_path / "long.mkv", 300.0)
     response = submit(client, {"long.mkv": long.read_bytes()}, "phash", fps=500)
     assert response.status_code == 422, response.text
     detail = response.json()["detail"]
-    assert detail.startswith("long.mkv: Sampling this 300.0 s video at 500 frames per second")
+    assert detail.startswith(
+        "long.mkv: Sampling this 300.0 s video at 500 frames per second gives 150,000 frames"
+    )
     assert "KILN_MAX_VIDEO_FRAMES" in detail
+    # a rate above the video's own counts its frames: 300 s at 1 fps is 300 frames at 500 fps
+    slow = videos.plain(tmp_path / "slow.mkv", 300, fps=1, size=(16, 16))
+    taken = submit(client, {"slow.mkv": slow.read_bytes()}, "phash", fps=500)
+    assert taken.status_code == 202, taken.text
+    assert client.post(f"/v1/jobs/{taken.json()['id']}/cancel").status_code == 200
     bad = submit(client, {"x.mkv": long.read_bytes()}, "phash", fps=-1)
-    assert bad.status_code == 422 and "video_fps" in bad.json()["detail"]
+    assert bad.status_code == 422
+    sentence = "video_fps must be between 0 (every frame) and 1000 frames per second, not -1."
+    assert bad.json()["detail"] == sentence
 
 
 def _pipeline(client: httpx.Client, prefix: str) -> dict[str, Any]:
@@ -195,6 +231,8 @@ def test_json_jobs_take_video_fps(client: httpx.Client, s3: Any, tmp_path: Path)
         Bucket=SOURCE_BUCKET, Key=key, Body=videos.plain(tmp_path / "c.ts", 30, fps=10).read_bytes()
     )
     body = {"model": "phash", "inputs": [{"uri": f"s3://{SOURCE_BUCKET}/{key}"}], "video_fps": 0}
+    refused = client.post("/v1/jobs", json={**body, "video_fps": -1})  # a JSON int, echoed so
+    assert refused.status_code == 422 and refused.json()["detail"].endswith(", not -1."), refused
     response = client.post("/v1/jobs", json=body)
     assert response.status_code == 202, response.text
     job = wait_done(client, response.json()["id"], timeout=240)
@@ -231,3 +269,36 @@ def test_search_finds_a_frames_look_alikes_across_videos(
     assert keys[0] == "b.mkv#t=1.000"  # the other video's red second (the query is left out)
     thumb = client.get(found.json()["hits"][0]["thumbnail_url"])
     assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+
+
+def test_a_job_s_answer_counts_its_videos_not_yet_expanded(
+    client: httpx.Client, sessions: Any
+) -> None:
+    """On Postgres, through the API: open items named as videos and not frames are counted as
+    `expanding` (a job no worker was told of, so none is expanded under the test's feet)."""
+    from kiln.app.db import counters
+    from kiln.app.db.models import Item, Job, JobStatus
+
+    job_id = str(uuid.uuid4())
+    keys = ["clip.mp4", "Dashcam.MOV", "photo.jpg", "done.mkv", "other.mp4#t=0.000"]
+    with sessions() as session:
+        session.add(Job(id=job_id, tenant="acme", model="phash", status=JobStatus.QUEUED))
+        session.flush()
+        session.add_all(Item(job_id=job_id, key=k, source=f"store:x/{k}") for k in keys)
+        session.flush()
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.key == "done.mkv")
+            .values(status="failed", error="Not decodable.")
+        )
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.key == "other.mp4#t=0.000")
+            .values(frame_index=0, frame_time_s=0.0)
+        )
+        counters.add(session, job_id, 0, counters.Tally(total=5, failed=1))
+        session.commit()
+    answer = client.get(f"/v1/jobs/{job_id}").json()
+    assert (answer["counts"]["total"], answer["counts"]["expanding"]) == (5, 2)
+    assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    assert client.get(f"/v1/jobs/{job_id}").json()["counts"]["expanding"] == 0

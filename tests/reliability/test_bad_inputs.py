@@ -15,6 +15,8 @@ from devstack.services import Process
 from tests.reliability.corpus import BAD, ODD
 from tests.reliability.jobs import items_by_key, sentence_problem, upload, wait_closed
 
+NOT_READABLE = "The file is neither an image nor a video Kiln can read."
+
 # The odd files that show `landmark()` upright (see corpus.py): their hashes must agree.
 UPRIGHT = ("upright.jpg", "exif-rotated.jpg", "cmyk.jpg", "grey-16-bit.png", "animated.gif")
 SAME_PICTURE_BITS = 6  # phash distance of re-encodings of one picture (0 measured, some slack)
@@ -71,7 +73,7 @@ def test_bomb_errors_name_the_limit(phash_items: dict[str, dict]) -> None:
         assert "50,000,000" in error, f"{name}: {error!r} should name the pixel limit"
     assert phash_items["empty.jpg"]["error"] == "The file is empty."
     for name in ("text.jpg", "page.html", "archive.zip"):
-        assert phash_items[name]["error"] == "The file is not an image Kiln can read.", name
+        assert phash_items[name]["error"] == NOT_READABLE, name
 
 
 def test_odd_files_are_read_as_the_picture_they_show(phash_items: dict[str, dict]) -> None:

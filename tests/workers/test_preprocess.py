@@ -88,7 +88,7 @@ def test_empty_file() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_random_bytes_are_not_an_image(seed: int) -> None:
     data = random.Random(seed).randbytes(500)
-    with pytest.raises(InputError, match="not an image"):
+    with pytest.raises(InputError, match="neither an image nor a video"):
         decode_image(data, max_pixels=MAX_PIXELS)
 
 

@@ -3,12 +3,13 @@ themselves, decoded with PyAV (FFmpeg) straight into a model's input.
 
 An item that turns out to be a video is *planned*: its packets are read (no decoding, but the
 first frame, to prove the codec) into a `VideoIndex` — every frame's presentation time and
-the keyframes — and the job's sampling rate gives one frame item per sampled moment. A frame
-item is then decoded by a `VideoReader`, which each prep process keeps open between units: it
-decodes on from where it stopped while the next frame wanted is before the next keyframe, and
-seeks to the keyframe before it otherwise — sequential when sampling is dense, seeking when it
-is sparse. The index is the truth of which frame is shown when, so a frame whose packets did
-not decode fails with a sentence rather than being answered with its neighbour.
+the keyframes — and the job's sampling rate gives one frame item per sampled moment, never two
+for one frame. A frame item is then decoded by a `VideoReader`, which each prep process keeps
+open between units: it decodes on from where it stopped while the next frame wanted is before
+the next keyframe, and seeks to the keyframe before it otherwise — sequential when sampling is
+dense, seeking when it is sparse. The index is the truth of which frame is shown when, so a
+frame whose packets did not decode fails with a sentence rather than being answered with its
+neighbour.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ HELD_VIDEO_BYTES = 512 * 2**20  # fetched videos kept for their next unit, at mo
 @dataclass(frozen=True)
 class FramePlan:
     """The frames a job samples from one video: the moment each stands for (seconds from the
-    video's start) and the index of the frame shown then (-1 past the video's end)."""
+    video's start) and the index of the frame shown then (-1 past the video's end). No frame
+    is in it twice: a rate above the video's own gives each frame once, at the first moment
+    it is on screen."""
 
     times: list[float]
     indices: list[int]
@@ -99,12 +102,48 @@ class VideoIndex:
         i = bisect.bisect_right(self.keyframes, t + EPS) - 1
         return self.keyframes[i] if i >= 0 else 0.0
 
+    def decodable_moments(self, fps: float) -> int:
+        """How many of the moments k/`fps` (> 0) fall before the decodable end."""
+        total = video.sample_count(self.duration_s, fps)
+        limit = self.end_s - EPS
+        k = min(total, max(0, math.ceil(limit * fps)))
+        while k > 0 and (k - 1) / fps >= limit:  # k/fps as a float decides, as it is keyed
+            k -= 1
+        while k < total and k / fps < limit:
+            k += 1
+        return k
+
+    def past_end_moments(self, fps: float) -> range:
+        """The moments (k of k/`fps`, > 0) sampled after the decodable end — what a cut file
+        loses — at least one frame apart, as each frame is sampled at most once."""
+        total = video.sample_count(self.duration_s, fps)
+        step = max(1, math.ceil(fps * self.frame_s - 1e-6))
+        return range(self.decodable_moments(fps), total, step)
+
     def past_end(self, fps: float) -> int:
         """Sampled moments after the decodable end: what a cut file loses."""
         if fps > 0:
-            total = video.sample_count(self.duration_s, fps)
-            return max(0, total - math.ceil(self.end_s * fps - 1e-9))
+            return len(self.past_end_moments(fps))
         return max(0, (self.header_frames or 0) - len(self.times))
+
+    def first_moments(self, fps: float) -> list[int]:
+        """The moments k/`fps` (> 0) before the decodable end that each frame is first on
+        screen at: every frame once, those no moment falls on not at all (a rate above the
+        video's own repeats no frame)."""
+        end = self.decodable_moments(fps)
+        if end == 0:
+            return []
+        if end <= 3 * len(self.times):
+            moments = np.arange(end, dtype=np.int64)
+        else:  # sparse next to its frames: only the moments near each frame's start
+            first = np.ceil((np.asarray(self.times) - EPS) * fps).astype(np.int64)
+            near = np.concatenate([[0], first - 1, first, first + 1])
+            moments = np.unique(near[(near >= 0) & (near < end)])
+        shown = np.searchsorted(np.asarray(self.times), moments / fps + EPS, side="right")
+        shown = np.maximum(0, shown - 1)  # as `shown_at`
+        new = np.ones(len(moments), dtype=bool)
+        new[1:] = shown[1:] != shown[:-1]
+        return [int(k) for k in moments[new]]
 
 
 def open_container(data: bytes | Path) -> Any:
@@ -193,23 +232,39 @@ def plan(data: bytes | Path, fps: float, limits: video.VideoLimits) -> FramePlan
     with container:
         stream = video_stream(container)
         header_s = _header_seconds(container, stream)
-        if (why := video.refusal(header_s, stream.frames or None, fps, limits)) is not None:
+        frames, own = stream.frames or None, video.own_fps(stream)
+        if (why := video.refusal(header_s, frames, fps, limits, own_fps=own)) is not None:
             raise InputError(why)
         index = read_index(container, stream)
         if not index.times:
             raise InputError("The video holds no frames (its stream is empty or unreadable).")
+        moments = index.first_moments(fps) if fps > 0 else None
+        sampled = None if moments is None else len(moments) + index.past_end(fps)
         if why := video.refusal(
-            index.duration_s, index.header_frames or len(index.times), fps, limits
+            index.duration_s, index.header_frames or len(index.times), fps, limits, sampled
         ):
             raise InputError(why)
         _first_frame(container, stream)
-    return frame_plan(index, fps)
+    return frame_plan(index, fps, moments)
 
 
-def frame_plan(index: VideoIndex, fps: float) -> FramePlan:
+def frame_plan(index: VideoIndex, fps: float, moments: list[int] | None = None) -> FramePlan:
+    """The frames `fps` samples (0: every frame): the one on screen at each moment k/fps, each
+    frame once (at the first moment it is on screen), and past a cut the moments at least a
+    frame apart. `moments`: `index.first_moments(fps)`, where the caller has them."""
     if fps > 0:
-        times = video.sample_times(index.duration_s, fps)
-        indices = [index.shown_at(t) if t < index.end_s - EPS else -1 for t in times]
+        if moments is None:
+            moments = index.first_moments(fps)
+        if len(moments) < (grid := index.decodable_moments(fps)):
+            log.info(
+                "sampling at %g frames per second would repeat this video's frames (%d in "
+                "%.1f s): each is sampled once, %d items for %d moments",
+                fps, len(index.times), index.end_s, len(moments), grid,
+            )  # fmt: skip
+        times = [k / fps for k in moments]
+        indices = [index.shown_at(t) for t in times]
+        past = [k / fps for k in index.past_end_moments(fps)]
+        times, indices = times + past, indices + [-1] * len(past)
     else:
         times = list(index.times)
         indices = list(range(len(times)))

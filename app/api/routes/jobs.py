@@ -63,6 +63,7 @@ def job_out(
             deleted=c.deleted,
             fell_back=c.fell_back,
             fell_back_succeeded=c.fell_back_succeeded,
+            expanding=queries.unplanned_videos(session, job.id, c.pending),
         ),
         created_at=report.created_at,
         started_at=report.started_at,

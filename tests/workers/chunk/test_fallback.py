@@ -31,7 +31,7 @@ from tests.workers.colours import MODEL
 STRICT = "strict"  # the `colours` net, refusing answers under 0.5
 RED, GREEN, GREY = solid((250, 5, 5)), solid((5, 250, 5)), solid((128, 128, 128))
 REFUSED = "Refused: the top score 0.3333 is below the model's floor 0.5."
-NOT_AN_IMAGE = "The file is not an image Kiln can read."
+NOT_AN_IMAGE = "The file is neither an image nor a video Kiln can read."
 # chunk 0: red, grey, green; chunk 1: grey again (other bytes), not an image
 FILES = [
     ("r.png", RED),
@@ -146,10 +146,7 @@ def test_a_fallback_takes_only_the_failures_it_names(runtime: WorkerRuntime) -> 
     assert rows["grey.png"].fallback_reason is None
     notes = rows["notes.txt"]
     assert notes.status == ItemStatus.FAILED and notes.fallback_reason == NOT_AN_IMAGE
-    assert notes.error == (
-        f"{NOT_AN_IMAGE} The fallback model 'phash' failed too: The file is not an image Kiln "
-        "can read."
-    )
+    assert notes.error == f"{NOT_AN_IMAGE} The fallback model 'phash' failed too: {NOT_AN_IMAGE}"
     assert notes.answered_by is None
     assert sum(r.fell_back for r in reports) == 1
     found = counts(runtime, job_id)

@@ -112,7 +112,7 @@ def test_a_job_runs_to_completion(runtime: WorkerRuntime) -> None:
         assert item.duration_ms is not None and item.duration_ms >= 0
     bad = items["notes.txt"]
     assert bad.status == ItemStatus.FAILED
-    assert bad.error == "The file is not an image Kiln can read."
+    assert bad.error == "The file is neither an image nor a video Kiln can read."
     assert bad.outputs is None
 
     job = job_row(runtime, job_id)
@@ -134,7 +134,7 @@ def test_each_chunk_writes_one_parquet_shard(runtime: WorkerRuntime) -> None:
     assert {r["status"] for r in rows} == {"succeeded"}
     by_key = {r["key"]: r for r in shard_rows(runtime, job_id, 1)}
     assert by_key["notes.txt"]["status"] == "failed"
-    assert by_key["notes.txt"]["error"] == "The file is not an image Kiln can read."
+    assert by_key["notes.txt"]["error"] == "The file is neither an image nor a video Kiln can read."
     assert by_key["notes.txt"]["labels"] is None
     assert by_key["b2.png"]["labels"][0]["label"] == "blue"
 

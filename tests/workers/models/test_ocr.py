@@ -252,7 +252,7 @@ def test_boxes_are_in_original_pixels(pipeline: OcrPipeline, factor: float, fmt:
 
 
 def test_non_image_input_fails_with_a_sentence(pipeline: OcrPipeline) -> None:
-    with pytest.raises(InputError, match=r"not an image Kiln can read\.$"):
+    with pytest.raises(InputError, match=r"neither an image nor a video Kiln can read\.$"):
         prepare(pipeline, b"these are not pixels")
     with pytest.raises(InputError, match="takes images, not text"):
         prepare(pipeline, "hello")

@@ -7,6 +7,7 @@ so a decoded frame's mean names it, and its neighbours (7 levels away) are told 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,11 @@ import numpy as np
 import pytest
 
 from kiln.app.core.errors import InputError
-from kiln.app.video import VideoLimits
+from kiln.app.video import VideoLimits, sample_count
 from kiln.workers.prep import video as video_module
 from kiln.workers.prep.video import (
     FramePlan,
+    VideoIndex,
     VideoReader,
     VideoReaders,
     decoded_frame,
@@ -155,18 +157,89 @@ def shown_at(t: float) -> int:
 def test_a_variable_rate_video_is_sampled_by_presentation_time(folder: Path) -> None:
     path = variable_rate(folder / "variable.mkv", VFR_TIMES)
     made = plan(path, 10.0, LIMITS)
-    assert made.times[:21] == pytest.approx([k / 10 for k in range(21)])
-    assert made.indices[:21] == [shown_at(k / 10) for k in range(21)]
-    assert made.indices[:8] == [0, 1, 2, 2, 2, 3, 4, 4]
+    first: dict[int, float] = {}  # each frame at the first moment k/10 it is on screen
+    for k in range(21):
+        first.setdefault(shown_at(k / 10), k / 10)
+    assert made.indices == list(first) == list(range(8))  # frame 2 on screen 0.2–0.4 s: once
+    assert made.times == pytest.approx([0.0, 0.1, 0.2, 0.5, 0.6, 1.2, 1.3, 2.0])
     frames = reference(path)
     assert len(frames) == len(VFR_TIMES)
     reader = VideoReader(path)
     try:
-        for t in [*made.times[:21], 0.12, 0.149, 0.151, 0.52, 1.25, 1.999]:
+        for t in [*made.times, 0.12, 0.149, 0.151, 0.52, 1.25, 1.999]:
             got = reader.frame(t, 10.0).to_ndarray(format="gray")
             assert np.array_equal(got, frames[shown_at(t)]), f"at {t} s"
     finally:
         reader.close()
+
+
+# --- a rate above the video's own -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fps", [15.0, 10.0, 500.0, 1000.0])
+@pytest.mark.parametrize("suffix", ["mp4", "mkv", "ts"])
+def test_a_rate_above_the_video_s_own_gives_each_frame_once(
+    clips: dict[str, Path], suffix: str, fps: float
+) -> None:
+    """500 fps of a 10 fps clip is its 30 frames, each at the first moment it is on screen —
+    not 50 items of each; what `fps 0` gives, on the grid of the rate asked."""
+    made = plan(clips[suffix], fps, LIMITS)
+    assert made.indices == list(range(30))
+    assert made.times == pytest.approx([math.ceil(i / 10 * fps - 1e-6) / fps for i in range(30)])
+    assert len({round(t, 3) for t in made.times}) == 30
+    assert plan(clips[suffix], 0.0, LIMITS).indices == made.indices
+    reader = VideoReader(clips[suffix])
+    try:
+        assert all(
+            shows(reader.frame(t, fps), i) for t, i in zip(made.times, made.indices, strict=True)
+        )
+    finally:
+        reader.close()
+
+
+def test_a_rate_above_the_video_s_own_is_within_the_frame_limit(clips: dict[str, Path]) -> None:
+    """The limit counts the frames a plan gives: 30, not the 15,000 moments of 500 fps."""
+    assert len(plan(clips["mkv"], 500.0, VideoLimits(30, 3600.0)).times) == 30
+    with pytest.raises(InputError, match=r"at 500 frames per second gives 30 frames, over the 29"):
+        plan(clips["mkv"], 500.0, VideoLimits(29, 3600.0))
+
+
+@pytest.mark.parametrize("fps", [0.7, 3.0, 9.99, 10.0, 13.0, 30.0, 333.0, 1000.0])
+def test_each_frame_is_planned_at_the_first_moment_it_is_on_screen(fps: float) -> None:
+    """Against every moment k/fps enumerated: each frame once, at its first moment; a frame no
+    moment falls on, not at all (a variable rate, frames 1 ms to 0.9 s long)."""
+    rng = np.random.default_rng(int(fps * 100))
+    times = np.cumsum(np.concatenate([[0.0], rng.choice([0.001, 0.04, 0.1, 0.9], 299)]))
+    index = VideoIndex(times.tolist(), times[::25].tolist(), 0.04, None, None)
+    grid = [k / fps for k in range(sample_count(index.duration_s, fps))]
+    first: dict[int, float] = {}
+    for t in grid:
+        if t < index.end_s - video_module.EPS:
+            first.setdefault(index.shown_at(t), t)
+    made = video_module.frame_plan(index, fps)
+    assert made.indices == list(first) and made.times == list(first.values())
+
+
+def test_past_a_cut_a_rate_above_the_video_s_own_fails_a_moment_per_frame(
+    long_numbered: Path, tmp_path: Path
+) -> None:
+    """A cut file at 500 fps: the moments past the cut (whose frames cannot be known) are
+    sampled one frame apart, and the sentence counts them."""
+    path = cut(long_numbered, tmp_path / "cut.mkv", 0.4)
+    made = plan(path, 500.0, LIMITS)
+    decoded = [i for i in made.indices if i >= 0]
+    assert decoded == list(range(len(decoded)))
+    past = [t for t, i in zip(made.times, made.indices, strict=True) if i < 0]
+    assert 0 < len(past) == 300 - len(decoded) + 1 or 0 < len(past) == 300 - len(decoded)
+    assert np.diff(past) == pytest.approx([0.1] * (len(past) - 1))
+    reader = VideoReader(path)
+    try:
+        with pytest.raises(InputError) as caught:
+            reader.frame(past[0], 500.0)
+    finally:
+        reader.close()
+    found = PAST_END.match(str(caught.value))
+    assert found is not None and int(found[2]) == len(past)
 
 
 # --- cut short, damaged -----------------------------------------------------------------------

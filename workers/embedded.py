@@ -1,7 +1,9 @@
-"""`kiln run`: the whole pipeline in one process, on the embedded defaults.
+"""`kiln run`: the whole pipeline in one process, on the embedded stack.
 
 The same submit path and Celery task code as production, with a Celery worker running in a
-thread of this process over kombu's filesystem transport: no server to start.
+thread of this process over kombu's filesystem transport: no server to start. Always on the
+embedded stack (`Settings.embedded`), whatever service the environment names: the inputs are
+local files, which only this process's own worker may read.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from celery.worker import WorkController
 from kiln.app import jobs, results, video
 from kiln.app.catalog import get_model
 from kiln.app.core.config import Settings
-from kiln.app.core.errors import InputError, NotFoundError
+from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.models import Job
 from kiln.app.db.queries import is_open
@@ -38,7 +40,13 @@ from kiln.workers.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 
 PROGRESS_S = 1.0  # the longest a progress report waits when no chunk finishes
+CANCEL_WAIT_S = 30.0  # the longest a cancelled run waits for its job to close
+DRAIN_S = 30.0  # the longest the worker's tasks in flight are waited for on the way out
 LOCAL_TENANT = "local"
+
+
+class Interrupted(Exception):
+    """The run was asked to stop before its job was submitted: nothing ran."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class RunOutcome:
     progress: jobs.Progress
     table: pa.Table
     seconds: float
+    cancelled: bool = False  # the run was asked to stop (`cancel`) and cancelled its job
 
 
 def collect_inputs(source: str) -> list[Path]:
@@ -131,8 +140,11 @@ def _model_input(settings: Settings, model: str) -> str:
 
 
 @contextmanager
-def embedded_worker(app: KilnCelery, concurrency: int) -> Iterator[WorkController]:
-    """A Celery worker on a thread of this process, stopped (warm) on exit."""
+def embedded_worker(
+    app: KilnCelery, concurrency: int, drain_s: Callable[[], float] = lambda: DRAIN_S
+) -> Iterator[WorkController]:
+    """A Celery worker on a thread of this process, stopped (warm) on exit, once its tasks
+    in flight have finished or `drain_s()` (asked then) seconds have passed."""
     from celery.worker import state
 
     # The threads pool runs each task through `current_app`, which a pool thread takes from
@@ -154,12 +166,32 @@ def embedded_worker(app: KilnCelery, concurrency: int) -> Iterator[WorkControlle
     try:
         yield worker
     finally:
-        _wait_idle(timeout=30)
+        _wait_idle(timeout=drain_s())
         # Stop as celery.contrib.testing does. The consumer notices within its 2 s poll; with
         # no task in flight nothing is lost by not waiting for it, so don't make users wait.
         state.should_terminate = 0
         thread.join(0.5)
         app.close_runtime()
+
+
+def _in_flight() -> list[Any]:
+    """The worker's tasks running now."""
+    from celery.worker import state
+
+    while True:
+        try:
+            return list(state.active_requests)
+        except RuntimeError:  # a task began or ended while the set was copied
+            continue
+
+
+def _wait_done(requests: list[Any], timeout: float) -> None:
+    """Until none of `requests` is running any more (or `timeout` passes)."""
+    from celery.worker import state
+
+    deadline = time.monotonic() + timeout
+    while any(r in state.active_requests for r in requests) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _wait_idle(timeout: float) -> None:
@@ -177,7 +209,13 @@ def run_embedded(
     model: str,
     on_progress: Callable[[jobs.Progress], None] = lambda _p: None,
     options: dict[str, Any] | None = None,
+    cancel: threading.Event | None = None,
 ) -> RunOutcome:
+    """Run `model` over `source` on the embedded stack under `settings.data_dir` (its URLs
+    are not used) and collect the results. `cancel`, once set (`kiln run`'s Ctrl-C), cancels
+    the job and waits at most CANCEL_WAIT_S for it to close; set before the job is
+    submitted, it raises Interrupted instead."""
+    settings = settings.embedded()
     upgrade(settings)
     reclaim()  # shared memory a killed run on this host could not unlink
     text = _model_input(settings, model) == "text"
@@ -189,10 +227,13 @@ def run_embedded(
             "max_files_per_job": max(len(inputs), settings.max_files_per_job),
         }
     )
+    if cancel is not None and cancel.is_set():
+        raise Interrupted
     app = make_celery(settings)
     store = open_store(settings)
     started = time.monotonic()
-    with embedded_worker(app, settings.task_threads):
+    stop = _Stop(cancel)
+    with embedded_worker(app, settings.task_threads, drain_s=stop.drain_s):
         runtime = app.runtime()
         with runtime.sessions() as session:
             submitted = jobs.submit_job(
@@ -209,27 +250,73 @@ def run_embedded(
                 ),
             )
             job_id = submitted.job.id
-        report = _wait(runtime, job_id, on_progress)
+        report = _wait(runtime, job_id, on_progress, stop)
+        if not stop.gave_up:
+            # The summary's counts once the tasks running at the close have committed: the
+            # read that saw the job close may come before the last chunk's counters do (on
+            # SQLite its results' UPDATE commits on its own, the counters just after).
+            _wait_done(_in_flight(), timeout=DRAIN_S)
+            report = _read(runtime, job_id)
     return RunOutcome(
         job_id,
         report,
         results.combined_table(results.Place(store, results.results_prefix(job_id))),
         time.monotonic() - started,
+        cancelled=stop.cancelled,
     )
 
 
+class _Stop:
+    """A run asked to stop: when its job was cancelled, and whether the wait gave up."""
+
+    def __init__(self, requested: threading.Event | None) -> None:
+        self.requested = requested
+        self.deadline: float | None = None  # set when the stop is acted on
+        self.cancelled = False  # the job was open then, and cancelled
+        self.gave_up = False  # the job was still open at the deadline
+
+    def drain_s(self) -> float:
+        """Once the job was cancelled, the tasks left are the cancelled chunks' messages (they
+        would run nothing) or runs the deadline already waited for: none is waited for."""
+        return 0.0 if self.deadline is not None else DRAIN_S
+
+
 def _wait(
-    runtime: WorkerRuntime, job_id: str, on_progress: Callable[[jobs.Progress], None]
+    runtime: WorkerRuntime,
+    job_id: str,
+    on_progress: Callable[[jobs.Progress], None],
+    stop: _Stop,
 ) -> jobs.Progress:
     """Until the job closes: woken as each chunk finishes (and once a second besides, for a
-    close that is not a chunk's), one read of its progress each time."""
+    close that is not a chunk's, or a stop asked for), one read of its progress each time.
+    Asked to stop, the job is cancelled and waited for until CANCEL_WAIT_S after that."""
     seen = 0
     while True:
-        with runtime.sessions() as session:
-            job = session.get(Job, job_id)
-            assert job is not None  # this run made it
-            report = jobs.progress(session, job)
+        if stop.deadline is None and stop.requested is not None and stop.requested.is_set():
+            stop.cancelled = _cancel(runtime, job_id)
+            stop.deadline = time.monotonic() + CANCEL_WAIT_S
+        report = _read(runtime, job_id)
         on_progress(report)
         if not is_open(report.job):
             return report
+        if stop.deadline is not None and time.monotonic() >= stop.deadline:
+            stop.gave_up = True
+            return report
         seen = runtime.wait_for_chunk(seen, timeout=PROGRESS_S)
+
+
+def _read(runtime: WorkerRuntime, job_id: str) -> jobs.Progress:
+    with runtime.sessions() as session:
+        job = session.get(Job, job_id)
+        assert job is not None  # this run made it
+        return jobs.progress(session, job)
+
+
+def _cancel(runtime: WorkerRuntime, job_id: str) -> bool:
+    """Cancel the job; False when it had closed on its own meanwhile."""
+    with runtime.sessions() as session:
+        try:
+            jobs.cancel_job(session, LOCAL_TENANT, job_id)
+        except ConflictError:
+            return False
+    return True

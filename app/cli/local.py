@@ -1,14 +1,27 @@
-"""`kiln run`: a job on this machine with the embedded defaults, no servers."""
+"""`kiln run`: a job on this machine with the embedded defaults, no servers.
+
+It always runs here, on the embedded stack under KILN_DATA_DIR, whatever service the
+environment names (its files are local: no service worker may read them). Exit status: 0
+when the job completed and at least one item succeeded (the summary counts any that failed);
+1 when the run was refused, or the job failed, or no item succeeded; 130 on Ctrl-C, which
+cancels the job, waits for it to close, and still writes the results of the finished items.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -22,7 +35,10 @@ from kiln.app.cli.common import (
     settings,
     with_video_fps,
 )
+from kiln.app.core.config import Settings, redact_url
 from kiln.app.core.errors import InputError, KilnError
+
+INTERRUPTED = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
 
 
 def run(
@@ -39,24 +55,106 @@ def run(
     option: OptionPairs = None,
     video_fps: VideoFps = None,
 ) -> None:
-    """Run a job locally on the embedded defaults (no servers) and write its results. A video
-    among the inputs becomes one item per sampled frame (`--video-fps`)."""
+    """Run a job here, on the embedded stack (SQLite and files under KILN_DATA_DIR; a service
+    the environment names is not used), and write its results. A video among the inputs
+    becomes one item per sampled frame (`--video-fps`). Ctrl-C cancels the job (twice: quit
+    at once). Exits 1 when no item succeeded, 130 when cancelled."""
     import pyarrow.parquet as pq
 
     from kiln.app.observability import observe
-    from kiln.workers.embedded import run_embedded
+    from kiln.workers.embedded import Interrupted, run_embedded
 
     options = with_video_fps(parse_options(option), video_fps)
-    current = settings()
-    observe(current, "run", logging.WARNING)
+    given = settings()
+    here = given.embedded()
+    observe(here, "run", logging.WARNING)
     try:
         _check_output(output)
-        with _progress(model) as show:
-            outcome = run_embedded(current, source, model, show, options)
+        with _ctrl_c() as cancel, _progress(model, mode_line(given, here), cancel) as show:
+            outcome = run_embedded(here, source, model, show, options, cancel)
+    except Interrupted:
+        errors.print("Interrupted before the job was submitted: nothing ran.")
+        raise typer.Exit(INTERRUPTED) from None
     except KilnError as error:
         raise fail(error) from None
     pq.write_table(outcome.table, output)
     _summary(outcome, output)
+    raise typer.Exit(_verdict(outcome, output))
+
+
+def mode_line(given: Settings, here: Settings) -> str:
+    """Where this run runs, and the service it leaves alone when the environment names one."""
+    line = f"Running here, embedded (SQLite and files under {_shown(here.data_dir)})"
+    names = ("database_url", "broker_url", "storage_url")
+    service = [
+        redact_url(getattr(given, n)) for n in names if getattr(given, n) != getattr(here, n)
+    ]
+    if not service:
+        return line + "."
+    urls = ", ".join(service[:-1]) + (" and " if len(service) > 1 else "") + service[-1]
+    return line + f"; the service at {urls} is not used — `kiln submit` sends to it."
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory where it is inside it (`.kiln`)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+@contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """SIGINT during the run: the first sets the event (the run cancels its job and waits
+    for it to close), the second exits at once (130)."""
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel  # only the main thread may handle signals; Ctrl-C there stays default
+        return
+
+    def handle(_signum: int, _frame: FrameType | None) -> None:
+        if cancel.is_set():
+            sys.stderr.write("\nQuit at once: items still running are left unfinished.\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(INTERRUPTED)
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _verdict(outcome: Any, output: Path) -> int:
+    """The exit status of a run that ran: 130 when cancelled, 1 when nothing succeeded (the
+    results file still says why each item failed), else 0; a sentence on stderr for each."""
+    c = outcome.progress.counts
+    if outcome.cancelled:
+        errors.print(
+            f"Cancelled (Ctrl-C): {c.succeeded} succeeded, {c.failed} failed, "
+            f"{c.cancelled} cancelled"
+            + (f", {c.pending} still running and left unfinished" if c.pending else "")
+            + f"; the finished items are in {output}.",
+            soft_wrap=True,
+        )
+        return INTERRUPTED
+    if outcome.progress.job.status == "failed":
+        errors.print(f"[red]error:[/red] the job failed: {escape(str(outcome.progress.job.error))}")
+        return 1
+    if c.succeeded == 0 and c.failed:
+        said = outcome.table.column("error").to_pylist()
+        first = next((e for e in said if e), None)
+        reason = f" The first error: {escape(first)}" if first else ""
+        errors.print(
+            f"[red]error:[/red] no item succeeded ({c.failed} of {c.total} failed; each "
+            f"error is in {output}).{reason}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 1
+    return 0
 
 
 def _check_output(output: Path) -> None:
@@ -73,10 +171,11 @@ def _check_output(output: Path) -> None:
 
 
 @contextmanager
-def _progress(model: str) -> Iterator[Callable[[Any], None]]:
+def _progress(model: str, mode: str, cancel: threading.Event) -> Iterator[Callable[[Any], None]]:
     """A bar drawn from the first report on, once the model and inputs are accepted and the
-    job submitted, and stopped before any error is printed: a refused run shows its sentence
-    and no bar after it."""
+    job submitted (the `mode` line just before it), and stopped before any error is printed:
+    a refused run shows its sentence and no bar after it. The first report after Ctrl-C says
+    the job is being cancelled."""
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -87,8 +186,21 @@ def _progress(model: str) -> Iterator[Callable[[Any], None]]:
         auto_refresh=False,  # redrawn per report (a chunk, or a second): no 10 Hz thread
     )
     task = bar.add_task(model, total=None, rate="")
+    said: set[str] = set()
+
+    def say(what: str, text: str) -> None:
+        if what not in said:
+            said.add(what)
+            errors.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def show(p: Any) -> None:
+        say("mode", mode)
+        if cancel.is_set():
+            say(
+                "cancel",
+                f"Cancelling job {p.job.id[:8]}: no new item starts; waiting for those running "
+                "(Ctrl-C again quits at once).",
+            )
         bar.start()  # the first report draws it; later calls do nothing
         rate = f"{p.items_per_second:.1f} items/s" if p.items_per_second else ""
         bar.update(task, total=p.counts.total, completed=p.counts.done, rate=rate)
@@ -115,6 +227,9 @@ def _summary(outcome: Any, output: Path) -> None:
         f"{outcome.seconds:.2f}",
     )
     console.print(table)
+    if c.cancelled or c.pending:  # a line, not a column: the table fits 80 columns as it is
+        unfinished = f", {c.pending} left unfinished" if c.pending else ""
+        console.print(f"cancelled: {c.cancelled} items{unfinished}")
     console.print(f"results: {output} ({outcome.table.num_rows} rows)")
     preview = Table("key", "status", "result", title="first results")
     for row in outcome.table.slice(0, 10).to_pylist():

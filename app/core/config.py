@@ -237,12 +237,9 @@ class Settings(BaseSettings):
     def _fill_embedded_defaults(self) -> Settings:
         data_dir = self.data_dir.expanduser().resolve()
         self.data_dir = data_dir
-        if not self.database_url:
-            self.database_url = f"sqlite:///{data_dir / 'kiln.db'}"
-        if not self.broker_url:
-            self.broker_url = "filesystem://localhost/"
-        if not self.storage_url:
-            self.storage_url = (data_dir / "objects").as_uri()
+        for name, default in embedded_urls(data_dir).items():
+            if not getattr(self, name):
+                setattr(self, name, default)
         if self.model_cache_dir is None:
             self.model_cache_dir = data_dir / "models"
         return self
@@ -256,6 +253,13 @@ class Settings(BaseSettings):
                 yield name, redact_url(value)
             else:
                 yield name, value
+
+    def embedded(self) -> Settings:
+        """These settings on the embedded stack under `data_dir` (SQLite, the local folder
+        store, kombu's filesystem broker), whatever KILN_DATABASE_URL, KILN_BROKER_URL and
+        KILN_STORAGE_URL say: what `kiln run` always runs on, as it reads local files that
+        only its own worker may open. Every other setting is kept."""
+        return self.model_copy(update=embedded_urls(self.data_dir))
 
     @property
     def embedded_broker(self) -> bool:
@@ -293,6 +297,16 @@ class Settings(BaseSettings):
     @property
     def max_delay_s(self) -> float:
         return self.max_delay_ms / 1000.0
+
+
+def embedded_urls(data_dir: Path) -> dict[str, str]:
+    """The database, broker and store of the embedded stack under `data_dir`: the defaults
+    where no URL is set, and all of `kiln run`'s."""
+    return {
+        "database_url": f"sqlite:///{data_dir / 'kiln.db'}",
+        "broker_url": "filesystem://localhost/",
+        "storage_url": (data_dir / "objects").as_uri(),
+    }
 
 
 def redact_url(url: str) -> str:

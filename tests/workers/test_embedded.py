@@ -105,3 +105,43 @@ def test_a_text_model_on_a_folder_is_a_clear_error(
     settings = migrated_settings(tmp_path, monkeypatch)
     with pytest.raises(InputError, match="one input per line"):
         run_embedded(settings, str(folder), "text-embed")
+
+
+def test_a_stop_asked_for_cancels_the_job_and_keeps_what_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kiln run`'s Ctrl-C without the signal: the event set at the first report (the job just
+    submitted, one chunk at a time) cancels the job, and the run waits for it to close."""
+    import threading
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for n in range(40):
+        (folder / f"{n:02d}.png").write_bytes(solid((n * 6, 30, 30)))
+    settings = migrated_settings(
+        tmp_path, monkeypatch, chunk_size=2, worker_concurrency=1, prep_processes=0
+    )
+    stop = threading.Event()
+    outcome = run_embedded(settings, str(folder), "phash", lambda _p: stop.set(), cancel=stop)
+
+    counts = outcome.progress.counts
+    assert outcome.cancelled and outcome.progress.job.status == "cancelled"
+    assert counts.cancelled > 20 and counts.pending == 0
+    assert counts.succeeded + counts.failed + counts.cancelled == counts.total == 40
+    rows = outcome.table.to_pylist()
+    assert all(r["phash"] is not None for r in rows if r["status"] == "succeeded")
+    assert sum(r["status"] == "succeeded" for r in rows) == counts.succeeded
+
+
+def test_a_stop_asked_for_before_the_submit_runs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: Path
+) -> None:
+    import threading
+
+    from kiln.workers.embedded import Interrupted
+
+    settings = migrated_settings(tmp_path, monkeypatch)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Interrupted):
+        run_embedded(settings, str(folder), "phash", cancel=stop)

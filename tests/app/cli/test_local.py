@@ -134,3 +134,64 @@ def test_an_output_in_a_new_folder_gets_its_folder(
     done = kiln.invoke(app, ["run", str(photos), "--model", "phash", "-o", str(output)])
     assert done.exit_code == 0, done.output
     assert pq.read_table(output).num_rows == 1
+
+
+def one_line(output: str) -> str:
+    return " ".join(output.split())  # Rich wraps long sentences at the console width
+
+
+def test_a_plain_run_says_it_runs_here(kiln: CliRunner, photos: Path, settings: Settings) -> None:
+    done = kiln.invoke(app, ["run", str(photos), "--model", "phash", "-o", str(photos / "o.pq")])
+    assert done.exit_code == 0, done.output
+    said = f"Running here, embedded (SQLite and files under {settings.data_dir})."
+    assert said in one_line(done.output)
+    assert done.output.index("Running here") < done.output.index(BAR)
+
+
+def test_a_service_in_the_environment_is_not_used(
+    kiln: CliRunner, photos: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variables of "As a service" exported, and nothing answers at them: the run is
+    still this process's own, and says which service it leaves alone (its password hidden)."""
+    monkeypatch.setenv("KILN_DATABASE_URL", "postgresql+psycopg://kiln:secret@127.0.0.1:1/kiln")
+    monkeypatch.setenv("KILN_BROKER_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("KILN_STORAGE_URL", "s3://nowhere/kiln")
+    output = photos.parent / "out.parquet"
+    done = kiln.invoke(app, ["run", str(photos), "--model", "phash", "-o", str(output)])
+    assert done.exit_code == 0, done.output
+    assert (
+        f"Running here, embedded (SQLite and files under {settings.data_dir}); the service at "
+        "postgresql+psycopg://kiln:***@127.0.0.1:1/kiln, redis://127.0.0.1:1/0 and "
+        "s3://nowhere/kiln is not used — `kiln submit` sends to it." in one_line(done.output)
+    )
+    assert "secret" not in done.output
+    assert pq.read_table(output).column("status").to_pylist() == ["succeeded"]
+    assert (settings.data_dir / "kiln.db").is_file()
+
+
+def test_a_run_where_no_item_succeeded_exits_1_after_its_summary(
+    kiln: CliRunner, tmp_path: Path
+) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    for name in ("a.png", "b.png"):
+        (folder / name).write_bytes(b"not an image at all")
+    output = tmp_path / "out.parquet"
+    done = kiln.invoke(app, ["run", str(folder), "--model", "phash", "-o", str(output)])
+    assert done.exit_code == 1, done.output
+    text = one_line(done.output)
+    assert "completed" in text and "results:" in text  # the summary, then the verdict
+    assert f"error: no item succeeded (2 of 2 failed; each error is in {output})." in text
+    assert text.index("results:") < text.index("error: no item succeeded")
+    assert pq.read_table(output).column("status").to_pylist() == ["failed", "failed"]
+
+
+def test_a_run_where_some_items_failed_exits_0(kiln: CliRunner, photos: Path) -> None:
+    (photos / "broken.png").write_bytes(b"not an image at all")
+    output = photos.parent / "out.parquet"
+    done = kiln.invoke(app, ["run", str(photos), "--model", "phash", "-o", str(output)])
+    assert done.exit_code == 0, done.output
+    assert "error:" not in done.output
+    rows = pq.read_table(output).to_pylist()
+    statuses = {r["key"]: r["status"] for r in rows}
+    assert statuses == {"broken.png": "failed", "red.png": "succeeded"}

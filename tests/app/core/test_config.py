@@ -156,3 +156,27 @@ def test_gpu_decode_auto_is_the_gpu() -> None:
     """Measured on an H200 (issue 24): nvJPEG with the batched fit beat 16 prep processes."""
     assert get_settings().decode_on_gpu() and get_settings(gpu_decode=True).decode_on_gpu()
     assert not get_settings(gpu_decode=False).decode_on_gpu()
+
+
+def test_embedded_ignores_the_service_and_keeps_the_rest(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    """`kiln run`'s settings: the embedded stack under the data dir whatever the service
+    variables say; every other setting as given."""
+    monkeypatch.setenv("KILN_DATABASE_URL", "postgresql+psycopg://kiln@db/kiln")
+    monkeypatch.setenv("KILN_BROKER_URL", "redis://localhost:6379/0")
+    monkeypatch.setenv("KILN_STORAGE_URL", "s3://bucket/prefix")
+    monkeypatch.setenv("KILN_CHUNK_SIZE", "7")
+    service = get_settings()
+    here = service.embedded()
+    plain = get_settings(database_url="", broker_url="", storage_url="")
+    assert (here.database_url, here.broker_url, here.storage_url) == (
+        plain.database_url,
+        plain.broker_url,
+        plain.storage_url,
+    )
+    assert here.database_url == f"sqlite:///{clean_env.resolve() / 'kiln.db'}"
+    assert here.embedded_broker and here.storage_url.startswith("file:///")
+    assert here.chunk_size == 7 and here.data_dir == service.data_dir
+    assert service.database_url.startswith("postgresql")  # the original is left as it was
+    assert here.embedded() == here

@@ -23,7 +23,7 @@ class LiveWorker:
     worker: str
     host: str
     device: str
-    facts: dict[str, Any]  # models (only those the tenant may see), problems, gpu
+    facts: dict[str, Any]  # models (only those the tenant may see), problems, memory, gpu
     started_at: datetime
     seen_at: datetime
     age_s: float  # since its last report
@@ -34,6 +34,13 @@ class LiveWorker:
         """Its GPU's latest NVML sample; None on a CPU worker (or where NVML does not answer)."""
         sample = self.facts.get("gpu")
         return sample if isinstance(sample, dict) else None
+
+    @property
+    def memory(self) -> dict[str, int]:
+        """Its resident memory, `rss_bytes` and its prep processes' `prep_rss_bytes`: only
+        the figures it could read (none from a worker older than them)."""
+        memory = self.facts.get("memory")
+        return memory if isinstance(memory, dict) else {}
 
 
 def visible(owner: str, tenant: str) -> bool:

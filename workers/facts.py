@@ -1,9 +1,10 @@
 """Worker facts for the console's fleet page, published through the database Kiln already has.
 
 Every `PUBLISH_EVERY_S` a worker upserts one row (`app/db/worker_facts.py`): its device, each
-loaded model's backend, owner and batching totals, its health problems, and its GPU's latest
-NVML sample. The API reads the rows seen recently (`app/fleet.py`); no port to open, no server
-to add. A GPU figure NVML does not answer is absent from the sample, never zero.
+loaded model's backend, owner, memory and batching totals, its health problems, its own and its
+prep processes' resident memory, and its GPU's latest NVML sample. The API reads the rows seen
+recently (`app/fleet.py`); no port to open, no server to add. A GPU figure NVML does not answer
+is absent from the sample, never zero.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kiln.app.db.models import SHARED_TENANT, utcnow
 from kiln.app.db.session import make_engine, make_session_factory, unit_of_work
 from kiln.workers.batching import BatchStats
 from kiln.workers.device import Gpu, GpuTelemetry
+from kiln.workers.health import EngineHealth
 from kiln.workers.metrics import WorkerView
 
 log = logging.getLogger(__name__)
@@ -51,15 +53,21 @@ def batching(stats: BatchStats) -> dict[str, Any]:
     }
 
 
-def model_facts(view: FactsView) -> dict[str, dict[str, Any]]:
-    """Per loaded model (its ref): backend, owner (for tenant scoping) and batching."""
+def model_facts(view: FactsView, health: EngineHealth | None = None) -> dict[str, dict[str, Any]]:
+    """Per loaded model (its ref): backend, owner (for tenant scoping), what it holds (its
+    engines' bytes, its slots' shared memory) and batching."""
     stats, backends, owners = view.batch_stats(), view.backends(), view.model_owners()
+    health = health or EngineHealth()
     facts = {}
     for ref in sorted({*stats, *backends}):
         entry: dict[str, Any] = {
             "backend": backends.get(ref),
             "tenant": owners.get(ref, SHARED_TENANT),
         }
+        if ref in health.memory:
+            entry["memory_bytes"] = health.memory[ref]
+        if ref in health.slot_memory:
+            entry["slot_bytes"] = health.slot_memory[ref]
         if ref in stats:
             entry.update(batching(stats[ref]))
         facts[ref] = entry
@@ -80,12 +88,16 @@ def gpu_sample(telemetry: GpuTelemetry, gpu: Gpu) -> dict[str, Any]:
 
 
 def worker_facts(view: FactsView, telemetry: GpuTelemetry | None) -> dict[str, Any]:
-    """The JSON a worker publishes: models, problems and (on a GPU host) its device's sample.
+    """The JSON a worker publishes: models, problems, memory and (on a GPU host) its device's
+    sample. Memory figures the worker could not read are absent, never zero.
 
     A worker pinned to one GPU sees only that device; the first visible one runs its engines."""
+    health = view.engine_health()
+    memory = {"rss_bytes": health.rss_bytes, "prep_rss_bytes": health.prep_rss_bytes}
     facts: dict[str, Any] = {
-        "models": model_facts(view),
-        "problems": view.engine_health().problems,
+        "models": model_facts(view, health),
+        "problems": health.problems,
+        "memory": {name: size for name, size in memory.items() if size is not None},
     }
     if telemetry is not None and telemetry.gpus:
         facts["gpu"] = gpu_sample(telemetry, telemetry.gpus[0])

@@ -19,11 +19,15 @@ class EngineHealth:
 
     problems: list[str] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)  # loaded model → bytes
+    slot_memory: dict[str, int] = field(default_factory=dict)  # loaded model → its slots' bytes
     budget: int | None = None  # None until the first model loads
     unloaded: int = 0  # models unloaded to stay within the budget
+    idle_unloaded: int = 0  # models unloaded, unused for KILN_MODEL_IDLE_S
     build_failures: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, backend)
     prep_processes: int = 0  # running (0 until the first chunk, or prep on the chunk's thread)
     prep_replaced: int = 0  # prep processes that died and were replaced
+    rss_bytes: int | None = None  # this process's resident memory (None: not known here)
+    prep_rss_bytes: int | None = None  # its prep processes', summed (None: none running)
 
 
 class Health:

@@ -5,10 +5,16 @@ weights and buffers sized for its largest batch. The budget bounds what stays lo
 model is built, idle models are unloaded least-recently-used first until its estimate fits;
 a model in use (a chunk holds it, or its Batcher has rows) is never unloaded. Sizes are the
 engines' own accounts (`engine_bytes`), so the logic runs on CPU with sizes a test declares.
+
+Time bounds them too, on any device: a model no chunk has used for `KILN_MODEL_IDLE_S` is
+unloaded (`ModelMemory.idle`), so a CPU worker — whose budget, host memory, is rarely reached —
+gives back what a model it no longer runs held. `rss_bytes` says what a process holds in all.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 import threading
@@ -42,6 +48,33 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def rss_bytes(pid: int | None = None) -> int | None:
+    """A process's resident memory (this one's without `pid`), shared pages included (its
+    models' slots, mapped by the prep processes too): Linux's `/proc/PID/statm`. None where
+    that cannot be read (another OS, a process gone)."""
+    try:
+        resident = Path(f"/proc/{pid or 'self'}/statm").read_text().split()[1]
+        return int(resident) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def trim_host_memory() -> None:
+    """Hand the heap an unloaded model freed back to the system: glibc keeps freed memory in
+    its arenas, where it still counts in the process's RSS. A no-op without glibc."""
+    malloc_trim = getattr(_libc(), "malloc_trim", None)
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
 def engine_bytes(engine: Any, onnx_path: Path | None = None) -> int:
     """What an engine holds: its own account (`memory_bytes`) when it keeps one, else the ONNX
     file's size twice (weights, and the optimised copy a runtime makes of them)."""
@@ -66,7 +99,8 @@ class ModelMemory:
         self._clock = clock
         self._lock = threading.Lock()
         self._loaded: dict[str, _Loaded] = {}
-        self.evictions = 0
+        self.evictions = 0  # unloaded to stay within the budget
+        self.idle_unloads = 0  # unloaded after `idle` chose them
 
     def used(self) -> int:
         with self._lock:
@@ -80,11 +114,14 @@ class ModelMemory:
         with self._lock:
             self._loaded[key] = _Loaded(size, self._clock())
 
-    def unload(self, key: str) -> None:
-        """The model left the device (counted in `evictions`)."""
+    def unload(self, key: str, idle: bool = False) -> None:
+        """The model left the device (counted in `evictions`, or `idle_unloads`)."""
         with self._lock:
             if self._loaded.pop(key, None) is not None:
-                self.evictions += 1
+                if idle:
+                    self.idle_unloads += 1
+                else:
+                    self.evictions += 1
 
     def acquire(self, key: str) -> None:
         """A chunk starts using the model: it cannot be unloaded until `release`."""
@@ -127,3 +164,17 @@ class ModelMemory:
                     f"({', '.join(sorted(busy))}); the chunk will be retried."
                 )
             return chosen
+
+    def idle(self, idle_s: float) -> list[str]:
+        """Models no chunk holds and none has used for `idle_s` seconds (since its last
+        release, or its load), least recently used first; none when `idle_s` is 0."""
+        if idle_s <= 0:
+            return []
+        with self._lock:
+            now = self._clock()
+            idle = sorted(
+                (m.last_used, k)
+                for k, m in self._loaded.items()
+                if not m.users and now - m.last_used >= idle_s
+            )
+            return [key for _, key in idle]

@@ -173,24 +173,53 @@ class EngineCollector(Collector):
 
 
 def health_metrics(health: EngineHealth) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-    """Liveness, the memory budget and failed builds."""
+    """Liveness, memory (the budget, each model's, the processes' resident memory) and failed
+    builds."""
     yield GaugeMetricFamily(
         "kiln_worker_healthy",
         "1 while no engine is stuck and no run overran its lease (the liveness probe's view).",
         value=0.0 if health.problems else 1.0,
     )
     memory = GaugeMetricFamily(
-        "kiln_model_memory_bytes", "Device memory a loaded model holds.", labels=["model"]
+        "kiln_model_memory_bytes",
+        "Memory a loaded model's engines hold: the GPU's, or host memory on a CPU.",
+        labels=["model"],
     )
     for model, size in health.memory.items():
         memory.add_metric([model], float(size))
     yield memory
+    slots = GaugeMetricFamily(
+        "kiln_model_slot_bytes",
+        "Shared memory of a loaded model's prep slots (in the RSS of the worker and its prep "
+        "processes alike).",
+        labels=["model"],
+    )
+    for model, size in health.slot_memory.items():
+        slots.add_metric([model], float(size))
+    yield slots
+    if health.rss_bytes is not None:
+        yield GaugeMetricFamily(
+            "kiln_worker_rss_bytes",
+            "Resident memory of this worker process (the models, the Batchers, the slots).",
+            value=health.rss_bytes,
+        )
+    if health.prep_rss_bytes is not None:
+        yield GaugeMetricFamily(
+            "kiln_prep_rss_bytes",
+            "Resident memory of this worker's prep processes, summed.",
+            value=health.prep_rss_bytes,
+        )
     if health.budget is not None:
         yield GaugeMetricFamily(
             "kiln_memory_budget_bytes", "Device memory loaded models may hold.", value=health.budget
         )
     yield CounterMetricFamily(
         "kiln_models_unloaded", "Idle models unloaded to stay within the budget.", health.unloaded
+    )
+    yield CounterMetricFamily(
+        "kiln_models_unloaded_idle",
+        "Models unloaded because no chunk had used them for KILN_MODEL_IDLE_S.",
+        health.idle_unloaded,
     )
     failures = GaugeMetricFamily(
         "kiln_engine_build_failures",

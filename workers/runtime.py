@@ -8,8 +8,9 @@ Models load on first use, each under its own lock: a multi-minute TensorRT build
 never stalls another model's batches. A model that failed to load is not tried again before
 its backoff has passed (its chunks fail fast with the remembered reason). Loaded models are
 bounded by the device-memory budget (`workers/memory.py`): idle ones are unloaded, least
-recently used first. Problems the process cannot recover from go to `health`, which its
-liveness probe reads (docs/gpu.md).
+recently used first; and by time: one no chunk has used for `KILN_MODEL_IDLE_S` is unloaded by
+a thread that looks every IDLE_CHECK_S (or half the setting). Problems the process cannot
+recover from go to `health`, which its liveness probe reads (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ from kiln.workers.engines.batch_size import choose_batch
 from kiln.workers.engines.failures import BuildFailures
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.health import EngineHealth, Health
-from kiln.workers.memory import ModelMemory, budget_bytes, engine_bytes, host_memory_bytes
+from kiln.workers.memory import (
+    ModelMemory,
+    budget_bytes,
+    engine_bytes,
+    host_memory_bytes,
+    rss_bytes,
+    trim_host_memory,
+)
 from kiln.workers.models.base import Answers, AnswersShape, Batch, Pipeline, Rows
 from kiln.workers.models.loader import load_pipeline
 from kiln.workers.prep.fetch import Fetcher
@@ -57,6 +65,7 @@ log = logging.getLogger(__name__)
 GPU_BACKENDS = ("tensorrt", "onnxruntime:CUDA", "torch:cuda")
 QUEUED_BATCHES = 4  # decoded rows may run this many batches ahead of the engine
 SLOT_BYTES = 512 * 2**20  # shared memory for one model's slots, at most (if a batch fits)
+IDLE_CHECK_S = 30.0  # how often idle models are looked for, at most (KILN_MODEL_IDLE_S)
 
 
 class ModelUnavailableError(KilnError):
@@ -76,6 +85,12 @@ class ModelRunner:
     @property
     def slots(self) -> SlotPool | None:
         return self.lender if isinstance(self.lender, SlotPool) else None
+
+    @property
+    def slot_bytes(self) -> int:
+        """The shared memory of its slots (reserved whole when made): 0 for tickets."""
+        slots = self.slots
+        return slots.layout.nbytes * slots.count if slots is not None else 0
 
     def close(self) -> None:
         self.batcher.close()
@@ -127,6 +142,8 @@ class WorkerRuntime:
         self._prep_lock = threading.Lock()
         self._progress = threading.Condition()  # notified as chunks finish (`kiln run` waits)
         self._chunks_done = 0
+        self._idle_watch: threading.Thread | None = None  # started with the first model
+        self._closing = threading.Event()
 
     def chunk_done(self, job_id: str) -> None:
         """A chunk of `job_id` has written its results."""
@@ -185,6 +202,7 @@ class WorkerRuntime:
                 runner = self._load(info)
                 with self._lock:
                     self._runners[key] = runner
+                self._watch_idle()
         return runner
 
     @contextmanager
@@ -323,6 +341,50 @@ class WorkerRuntime:
         if keys:
             _return_device_memory()
 
+    def unload_idle(self) -> list[str]:
+        """Unload the models no chunk has used for `KILN_MODEL_IDLE_S` (never one in use):
+        their engines, Batcher and shared-memory slots go, and the memory goes back to the
+        device and the system. Returns their refs."""
+        idle_s = self.settings.model_idle_s
+        with self._engines_lock:
+            memory = self._memory
+        if idle_s <= 0 or memory is None:
+            return []
+        with self._lock:  # as `using` takes a model up: chosen and taken out in one step
+            keys = [key for key in memory.idle(idle_s) if key in self._runners]
+            runners = [self._runners.pop(key) for key in keys]
+            for key in keys:
+                memory.unload(key, idle=True)
+        for runner in runners:
+            runner.close()
+            log.info("model %s unloaded after %g s unused (%.0f MiB, %.0f MiB of slots freed)",
+                     runner.info.ref, idle_s, runner.memory_bytes / 2**20,
+                     runner.slot_bytes / 2**20, extra={"model": runner.info.ref})  # fmt: skip
+        if runners:
+            _return_device_memory()
+        return [runner.info.ref for runner in runners]
+
+    def _watch_idle(self) -> None:
+        """Start the thread that unloads idle models (once, when a model has loaded)."""
+        idle_s = self.settings.model_idle_s
+        if idle_s <= 0:
+            return
+        with self._lock:
+            if self._idle_watch is not None or self._closing.is_set():
+                return
+            every = min(IDLE_CHECK_S, idle_s / 2)
+            self._idle_watch = threading.Thread(
+                target=self._watch, args=(every,), name="kiln-idle-models", daemon=True
+            )
+            self._idle_watch.start()
+
+    def _watch(self, every: float) -> None:
+        while not self._closing.wait(every):
+            try:
+                self.unload_idle()
+            except Exception:  # the next look tries again; never let the thread die
+                log.exception("could not unload idle models")
+
     def memory(self) -> ModelMemory:
         """The memory budget, sized from the best backend's device (made once)."""
         engines = self.engines()
@@ -377,14 +439,19 @@ class WorkerRuntime:
         }
         with self._prep_lock:
             prep = self._prep
+        runners = self.runners().values()
         return EngineHealth(
             prep_processes=prep.processes if prep else 0,
             prep_replaced=prep.replaced if prep else 0,
             problems=self.health.problems(),
-            memory={r.info.ref: r.memory_bytes for r in self.runners().values()},
+            memory={r.info.ref: r.memory_bytes for r in runners},
+            slot_memory={r.info.ref: r.slot_bytes for r in runners},
             budget=memory.budget if memory else None,
             unloaded=memory.evictions if memory else 0,
+            idle_unloaded=memory.idle_unloads if memory else 0,
             build_failures={key: f.attempts for key, f in failures.items()},
+            rss_bytes=rss_bytes(),
+            prep_rss_bytes=_prep_rss(prep.pids()) if prep else None,
         )
 
     def runners(self) -> dict[str, ModelRunner]:
@@ -408,6 +475,11 @@ class WorkerRuntime:
         return {r.info.ref: r.info.tenant for r in self.runners().values()}
 
     def close(self) -> None:
+        self._closing.set()
+        with self._lock:
+            watch = self._idle_watch
+        if watch is not None:
+            watch.join()
         if self._leases is not None:
             self._leases.close()
         for runner in self.runners().values():
@@ -419,9 +491,17 @@ class WorkerRuntime:
         self.db.dispose()
 
 
+def _prep_rss(pids: list[int]) -> int | None:
+    """The prep processes' resident memory, summed; None when none could be read."""
+    sizes = [size for size in map(rss_bytes, pids) if size is not None]
+    return sum(sizes) if sizes else None
+
+
 def _return_device_memory() -> None:
     """Hand memory an unloaded engine freed back to the device: CuPy and torch keep freed
-    blocks in their pools, where another model's build cannot use them."""
+    blocks in their pools, where another model's build cannot use them; and the heap it
+    freed back to the system (`trim_host_memory`)."""
+    trim_host_memory()
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         cupy.get_default_memory_pool().free_all_blocks()

@@ -90,6 +90,12 @@ class Settings(BaseSettings):
         description="Models loaded per worker: a fraction of the device's memory (0.8) or a size "
         "(24GiB); idle models beyond it are unloaded, least recently used first.",
     )
+    model_idle_s: float = Field(
+        600.0,
+        ge=0,
+        description="A loaded model no chunk has used this long is unloaded, on any device "
+        "(its memory and shared-memory slots given back); 0: kept until the budget needs room.",
+    )
     oom_recovery_s: float = Field(
         300.0, gt=0, description="Quiet time after an out-of-memory batch before the cap grows."
     )

@@ -232,6 +232,7 @@ def test_fleet_lists_the_worker(
     expect(worker).to_be_visible(timeout=20_000)
     expect(page.locator("article.worker table.models")).not_to_have_count(0, timeout=20_000)
     expect(page.locator("#fleet")).to_contain_text("phash")
+    expect(worker.locator("h3 .rss")).to_contain_text(re.compile(r"RSS [\d,]+ MiB"))  # its memory
     expect(page.locator("td[data-queue]")).not_to_have_count(0)  # Redis answers queue lengths
     # no GPU on this host: no chart is drawn from figures NVML never gave
     expect(page.locator("#gpus .gpu-chart")).to_have_count(0)

@@ -129,3 +129,17 @@ def test_a_database_outage_is_said_once_and_never_raises(
         assert not publisher.publish()
     assert len([r for r in caplog.records if "facts" in r.getMessage()]) == 1
     publisher.stop()  # never started: stops cleanly all the same
+
+
+def test_memory_is_published_per_process_and_per_model() -> None:
+    class Holding(View):
+        def engine_health(self) -> EngineHealth:
+            return EngineHealth(rss_bytes=2500 * 2**20, prep_rss_bytes=600 * 2**20,
+                                memory={"ocr": 300 * 2**20}, slot_memory={"ocr": 0})  # fmt: skip
+
+    facts = worker_facts(Holding(), None)
+    assert facts["memory"] == {"rss_bytes": 2500 * 2**20, "prep_rss_bytes": 600 * 2**20}
+    assert facts["models"]["ocr"]["memory_bytes"] == 300 * 2**20
+    assert facts["models"]["ocr"]["slot_bytes"] == 0  # rows as objects: no slots
+    assert "memory_bytes" not in facts["models"]["mine:3"]  # not known: absent, never 0
+    assert worker_facts(View(), None)["memory"] == {}  # RSS unread (not Linux): absent

@@ -148,3 +148,20 @@ def test_health_memory_and_failed_builds_are_exported() -> None:
     healthy = samples(generate_latest(worker_registry(View({}, {}))).decode())
     assert healthy[("kiln_worker_healthy", ())] == 1.0
     assert ("kiln_memory_budget_bytes", ()) not in healthy  # no model loaded yet
+    assert ("kiln_worker_rss_bytes", ()) not in healthy  # not read: no series, never 0
+
+
+def test_resident_memory_and_idle_unloads_are_exported() -> None:
+    health = EngineHealth(
+        memory={"ocr": 300 * 2**20},
+        slot_memory={"ocr": 0, "phash": 2**17},
+        idle_unloaded=2,
+        rss_bytes=2500 * 2**20,
+        prep_rss_bytes=600 * 2**20,
+    )
+    got = samples(generate_latest(worker_registry(View({}, {}, health=health))).decode())
+    assert got[("kiln_worker_rss_bytes", ())] == 2500 * 2**20
+    assert got[("kiln_prep_rss_bytes", ())] == 600 * 2**20
+    assert got[("kiln_model_slot_bytes", (("model", "phash"),))] == 2**17
+    assert got[("kiln_models_unloaded_idle_total", ())] == 2
+    assert got[("kiln_models_unloaded_total", ())] == 0

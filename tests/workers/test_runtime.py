@@ -4,6 +4,7 @@ database and store are real (SQLite, local)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from kiln.app.db import queries
 from kiln.workers import runtime as runtime_module
 from kiln.workers.engines.base import Choice, EngineRequest, TensorSpec
 from kiln.workers.engines.select import EngineFactory, Host
-from kiln.workers.memory import MemoryBudgetFullError
+from kiln.workers.memory import MemoryBudgetFullError, ModelMemory
 from kiln.workers.models.base import Answers, Batch, Rows
 from kiln.workers.prep.spec import prep_spec
 from kiln.workers.runtime import ModelUnavailableError, WorkerRuntime
@@ -208,3 +209,36 @@ def test_unloading_skips_a_model_a_chunk_took_up_meanwhile(
     assert runtime.engine_health().unloaded == 1
     with runtime.using(info("a")) as again:  # loads it again
         assert again is not held and loads.calls["a"] == 2
+
+
+def test_models_unused_for_the_idle_time_are_unloaded_and_one_in_use_stays(
+    runtime: WorkerRuntime, loads: Loads, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [0.0]
+    runtime._memory = ModelMemory(300 * MiB, clock=lambda: clock[0])
+    assert runtime.settings.model_idle_s == 600  # the default
+    a, b = runtime.runner(info("a")), runtime.runner(info("b"))
+    clock[0] = 599
+    assert runtime.unload_idle() == []  # not yet
+    with runtime.using(info("b")):
+        clock[0] = 700
+        with caplog.at_level(logging.INFO, logger="kiln.workers.runtime"):
+            assert runtime.unload_idle() == ["a"]  # b is in use: it stays, however long
+        assert set(runtime.runners()) == {"b@1"} and a.pipeline.closed  # type: ignore[attr-defined]
+    assert "model a unloaded after 600 s unused" in caplog.text
+    clock[0] = 1299
+    assert runtime.unload_idle() == []  # b's idle time began when the chunk let it go
+    clock[0] = 1300
+    assert runtime.unload_idle() == ["b"] and b.pipeline.closed  # type: ignore[attr-defined]
+    health = runtime.engine_health()
+    assert (health.idle_unloaded, health.unloaded, health.memory) == (2, 0, {})
+    with runtime.using(info("a")) as again:  # used again: loads again
+        assert again is not a and loads.calls["a"] == 2
+
+
+def test_a_zero_idle_time_keeps_models(runtime: WorkerRuntime, loads: Loads) -> None:
+    runtime.settings = runtime.settings.model_copy(update={"model_idle_s": 0})
+    runtime._memory = ModelMemory(300 * MiB, clock=lambda: 10.0**9)
+    runtime.runner(info("a"))
+    assert runtime.unload_idle() == [] and set(runtime.runners()) == {"a@1"}
+    assert runtime._idle_watch is None  # no thread to look

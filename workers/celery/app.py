@@ -12,6 +12,7 @@ from kiln.app.dispatch.contract import CONTROL, RECONCILE_TASK, SCHEDULES_TASK
 from kiln.app.dispatch.producer import configure
 from kiln.workers.celery import tasks
 from kiln.workers.health import EngineHealth
+from kiln.workers.memory import rss_bytes
 
 if TYPE_CHECKING:
     from kiln.workers.batching import BatchStats
@@ -62,10 +63,11 @@ class KilnCelery(Celery):  # type: ignore[misc]
         return runtime.model_owners() if runtime else {}
 
     def engine_health(self) -> EngineHealth:
-        """Problems, memory and failed builds; empty until the runtime exists."""
+        """Problems, memory and failed builds; only the process's RSS until the runtime
+        exists."""
         with self._runtime_lock:
             runtime = self._runtime
-        return runtime.engine_health() if runtime else EngineHealth()
+        return runtime.engine_health() if runtime else EngineHealth(rss_bytes=rss_bytes())
 
     def health_problems(self) -> list[str]:
         """What keeps this worker from working (a stuck engine, an overlong run); empty until

@@ -77,6 +77,10 @@ class Preparer(Protocol):
     processes: int
     replaced: int  # processes that died and were replaced
 
+    def pids(self) -> list[int]:
+        """The prep processes' ids (none when prep runs on the chunk's thread)."""
+        ...
+
     def submit(self, unit: Unit, prefer: int = -1) -> Future[Prepped]: ...
 
     def claim_frames(self, timeout: float = 0) -> int | None:

@@ -268,6 +268,11 @@ class PrepWorker:
                 segment.close()
                 del self._segments[key]
 
+    def idle(self) -> None:
+        """Nothing came for a while: unmap the slots of models the worker unloaded meanwhile,
+        so their shared memory goes now rather than with the next unit."""
+        self._let_go_of_unlinked()
+
     def close(self) -> None:
         for segment in self._segments.values():
             segment.close()
@@ -309,6 +314,7 @@ def serve(conn: Connection, settings: Settings, parent: int, decoder_threads: in
             if not conn.poll(PARENT_CHECK_S):
                 if os.getppid() != parent:
                     return  # the worker died without telling us
+                worker.idle()
                 continue
             unit: Any = conn.recv()
             if unit is None:

@@ -235,17 +235,20 @@ def test_the_fleet_shows_a_tenant_its_models_and_charts_what_nvml_said(
     gpu = {"name": "NVIDIA L4", "index": 0, "utilization_pct": 87.0, "temperature_c": 61.0}
     models = {
         "ocr": {"backend": "tensorrt", "tenant": "", "batches": 4, "rows": 40, "mean_batch": 10.0,
-                "engine_ms_per_batch": 12.5, "failed_batches": 0},
+                "engine_ms_per_batch": 12.5, "failed_batches": 0, "memory_bytes": 300 * 2**20,
+                "slot_bytes": 12 * 2**20},
         "secret-model:1": {"backend": "tensorrt", "tenant": "globex"},
     }  # fmt: skip
     with sessions() as session, unit_of_work(session):
-        worker_facts.publish(
-            session, "gpu0@box", "box", "NVIDIA L4", {"models": models, "gpu": gpu}, utcnow()
-        )
+        memory = {"rss_bytes": 2500 * 2**20, "prep_rss_bytes": 600 * 2**20}
+        facts = {"models": models, "gpu": gpu, "memory": memory}
+        worker_facts.publish(session, "gpu0@box", "box", "NVIDIA L4", facts, utcnow())
         worker_facts.publish(session, "cpu@box", "box", "cpu", {"models": {}}, utcnow())
     sign_in(browser, acme_key)
     page = browser.get("/console/fleet").text
     assert "gpu0@box" in page and "cpu@box" in page and "12.5" in page
+    assert "RSS 2,500 MiB + prep 600 MiB" in page and "312 MiB" in page  # ocr: engines + slots
+    assert page.count("RSS ") == 1  # cpu@box said nothing of its memory: nothing is shown
     assert "secret-model" not in page and "and 1 other tenants" in page
     assert 'id="no-gpu"' not in page
     charts = {

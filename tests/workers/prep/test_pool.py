@@ -76,6 +76,30 @@ def test_prep_writes_into_the_engine_process_slots(pool: PrepPool) -> None:
         slots.close()
 
 
+def test_an_idle_process_unmaps_the_slots_of_a_model_the_worker_unloaded(
+    settings: Settings,
+) -> None:
+    pool = PrepPool(settings, 1)
+    slots = SlotPool(SlotLayout((2,)), 4, label="gone")
+    try:
+        unit = texts("abc", spec=SLOTTED)
+        taken = slots.acquire(1)
+        assert taken is not None
+        unit.slots, unit.segment, unit.segment_slots = taken, slots.name, slots.count
+        assert pool.submit(unit).result(60).errors == [None]
+        [pid] = pool.pids()
+        maps = Path(f"/proc/{pid}/maps")
+        assert slots.name in maps.read_text()
+        slots.close()  # the model is unloaded: its segment unlinked
+        deadline = time.monotonic() + 10
+        while slots.name in maps.read_text():  # no unit comes to make it look
+            assert time.monotonic() < deadline, "the prep process still maps the unloaded slots"
+            time.sleep(0.1)
+    finally:
+        slots.close()
+        pool.close()
+
+
 def test_an_input_that_crashes_its_process_fails_alone_with_a_sentence(pool: PrepPool) -> None:
     answer = pool.submit(texts("first", "CRASH here", "last")).result(60)
     assert answer.objects == ["FIRST", None, "LAST"]

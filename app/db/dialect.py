@@ -39,3 +39,15 @@ def among_text(
     if on_postgres(session):
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(Text)))
     return column.in_(values)
+
+
+def open_transaction(session: Session) -> None:
+    """Make sure a write that opens with `WITH` runs inside the session's transaction on
+    SQLite: Python's sqlite3 begins a transaction by itself only before INSERT, UPDATE,
+    DELETE and REPLACE, so a CTE-led UPDATE as a unit's first write would commit on its own,
+    apart from what the unit writes after it. Postgres needs nothing."""
+    if on_postgres(session):
+        return
+    driver = session.connection().connection.driver_connection
+    if driver is not None and not driver.in_transaction:
+        driver.execute("BEGIN")

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, leases, queries
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
+from kiln.app.db.session import unit_of_work
 
 
 def make_job(
@@ -218,6 +219,24 @@ def test_upsert_results_writes_the_chunk(session: Session) -> None:
     assert items[0].duration_ms == 12.5
     assert all(i.finished_at is not None for i in items)
     assert [i.attempts for i in items] == [1, 1]
+
+
+def test_upsert_results_is_part_of_its_unit_of_work(session: Session) -> None:
+    """A unit that fails after the results statement leaves nothing behind: the results and
+    their counters commit together or not at all (on SQLite the statement opens with WITH,
+    before which Python's sqlite3 opens no transaction of its own)."""
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
+    ids = [i.id for i in items_of(session, job.id)]
+    leases.take(session, job.id, ids, "run-1", 60)
+    session.commit()
+
+    with pytest.raises(RuntimeError), unit_of_work(session):
+        queries.upsert_results(session, job.id, 0, [result_row("k0"), result_row("k1")], "run-1")
+        raise RuntimeError("the worker died before the commit")
+
+    session.expire_all()
+    assert {i.status for i in items_of(session, job.id)} == {ItemStatus.RUNNING}
+    assert counters.read(session, job.id).succeeded == 0
 
 
 def test_upsert_results_twice_changes_nothing(session: Session) -> None:

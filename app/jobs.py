@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -312,28 +312,106 @@ def get_job(session: Session, tenant: str, job_id: str) -> Job:
     return job
 
 
+RATE_WINDOW_S = 60.0  # an open job's items/s: over its last minute, so the ETA is steady
+ETA_AFTER_SHARE = 0.1  # a job younger than the window gives an ETA once this share is done
+STALE_RENEWALS = 4  # leases unrenewed this many renewal periods (at least 10 s): their run stopped
+
+
+@dataclass(frozen=True)
+class LeaseTiming:
+    """The workers' lease settings, which tell a run that stopped renewing from a busy one."""
+
+    lease_s: float
+    renew_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> LeaseTiming:
+        return cls(settings.lease_s, settings.lease_renew_s)
+
+    @property
+    def stale_s(self) -> float:
+        """Unrenewed this long, a lease's run has stopped (never longer than the lease: an
+        expired lease is stale whatever its settings)."""
+        return min(self.lease_s, max(10.0, STALE_RENEWALS * self.renew_s))
+
+
 @dataclass(frozen=True)
 class Progress:
     job: Job
-    counts: queries.Counts
+    counts: queries.Counts  # `pending` there: every item not ended, running ones included
     items_per_second: float | None
     started_at: datetime | None
     finished_at: datetime | None
     created_at: datetime
     eta_seconds: float | None = None  # unknown while a bulk job is still listing
+    running: int = 0  # items a worker holds (in prep or a batch); open jobs only
+    stalled_since: datetime | None = None  # items held by a worker that stopped renewing
+    answered: int = 0  # of the running items, those answered and not yet written
+
+    @property
+    def waiting(self) -> int:
+        """Items no worker holds yet."""
+        return max(0, self.counts.pending - self.running)
+
+    @property
+    def processed(self) -> int:
+        """Items ended, and items answered whose chunk has not written them yet: what a
+        progress bar shows (it moves between chunk commits)."""
+        return self.counts.done + min(self.answered, self.running)
 
 
-def progress(session: Session, job: Job, counts: queries.Counts | None = None) -> Progress:
+def progress(
+    session: Session, job: Job, timing: LeaseTiming, counts: queries.Counts | None = None
+) -> Progress:
+    """Counts and timings; for an open job also what runs now (and how much of it is answered,
+    not yet written), its rate and the ETA that rate gives, and whether a worker holding its
+    items stopped renewing them (`stalled_since`, until another run takes them over)."""
     counts = counts or queries.job_counts(session, job.id, bulk=job.source is not None)
     started, finished = aware(job.started_at), aware(job.finished_at)
-    rate = None
-    if started is not None:
-        elapsed = ((finished or utcnow()) - started).total_seconds()
-        finished_items = counts.succeeded + counts.failed
-        rate = round(finished_items / elapsed, 2) if elapsed > 0 else None
     created = aware(job.created_at)
     assert created is not None
-    eta = None
-    if rate and finished is None and not counts.listing:
-        eta = round(counts.pending / rate, 1)
-    return Progress(job, counts, rate, started, finished, created, eta)
+    if started is None or finished is not None or not queries.is_open(job):
+        rate = _overall_rate(counts, started, finished)
+        return Progress(job, counts, rate, started, finished, created)
+    now = utcnow()
+    window_start = max(started, now - timedelta(seconds=RATE_WINDOW_S))
+    activity = queries.job_activity(session, job.id, window_start, timing.lease_s, timing.stale_s)
+    rate = _live_rate(counts, activity, started, now)
+    answered = min(activity.in_flight.answered, activity.running)
+    left = counts.pending - answered
+    # No ETA while listing (the total grows), stalled (some items wait on the reconciler), or
+    # in a young job's first tenth (its rate still carries the model's loading).
+    settled = (now - started).total_seconds() > RATE_WINDOW_S or (
+        counts.done + answered >= ETA_AFTER_SHARE * counts.total
+    )
+    knowable = not counts.listing and activity.stalled_since is None and settled
+    eta = round(left / rate, 1) if rate and knowable else None
+    return Progress(
+        job, counts, rate, started, None, created, eta, activity.running,
+        activity.stalled_since, answered,
+    )  # fmt: skip
+
+
+def _live_rate(
+    counts: queries.Counts, activity: queries.Activity, started: datetime, now: datetime
+) -> float | None:
+    """Items/s of an open job. Younger than RATE_WINDOW_S: everything processed (ended, or
+    answered in a chunk still running) over its age. Older: items that ended in the last
+    RATE_WINDOW_S, or, when chunks commit rarer than that, the rate its running chunks answer
+    rows at — whichever is higher (a job between two commits is not idle)."""
+    age = (now - started).total_seconds()
+    if age <= 0:
+        return None
+    if age <= RATE_WINDOW_S:
+        ended = counts.succeeded + counts.failed
+        return round((ended + min(activity.in_flight.answered, activity.running)) / age, 2)
+    return round(max(activity.recent / RATE_WINDOW_S, activity.in_flight.per_second), 2)
+
+
+def _overall_rate(
+    counts: queries.Counts, started: datetime | None, finished: datetime | None
+) -> float | None:
+    if started is None:
+        return None
+    elapsed = ((finished or utcnow()) - started).total_seconds()
+    return round((counts.succeeded + counts.failed) / elapsed, 2) if elapsed > 0 else None

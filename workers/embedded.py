@@ -309,7 +309,7 @@ def _read(runtime: WorkerRuntime, job_id: str) -> jobs.Progress:
     with runtime.sessions() as session:
         job = session.get(Job, job_id)
         assert job is not None  # this run made it
-        return jobs.progress(session, job)
+        return jobs.progress(session, job, jobs.LeaseTiming.of(runtime.settings))
 
 
 def _cancel(runtime: WorkerRuntime, job_id: str) -> bool:

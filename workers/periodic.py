@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from kiln.app import schedules
-from kiln.app.db import content_cache, leases
+from kiln.app.db import chunk_runs, content_cache, leases
 from kiln.app.db import ingest as db
+from kiln.app.db.models import utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.workers.celery.inflight import Chunk
@@ -19,6 +21,7 @@ from kiln.workers.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 
 InFlight = Callable[[], set[Chunk] | None]  # the broker's chunk messages; None = unknown
+RUN_ROWS_KEPT_S = 600.0  # a chunk run's progress row outlives its silent worker this long
 PURGE_STEPS = 100  # content-cache purge steps per reconcile: a backlog waits for the next one
 
 
@@ -44,7 +47,16 @@ def reconcile(
         **_resend_chunks(runtime, dispatcher, in_flight),
         "jobs_closed": _close_ended_jobs(runtime),
         "cache_purged": purge_content_cache(runtime),
+        "runs_forgotten": _forget_dead_runs(runtime),
     }
+
+
+def _forget_dead_runs(runtime: WorkerRuntime) -> int:
+    """Progress rows of chunk runs whose worker died (no keeper touched them for a lease and
+    more): a job's progress already ignores them; this keeps the table small."""
+    older = utcnow() - timedelta(seconds=max(RUN_ROWS_KEPT_S, 2 * runtime.settings.lease_s))
+    with runtime.sessions() as session, unit_of_work(session):
+        return chunk_runs.purge(session, older)
 
 
 def purge_content_cache(runtime: WorkerRuntime) -> int:

@@ -165,8 +165,9 @@ class WorkerRuntime:
             if self._leases is None:
                 s = self.settings
                 self._leases = Leases(
-                    self.sessions, s.lease_s, s.lease_renew_s, s.run_max_s, self.health
-                )
+                    self.sessions, s.lease_s, s.lease_renew_s, s.run_max_s, self.health,
+                    cancel_check_s=s.cancel_check_s,
+                )  # fmt: skip
             return self._leases
 
     def prep(self) -> Preparer:

@@ -110,7 +110,11 @@ class CountsOut(BaseModel):
     total: int
     succeeded: int
     failed: int
-    pending: int
+    pending: int = Field(description="Items no worker holds yet.")
+    running: int = Field(0, description="Items a worker holds now: being read or in a batch.")
+    answered: int = Field(
+        0, description="Of the running items, those answered whose chunk has not written them yet."
+    )
     cancelled: int
     skipped: int = 0
     deleted: int = 0
@@ -132,8 +136,16 @@ class JobOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    items_per_second: float | None
+    items_per_second: float | None = Field(
+        description="Open: items finished per second over the last minute; closed: the run's."
+    )
     eta_seconds: float | None = None
+    stalled_since: datetime | None = Field(
+        None,
+        description="Some items are held by a worker that stopped renewing them (it died or "
+        "hangs) since then; they go to another worker when their lease runs out and the "
+        "reconciler (kiln beat) re-sends them.",
+    )
     listing: bool = False
     source: dict[str, Any] | None = None
     results_url: str

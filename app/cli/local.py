@@ -202,8 +202,9 @@ def _progress(model: str, mode: str, cancel: threading.Event) -> Iterator[Callab
                 "(Ctrl-C again quits at once).",
             )
         bar.start()  # the first report draws it; later calls do nothing
-        rate = f"{p.items_per_second:.1f} items/s" if p.items_per_second else ""
-        bar.update(task, total=p.counts.total, completed=p.counts.done, rate=rate)
+        rate = f"{p.items_per_second:.1f} items/s, " if p.items_per_second else ""
+        rate += f"{p.running} running"
+        bar.update(task, total=p.counts.total, completed=p.processed, rate=rate)
         bar.refresh()
 
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -119,12 +120,11 @@ def watch(client: Any, job_id: str) -> dict[str, Any]:
         while True:
             job = client.job(job_id)
             c = job["counts"]
-            rate = f"{job['items_per_second'] or 0:.1f} items/s"
             bar.update(
                 task,
                 total=None if job.get("listing") else c["total"],
-                completed=c["total"] - c["pending"],
-                rate=rate,
+                completed=c["succeeded"] + c["failed"] + c["cancelled"] + c.get("answered", 0),
+                rate=_rate(job),
                 eta=_eta(job),
             )
             if job["status"] in ("completed", "failed", "cancelled"):
@@ -132,6 +132,20 @@ def watch(client: Any, job_id: str) -> dict[str, Any]:
             time.sleep(0.5)
     _print_job(job)
     return job  # type: ignore[no-any-return]
+
+
+def _rate(job: dict[str, Any]) -> str:
+    """items/s over the last minute, what is running now, and a stall when there is one."""
+    running = job["counts"].get("running", 0)
+    line = f"{job['items_per_second'] or 0:.1f} items/s, {running} running"
+    if job.get("stalled_since"):
+        line += f" — stalled since {_clock(job['stalled_since'])} (a worker stopped)"
+    return line
+
+
+def _clock(stamp: str) -> str:
+    """An API timestamp as the local wall-clock time."""
+    return datetime.fromisoformat(stamp).astimezone().strftime("%H:%M:%S")
 
 
 def _eta(job: dict[str, Any]) -> str:
@@ -149,10 +163,18 @@ def _print_job(job: dict[str, Any]) -> None:
     c = job["counts"]
     line = (
         f"job {job['id']} {job['status']}: {c['succeeded']} succeeded, {c['failed']} failed, "
-        f"{c['pending']} pending of {c['total']}"
+        f"{c.get('running', 0)} running, {c['pending']} pending of {c['total']}"
     )
+    if c.get("cancelled"):
+        line += f", {c['cancelled']} cancelled"
     if job.get("source"):
         line += f"; {c.get('skipped', 0)} unchanged, {c.get('deleted', 0)} deleted"
     console.print(line)
+    if job.get("stalled_since"):
+        console.print(
+            f"[yellow]Stalled since {_clock(job['stalled_since'])}: a worker holding some items "
+            "stopped renewing them; kiln beat's reconciler sends them to another worker once "
+            "their lease runs out.[/yellow]"
+        )
     if job.get("error"):
         console.print(f"[red]{job['error']}[/red]")

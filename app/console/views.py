@@ -40,6 +40,13 @@ class JobView:
     finished_at: datetime | None
     source: dict[str, Any] | None
     error: str | None
+    running: int = 0  # items a worker holds now
+    answered: int = 0  # of those, answered and not yet written by their chunk
+    stalled_since: datetime | None = None  # a worker holding items stopped renewing them
+
+    @property
+    def waiting(self) -> int:
+        return max(0, self.counts.pending - self.running)
 
     @property
     def open(self) -> bool:
@@ -47,7 +54,8 @@ class JobView:
 
     @property
     def done(self) -> int:
-        return self.counts.done + self.counts.skipped + self.counts.deleted
+        """Items ended, skipped, deleted, or answered in a chunk still running."""
+        return self.counts.done + self.counts.skipped + self.counts.deleted + self.answered
 
     @property
     def percent(self) -> float:
@@ -59,8 +67,8 @@ class JobView:
         return self.source is not None
 
 
-def job_view(session: Session, job: Job) -> JobView:
-    report = jobs.progress(session, job)
+def job_view(session: Session, job: Job, timing: jobs.LeaseTiming) -> JobView:
+    report = jobs.progress(session, job, timing)
     return JobView(
         id=job.id,
         model=job.model,
@@ -73,6 +81,9 @@ def job_view(session: Session, job: Job) -> JobView:
         finished_at=report.finished_at,
         source=job.source,
         error=job.error,
+        running=report.running,
+        answered=report.answered,
+        stalled_since=report.stalled_since,
     )
 
 
@@ -82,11 +93,14 @@ class JobsPage:
     next: str | None  # the cursor of the next (older) page
 
 
-def jobs_page(session: Session, tenant: str, after: str | None, limit: int) -> JobsPage:
+def jobs_page(
+    session: Session, tenant: str, after: str | None, limit: int, timing: jobs.LeaseTiming
+) -> JobsPage:
     cursor = queries.tenant_job(session, tenant, after) if after else None
     page = queries.list_jobs(session, tenant, after=cursor, limit=limit)
     return JobsPage(
-        [job_view(session, job) for job in page], page[-1].id if len(page) == limit else None
+        [job_view(session, job, timing) for job in page],
+        page[-1].id if len(page) == limit else None,
     )
 
 

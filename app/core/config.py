@@ -140,7 +140,10 @@ class Settings(BaseSettings):
     # lives; the reconciler re-sends items whose lease ran out (a killed worker, a lost message).
     lease_s: float = Field(60.0, gt=0, description="How long a chunk run holds its items.")
     lease_renew_s: float = Field(
-        3.0, gt=0, description="How often a running chunk renews its lease and checks for cancel."
+        3.0, gt=0, description="How often a running chunk renews its lease."
+    )
+    cancel_check_s: float = Field(
+        1.0, gt=0, description="How often a worker looks whether its running jobs were cancelled."
     )
     redispatch_after_s: float = Field(
         60.0, gt=0, description="A pending item with no message in the broker this long is re-sent."

@@ -139,6 +139,21 @@ class WorkerFacts(Base):
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
 
+class ChunkRun(Base):
+    """A chunk run in progress: how many of its rows are answered but not yet written, upserted
+    by its worker's lease keeper every tick (workers/chunk/lease.py) and deleted with the run's
+    results (or by the reconciler once stale), so a job's progress moves between its chunks'
+    commits."""
+
+    __tablename__ = "chunk_runs"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)  # the run's lease token
+    job_id: Mapped[str] = mapped_column(String(36), index=True)
+    answered: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class ContentCache(Base):
     """A result keyed by scope (a tenant, or shared), model version and input bytes: the same
     input is never run twice. `model_key` is "<scope>/<model cache key>"
@@ -188,6 +203,7 @@ class Item(Base):
         UniqueConstraint("job_id", "key", name="uq_items_job_key"),
         Index("ix_items_job_status", "job_id", "status"),
         Index("ix_items_status_lease", "status", "lease_expires_at"),  # the reconciler's scan
+        Index("ix_items_job_finished", "job_id", "finished_at"),  # a job's rate over a window
         # A job's videos and their frames in time order (the console's strips): frames only.
         Index(
             "ix_items_job_frames",

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import DateTime, and_, bindparam, case, exists, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from kiln.app.db import counters, dialect
+from kiln.app.db import chunk_runs, counters, dialect
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -20,6 +21,7 @@ from kiln.app.db.models import (
     ItemStatus,
     Job,
     JobStatus,
+    aware,
     utcnow,
 )
 from kiln.app.db.notify import notify_job_closed
@@ -61,6 +63,42 @@ def job_counts(session: Session, job_id: str, bulk: bool = True) -> Counts:
         fell_back=tally.fell_back,
         fell_back_succeeded=tally.fell_back_succeeded,
     )
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What an open job's items are doing now (a few indexed reads, whatever the job's size)."""
+
+    running: int = 0  # leased by a chunk run: in prep or in a batch
+    recent: int = 0  # finished (succeeded or failed) since the window's start
+    stalled_since: datetime | None = None  # the last renewal of leases nobody renews any more
+    in_flight: chunk_runs.InFlight = field(default_factory=chunk_runs.InFlight)  # not written
+
+
+def job_activity(
+    session: Session, job_id: str, window_start: datetime, lease_s: float, stale_s: float
+) -> Activity:
+    """Running items, items finished since `window_start`, and whether running items sit
+    under leases no run has renewed for `stale_s` (their worker stopped): since when."""
+    now = utcnow()
+    # A lease renewed at t expires at t + lease_s: renewed before now - stale_s means stale.
+    stale = Item.lease_expires_at < now + timedelta(seconds=lease_s - stale_s)
+    running, oldest = session.execute(
+        select(func.count(), func.min(case((stale, Item.lease_expires_at)))).where(
+            Item.job_id == job_id, Item.status == ItemStatus.RUNNING
+        )
+    ).one()
+    recent = session.scalar(
+        select(func.count()).where(
+            Item.job_id == job_id,
+            Item.finished_at >= window_start,
+            Item.status.in_((ItemStatus.SUCCEEDED, ItemStatus.FAILED)),
+        )
+    )
+    expires = aware(oldest)
+    stalled = expires - timedelta(seconds=lease_s) if expires is not None else None
+    flying = chunk_runs.in_flight(session, job_id, now - timedelta(seconds=stale_s))
+    return Activity(int(running), int(recent or 0), stalled, flying)
 
 
 def tenant_job(session: Session, tenant: str, job_id: str) -> Job | None:
@@ -108,6 +146,7 @@ def upsert_results(
     if not results:
         return
     statement = _UPDATE_POSTGRES if dialect.on_postgres(session) else _UPDATE_SQLITE
+    dialect.open_transaction(session)  # the SQLite statement opens with WITH
     params = {"job_id": job_id, "owner": owner, "finished_at": utcnow()}
     changed = session.execute(statement, params | {"rows": json.dumps(results)})
     # The reason itself, not `IS NOT NULL`: SQLite 3.40 answers that wrongly in the RETURNING

@@ -21,6 +21,7 @@ from kiln.app.jobs import (
     INTERACTIVE_MAX_ITEMS,
     InputRef,
     JobRequest,
+    LeaseTiming,
     Submitted,
     Upload,
     cancel_job,
@@ -394,12 +395,14 @@ def test_cancel_an_unknown_job_is_not_found(session: Session) -> None:
 
 # --- progress -----------------------------------------------------------------------------
 
+TIMING = LeaseTiming(lease_s=60.0, renew_s=3.0)
+
 
 def test_progress_of_a_queued_job(
     session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
 ) -> None:
     job = submit(session, store, dispatcher, settings, n=5).job
-    report = progress(session, job)
+    report = progress(session, job, TIMING)
     assert report.counts.total == 5
     assert report.counts.pending == 5
     assert report.counts.done == 0
@@ -430,7 +433,7 @@ def test_progress_counts_and_rate(
     session.expire_all()  # read back what SQLite stored (naive datetimes)
 
     job = get_job(session, "acme", job.id)
-    report = progress(session, job)
+    report = progress(session, job, TIMING)
     assert (report.counts.total, report.counts.succeeded, report.counts.failed) == (5, 2, 1)
     assert report.counts.pending == 2  # one running, one pending
     assert report.items_per_second == pytest.approx(0.3)  # 3 finished in 10 s
@@ -439,18 +442,59 @@ def test_progress_counts_and_rate(
     assert report.finished_at - report.started_at == timedelta(seconds=10)
 
 
-def test_progress_of_a_running_job_measures_against_now(
+def test_progress_of_a_running_job_counts_its_last_minute(
     session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
 ) -> None:
-    job = submit(session, store, dispatcher, settings, n=4).job
+    """An open job's rate is over its last minute (so the ETA does not swing with the start
+    of the job), and what runs now is counted apart from what waits."""
+    job = submit(session, store, dispatcher, settings, n=8).job
     ids = [i.id for i in items_of(session, job.id)]
-    session.execute(update(Item).where(Item.id.in_(ids)).values(status=ItemStatus.SUCCEEDED))
-    counters.repair(session, job.id)  # the edit above bypasses the counters
-    job.status, job.started_at = JobStatus.RUNNING, utcnow() - timedelta(seconds=100)
+    now = utcnow()
+    for item_id, ago in zip(ids[:4], (90, 30, 20, 10), strict=True):
+        finished = now - timedelta(seconds=ago)
+        session.execute(
+            update(Item)
+            .where(Item.id == item_id)
+            .values(status=ItemStatus.SUCCEEDED, finished_at=finished)
+        )
+    fresh = now + timedelta(seconds=TIMING.lease_s)  # renewed just now
+    session.execute(
+        update(Item)
+        .where(Item.id.in_(ids[4:6]))
+        .values(status=ItemStatus.RUNNING, lease_owner="run", lease_expires_at=fresh)
+    )
+    counters.repair(session, job.id)  # the edits above bypass the counters
+    job.status, job.started_at = JobStatus.RUNNING, now - timedelta(seconds=100)
     session.commit()
-    rate = progress(session, job).items_per_second
-    assert rate is not None
-    assert 0.03 < rate <= 0.04  # 4 items in a little over 100 s
+
+    report = progress(session, job, TIMING)
+    assert report.items_per_second == pytest.approx(3 / 60, abs=0.01)  # 3 in the last minute
+    assert (report.running, report.waiting, report.counts.pending) == (2, 2, 4)
+    assert report.eta_seconds == pytest.approx(4 / report.items_per_second, rel=0.01)
+    assert report.stalled_since is None
+
+
+def test_progress_says_since_when_a_worker_stopped_renewing(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    job = submit(session, store, dispatcher, settings, n=3).job
+    ids = [i.id for i in items_of(session, job.id)]
+    last_renewed = utcnow() - timedelta(seconds=TIMING.stale_s + 5)
+    expires = last_renewed + timedelta(seconds=TIMING.lease_s)  # not yet run out
+    session.execute(
+        update(Item)
+        .where(Item.id.in_(ids[:2]))
+        .values(status=ItemStatus.RUNNING, lease_owner="dead", lease_expires_at=expires)
+    )
+    counters.repair(session, job.id)
+    job.status, job.started_at = JobStatus.RUNNING, utcnow() - timedelta(seconds=60)
+    session.commit()
+
+    report = progress(session, job, TIMING)
+    assert report.running == 2
+    assert report.stalled_since is not None
+    assert abs((report.stalled_since - last_renewed).total_seconds()) < 1
+    assert report.eta_seconds is None  # what waits on the reconciler has no ETA
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,8 @@ def test_fifty_images_end_to_end(
         "succeeded": 50,
         "failed": 0,
         "pending": 0,
+        "running": 0,
+        "answered": 0,
         "expanding": 0,
         "cancelled": 0,
         "skipped": 0,

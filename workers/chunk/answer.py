@@ -278,6 +278,7 @@ class _Run:
             return
         if not ok.all():
             self._release(tickets[~ok])  # rows that failed to prepare need no slot
+            self.stage.held.answered += int((~ok).sum())
         announced.skip(int((~ok).sum()))
         if not ok.any():
             return
@@ -306,6 +307,20 @@ class _Run:
         future.add_done_callback(lambda _: lender.release(held))  # on the runner's thread
         future.add_done_callback(self._event("block", entry))
 
+    def _cancel_unfinished(self, block: _Block, answers: Answers) -> None:
+        """A half-answered block after a stop: its rows the engine failed fail, the others
+        are cancelled."""
+        for position, (error, refused) in enumerate(
+            zip(answers.error_list(), answers.refused_list(), strict=True)
+        ):
+            row = int(block.rows[position])
+            if self.rows.cancelled[row]:
+                continue
+            if error is None:
+                self.rows.cancelled[row] = True
+            else:
+                self.rows.fail(row, error, REFUSED if refused else FAILED)
+
     def _cancel_prepared(
         self,
         unit: np.ndarray,
@@ -327,9 +342,15 @@ class _Run:
         self.blocks.pop(future, None)
         engine = time.monotonic() - block.submitted
         answers = future.result()  # a transient failure (a stuck engine) retries the chunk
+        if answers.raw is not None and self.stage.held.stopping():
+            # Half answered (OCR's pages found, lines still to read): the rest of the work
+            # would be a new batch each, which a cancel starts no more.
+            self._cancel_unfinished(block, answers)
+            return
         started = time.monotonic()
         answers = finish(answers)
         post = (time.monotonic() - started) / max(1, len(block.rows))
+        self.stage.held.answered += len(block.rows)
         self.rows.seconds[block.rows, 2] = engine
         self.rows.seconds[block.rows, 3] = post
         if answers.errors is None:  # the usual block: every row answered

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from kiln.app import results
 from kiln.app.catalog import ModelInfo
+from kiln.app.db import chunk_runs, ingest, leases, queries
 from kiln.app.db import content_cache as cache_rows
-from kiln.app.db import ingest, leases, queries
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus, Job, aware
 from kiln.app.db.session import unit_of_work
@@ -82,6 +82,7 @@ def finish_chunk(
         with unit_of_work(session):
             document = rows.document(stages)
             queries.upsert_results(session, lease.job_id, lease.chunk, document, lease.owner)
+            chunk_runs.forget(session, [lease.owner])  # its progress is in the counters now
             if settings.content_cache:
                 fresh = fresh_entries(settings, lease.tenant, rows.pieces, rows.sha256)
                 for scope, entries in fresh.items():

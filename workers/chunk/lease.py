@@ -22,11 +22,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app.db import leases
-from kiln.app.db.models import JobStatus
+from kiln.app.db import chunk_runs, leases
+from kiln.app.db.chunk_runs import RunTally
+from kiln.app.db.models import JobStatus, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.workers.health import Health
 
@@ -45,6 +47,8 @@ class Held:
     # Set once its results are being written: they end its items' lease, which is no loss.
     writing: bool = False
     started: float = field(default_factory=time.monotonic)
+    started_at: datetime = field(default_factory=utcnow)
+    answered: int = 0  # rows answered (or failed) and not yet written: published as progress
     cancelled: threading.Event = field(default_factory=threading.Event)  # stop taking work
     lost: threading.Event = field(default_factory=threading.Event)  # another run has the items
 
@@ -88,6 +92,8 @@ class Leases:
         self.lease_s, self.renew_s, self.max_s = lease_s, renew_s, max_s
         self.check_s = min(renew_s, cancel_check_s or renew_s)
         self._renewed = 0.0  # monotonic time of the last renewal
+        self._published: dict[str, int] = {}  # owner → answered, as last published
+        self._ended: list[str] = []  # runs gone since the last tick: their progress rows go
         self.health = health or Health()
         self._sessions = sessions
         self._held: dict[str, Held] = {}  # by owner
@@ -109,6 +115,8 @@ class Leases:
         finally:
             with self._lock:
                 self._held.pop(owner, None)
+                if self._published.pop(owner, None) is not None:
+                    self._ended.append(owner)
             self.health.clear(held.health_key)
 
     def renew_once(self) -> None:
@@ -120,12 +128,16 @@ class Leases:
         their leases in one statement (a run whose items are gone has lost them)."""
         with self._lock:
             runs = [h for h in self._held.values() if h.watched and not self._overran(h)]
-        if not runs:
+            ended, self._ended = self._ended, []
+            tallies = self._progress(runs, renew)
+        if not runs and not ended:
             return
         with self._sessions() as session, unit_of_work(session):
             owners = [h.owner for h in runs]
             held = leases.renew_many(session, owners, self.lease_s) if renew else {}
             statuses = leases.job_statuses(session, {h.job_id for h in runs})
+            chunk_runs.forget(session, ended)
+            chunk_runs.publish(session, tallies)
         if renew:
             self._renewed = time.monotonic()
         for run in runs:
@@ -137,6 +149,19 @@ class Leases:
                 if still:
                     log.warning("chunk run %s of job %s lost its lease", run.owner, run.job_id)
                     run.stop(run.lost)
+
+    def _progress(self, runs: list[Held], renew: bool) -> list[RunTally]:
+        """Under `_lock`: the runs whose answered rows changed (all of them on a renewal tick,
+        so a job's reader sees them alive), less those writing their results (which delete
+        their row)."""
+        tallies = []
+        for run in runs:
+            if run.writing or not run.answered:
+                continue
+            if renew or self._published.get(run.owner) != run.answered:
+                self._published[run.owner] = run.answered
+                tallies.append(RunTally(run.owner, run.job_id, run.answered, run.started_at))
+        return tallies
 
     def _renewal_due(self) -> bool:
         """Renew on the tick nearest `renew_s` after the last renewal (ticks come every

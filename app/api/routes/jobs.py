@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
 from kiln.app import jobs, results, video
-from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
+from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep, get_context
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (
     CountsOut,
@@ -47,7 +47,7 @@ ERRORS = error_responses(401, 403, 404, 409, 413, 422, 429, 503)
 def job_out(
     request: Request, session: Session, job: Job, counts: queries.Counts | None = None
 ) -> JobOut:
-    report = jobs.progress(session, job, counts)
+    report = jobs.progress(session, job, jobs.LeaseTiming.of(get_context(request).settings), counts)
     c = report.counts
     return JobOut(
         id=job.id,
@@ -57,7 +57,9 @@ def job_out(
             total=c.total,
             succeeded=c.succeeded,
             failed=c.failed,
-            pending=c.pending,
+            pending=report.waiting,
+            running=report.running,
+            answered=report.answered,
             cancelled=c.cancelled,
             skipped=c.skipped,
             deleted=c.deleted,
@@ -70,6 +72,7 @@ def job_out(
         finished_at=report.finished_at,
         items_per_second=report.items_per_second,
         eta_seconds=report.eta_seconds,
+        stalled_since=report.stalled_since,
         listing=c.listing,
         source=job.source,
         results_url=str(request.url_for("get_results", job_id=job.id)),

@@ -42,7 +42,7 @@ def _job_and_model(session: Session, tenant: str, job_id: str) -> tuple[Job, Mod
 def _summary(context: ApiContext, tenant: str, job_id: str) -> tuple[views.JobView, ModelInfo]:
     with context.sessions() as session:
         job, model = _job_and_model(session, tenant, job_id)
-        return views.job_view(session, job), model
+        return views.job_view(session, job, jobs.LeaseTiming.of(context.settings)), model
 
 
 @router.get("/{job_id}")
@@ -237,7 +237,7 @@ def _group_view(
 ) -> dict[str, Any]:
     with context.sessions() as session:
         job, model = _job_and_model(session, tenant, job_id)
-        view = views.job_view(session, job)
+        view = views.job_view(session, job, jobs.LeaseTiming.of(context.settings))
     groups, total = ([], 0) if view.open else _group_page(_groups(context, console, s3, job), page)
     return {"job": view, "model": model, "groups": groups, "total": total, "page": page}
 

@@ -12,6 +12,7 @@ from kiln.app.api.deps import ContextDep
 from kiln.app.console import views
 from kiln.app.console.auth import ConsoleTenant
 from kiln.app.console.pages import render
+from kiln.app.jobs import LeaseTiming
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 25
@@ -20,7 +21,7 @@ Cursor = Annotated[str | None, Query(max_length=36)]
 
 def _page(context: ContextDep, tenant: str, after: str | None) -> views.JobsPage:
     with context.sessions() as session:
-        return views.jobs_page(session, tenant, after, PAGE)
+        return views.jobs_page(session, tenant, after, PAGE, LeaseTiming.of(context.settings))
 
 
 @router.get("/")

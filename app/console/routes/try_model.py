@@ -82,7 +82,7 @@ def _answer(
         job = jobs.get_job(session, tenant, job_id)
         model = get_model(session, job.model, tenant)
         return (
-            views.job_view(session, job),
+            views.job_view(session, job, jobs.LeaseTiming.of(context.settings)),
             model,
             views.items_page(session, job, model, None, 0, ANSWER_ITEMS),
         )

@@ -286,3 +286,34 @@ def test_every_item_filter_of_a_job_page_answers(browser: TestClient, acme_key: 
     assert len(filters) >= 6
     for path in filters:
         assert browser.get(path).status_code == 200, path
+
+
+def test_a_job_whose_worker_stopped_renewing_says_it_is_stalled(
+    browser: TestClient, acme_key: str, sessions: sessionmaker[Session]
+) -> None:
+    """A worker died holding the job's item: the summary counts it as running and says since
+    when nobody renews it, the jobs list tags the job, and the API answers the same."""
+    job_id = submit(browser, acme_key)
+    renewed = utcnow() - timedelta(seconds=45)  # a 60 s lease, renewed 45 s ago and no more
+    with sessions() as session, unit_of_work(session):
+        session.execute(
+            update(Job).where(Job.id == job_id).values(status="running", started_at=renewed)
+        )
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id)
+            .values(
+                status="running",
+                lease_owner="a-dead-run",
+                lease_expires_at=renewed + timedelta(seconds=60),
+            )
+        )
+    sign_in(browser, acme_key)
+    summary = browser.get(f"/console/jobs/{job_id}/summary").text
+    assert re.search(r"<dt>Running</dt><dd>1</dd>", summary)
+    assert re.search(r"<dt>Pending</dt><dd>0</dd>", summary)
+    assert "Stalled since" in summary and "kiln beat" in summary
+    assert 'class="tag stalled"' in browser.get("/console/").text
+    job = browser.get(f"/v1/jobs/{job_id}", headers=bearer(acme_key)).json()
+    assert job["counts"]["running"] == 1 and job["counts"]["pending"] == 0
+    assert job["stalled_since"] is not None

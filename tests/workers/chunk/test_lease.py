@@ -15,10 +15,10 @@ from sqlalchemy import event, update
 
 from devstack.images import solid
 from kiln.app import results
-from kiln.app.db import leases
-from kiln.app.db.models import Item, ItemStatus, JobStatus, utcnow
+from kiln.app.db import chunk_runs, leases
+from kiln.app.db.models import ChunkRun, Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import cancel_job
+from kiln.app.jobs import LeaseTiming, cancel_job, progress
 from kiln.workers.chunk import answer as answer_module
 from kiln.workers.chunk.lease import Leases
 from kiln.workers.chunk.run import process_chunk
@@ -173,6 +173,7 @@ def test_the_reconciler_resends_a_dead_runs_chunk_and_the_job_completes(
         "chunks_resent": 1,
         "jobs_closed": 0,
         "cache_purged": 0,
+        "runs_forgotten": 0,
     }
     [resent] = dispatcher.calls
     assert (resent.chunk, resent.item_ids, resent.queue) == (0, calls[0].item_ids, "interactive")
@@ -269,3 +270,55 @@ def test_a_cancel_takes_back_the_rows_waiting_for_the_engine(
 def runtime_model(runtime: WorkerRuntime) -> Any:
     with runtime.sessions() as session:
         return runtime.model_info(session, MODEL, "acme")
+
+
+def test_the_keeper_publishes_what_a_run_has_answered_until_it_ends(
+    runtime: WorkerRuntime,
+) -> None:
+    """A job's progress moves between its chunks' commits: the keeper publishes each run's
+    answered rows every tick, and forgets them once the run has ended."""
+    job_id, calls = submit(runtime)
+    ids = calls[0].item_ids
+    _take(runtime, job_id, ids, "run-p", lease_s=30)
+    with runtime.sessions() as session:
+        session.execute(
+            update(Job).where(Job.id == job_id).values(status="running", started_at=utcnow())
+        )
+        session.commit()
+    keeper = Leases(runtime.sessions, lease_s=30, renew_s=0.05)
+
+    def answered() -> int:
+        with runtime.sessions() as session:
+            return chunk_runs.in_flight(session, job_id, utcnow() - timedelta(seconds=10)).answered
+
+    with keeper.hold(job_id, "run-p") as held:
+        held.answered = 2
+        assert _eventually(lambda: answered() == 2)
+        with runtime.sessions() as session:
+            report = progress(session, job_row(runtime, job_id), LeaseTiming(30, 0.05))
+            assert (report.running, report.answered) == (len(ids), 2)
+            assert report.processed == 2
+    assert _eventually(lambda: answered() == 0)
+    keeper.close()
+
+
+def test_the_reconciler_forgets_the_progress_of_a_dead_workers_runs(
+    runtime: WorkerRuntime,
+) -> None:
+    job_id, _calls = submit(runtime)
+    long_ago = utcnow() - timedelta(hours=1)
+    with runtime.sessions() as session:
+        chunk_runs.publish(session, [chunk_runs.RunTally("dead-run", job_id, 3, long_ago)])
+        session.execute(update(ChunkRun).values(updated_at=long_ago))
+        session.commit()
+    report = reconcile(runtime, RecordingDispatcher(), lambda: set())
+    assert report["runs_forgotten"] == 1
+
+
+def _eventually(check: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

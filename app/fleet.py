@@ -1,5 +1,5 @@
-"""The fleet as a tenant may see it: live workers (from the facts they publish, workers/facts.py)
-and the broker's queue lengths. Read by the console's fleet page.
+"""The fleet as a tenant may see it: live workers (from the facts they publish,
+workers/ops/facts.py) and the broker's queue lengths. Read by the console's fleet page.
 
 A worker's models are shown to a tenant when they are built-ins or the tenant's own (or shared)
 registered models; another tenant's models are only counted, never named."""
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from kiln.app.db import worker_facts
 from kiln.app.db.models import SHARED_TENANT, WorkerFacts, aware, utcnow
 
-LIVE_FOR_S = 30.0  # six missed reports (workers/facts.py publishes every 5 s): gone
+LIVE_FOR_S = 30.0  # six missed reports (workers/ops/facts.py publishes every 5 s): gone
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 
 Times, on the benchmark's generated 640×480 JPEGs, what a worker does per image before the
 batch: bytes → the model's uint8 input, for ResNet's 224 centre crop and the detector's 320
-letterbox. Paths: `full` (no draft at all), `before` (workers/preprocess.py as committed at
+letterbox. Paths: `full` (no draft at all), `before` (workers/prep/pixels.py as committed at
 HEAD, loaded from git), `after` (the working tree) and `after-exact` (the working tree's path
 for every other format: no draft, no folded crop). Reports CPU ms per image, the best of
 `rounds` passes, which is the least disturbed by other processes on a shared machine.
@@ -25,7 +25,7 @@ from types import ModuleType
 import numpy as np
 
 from bench.inputs import make_images
-from kiln.workers import preprocess
+from kiln.workers.prep import pixels
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_PIXELS = 50_000_000
@@ -33,9 +33,9 @@ Path_ = Callable[[bytes], np.ndarray]
 
 
 def committed_preprocess() -> ModuleType:
-    """workers/preprocess.py as committed at HEAD, as a module of its own."""
+    """workers/prep/pixels.py as committed at HEAD, as a module of its own."""
     source = subprocess.run(
-        ["git", "show", "HEAD:workers/preprocess.py"],
+        ["git", "show", "HEAD:workers/prep/pixels.py"],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -46,14 +46,14 @@ def committed_preprocess() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     # This repository's own committed file, for a before/after comparison.
-    exec(compile(source, "HEAD:workers/preprocess.py", "exec"), module.__dict__)  # noqa: S102
+    exec(compile(source, "HEAD:workers/prep/pixels.py", "exec"), module.__dict__)  # noqa: S102
     return module
 
 
 def paths(old: ModuleType) -> dict[str, dict[str, Path_]]:
-    new = preprocess
+    new = pixels
 
-    def full(data: bytes) -> preprocess.Decoded:
+    def full(data: bytes) -> pixels.Decoded:
         decoded = new.decode_image(data, max_pixels=MAX_PIXELS)
         return new.Decoded(decoded.image, decoded.width, decoded.height)  # not marked JPEG
 

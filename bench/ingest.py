@@ -31,7 +31,7 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.tenants import allow_bucket
 from kiln.workers.celery.app import make_celery
-from kiln.workers.ingest import ingest_step
+from kiln.workers.jobs.ingest import ingest_step
 from kiln.workers.runtime import WorkerRuntime
 
 BUCKET = "kiln-bench-ingest"

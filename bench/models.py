@@ -172,7 +172,7 @@ def detector_input(data: bytes, size: int) -> tuple[np.ndarray, Any]:
     """One image as the detector's float32 NCHW batch of one, and its fit: Kiln's own steps
     (JPEG drafted to the fitted size, letterbox, normalise), as a user of the model would
     import them."""
-    from kiln.workers.preprocess import decode_image, letterbox, letterbox_size, normalize
+    from kiln.workers.prep.pixels import decode_image, letterbox, letterbox_size, normalize
 
     decoded = decode_image(
         data, max_pixels=MAX_PIXELS, draft_to=lambda w, h: letterbox_size(w, h, size)

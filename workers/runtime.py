@@ -7,7 +7,7 @@ Celery app object rather than a module global.
 Models load on first use, each under its own lock: a multi-minute TensorRT build of one model
 never stalls another model's batches. A model that failed to load is not tried again before
 its backoff has passed (its chunks fail fast with the remembered reason). Loaded models are
-bounded by the device-memory budget (`workers/memory.py`): idle ones are unloaded, least
+bounded by the device-memory budget (`workers/runners/memory.py`): idle ones are unloaded, least
 recently used first; and by time: one no chunk has used for `KILN_MODEL_IDLE_S` is unloaded by
 a thread that looks every IDLE_CHECK_S (or half the setting). Problems the process cannot
 recover from go to `health`, which its liveness probe reads (docs/gpu.md).
@@ -40,8 +40,14 @@ from kiln.workers.chunk.stats import ChunkStats, ChunkTotals
 from kiln.workers.engines.batch_size import choose_batch
 from kiln.workers.engines.failures import BuildFailures
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.health import EngineHealth, Health
-from kiln.workers.memory import (
+from kiln.workers.models.base import Answers, AnswersShape, Batch, Pipeline, Rows
+from kiln.workers.models.loader import load_pipeline
+from kiln.workers.ops.health import EngineHealth, Health
+from kiln.workers.prep.fetch import Fetcher
+from kiln.workers.prep.pool import InlinePrep, Preparer, PrepPool, usable_cores
+from kiln.workers.prep.slots import Lender, SlotPool, shm_free
+from kiln.workers.prep.units import UNIT_ROWS
+from kiln.workers.runners.memory import (
     ModelMemory,
     budget_bytes,
     engine_bytes,
@@ -49,12 +55,6 @@ from kiln.workers.memory import (
     rss_bytes,
     trim_host_memory,
 )
-from kiln.workers.models.base import Answers, AnswersShape, Batch, Pipeline, Rows
-from kiln.workers.models.loader import load_pipeline
-from kiln.workers.prep.fetch import Fetcher
-from kiln.workers.prep.pool import InlinePrep, Preparer, PrepPool, usable_cores
-from kiln.workers.prep.slots import Lender, SlotPool, shm_free
-from kiln.workers.prep.units import UNIT_ROWS
 
 # (batch shape) -> where to gather its pixels, or None: anywhere (ImageModelPipeline.pixel_buffer)
 PixelBuffer = Callable[[tuple[int, ...]], np.ndarray | None]

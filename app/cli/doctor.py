@@ -12,7 +12,7 @@ from rich.table import Table
 from kiln.app.cli.common import console
 
 if TYPE_CHECKING:
-    from kiln.workers.doctor import Probe
+    from kiln.workers.ops.doctor import Probe
 
 
 def doctor(
@@ -21,7 +21,7 @@ def doctor(
     """Check the GPU pieces (driver, TensorRT, CuPy, NVRTC, ONNX Runtime's CUDA provider and its
     libraries, PyTorch CUDA) and say which engine backend `auto` would use; exit 1 when none
     is usable."""
-    from kiln.workers import doctor as diagnosis  # imports CUDA libraries: only when asked
+    from kiln.workers.ops import doctor as diagnosis  # imports CUDA libraries: only when asked
 
     probe = diagnosis.probe()
     if as_json:
@@ -33,7 +33,7 @@ def doctor(
 
 
 def _print(probe: Probe) -> None:
-    from kiln.workers.doctor import chosen, findings, verdicts
+    from kiln.workers.ops.doctor import chosen, findings, verdicts
 
     pieces = Table("piece", "", "found", title="GPU pieces", title_justify="left")
     for finding in findings(probe):

@@ -59,7 +59,7 @@ def worker(
     if devices is not None:
         raise typer.Exit(_fleet(devices, concurrency, queues, loglevel, metrics_port, live_file))
     if device is not None:
-        from kiln.workers.device import pin
+        from kiln.workers.ops.device import pin
 
         pin(device)  # before anything imports CUDA: the engine is built later, in this process
     node = hostname or (f"gpu{device}@{socket.gethostname()}" if device is not None else None)
@@ -72,7 +72,7 @@ def worker(
 
 def _readiness(ready_file: Path | None, warm: str | None) -> Path | None:
     from kiln.app.catalog import BUILTINS
-    from kiln.workers.readiness import parse_models
+    from kiln.workers.ops.readiness import parse_models
 
     unknown = [name for name in parse_models(warm) if name not in BUILTINS]
     if unknown:
@@ -95,11 +95,11 @@ def _work(
 ) -> None:
     from kiln.app.observability import observe
     from kiln.workers.celery.app import make_celery
-    from kiln.workers.facts import start_publishing
-    from kiln.workers.liveness import Heartbeat
-    from kiln.workers.metrics import serve_metrics, worker_registry
+    from kiln.workers.ops.facts import start_publishing
+    from kiln.workers.ops.liveness import Heartbeat
+    from kiln.workers.ops.metrics import serve_metrics, worker_registry
+    from kiln.workers.ops.readiness import install, parse_models, warm_models
     from kiln.workers.prep.slots import reclaim
-    from kiln.workers.readiness import install, parse_models, warm_models
 
     current = settings()
     observe(current, "worker", loglevel.upper())  # before Celery: it keeps a configured root
@@ -137,8 +137,8 @@ def _fleet(
     metrics_port: int | None,
     live: Path | None = None,
 ) -> int:
-    from kiln.workers.device import list_gpus
-    from kiln.workers.fleet import Fleet, child_args, live_path, prep_share
+    from kiln.workers.ops.device import list_gpus
+    from kiln.workers.ops.fleet import Fleet, child_args, live_path, prep_share
     from kiln.workers.prep.pool import usable_cores
 
     if devices != "all":

@@ -6,7 +6,7 @@
   process runs the ONNX model on each batch. Fresh loader per size, its workers started inside
   the timed window, so their start-up cancels in the marginal rate; one loader over one batch
   runs first, untimed, so the first size does not pay this process's first-run costs alone.
-- `decode-fit`: Kiln's own decode + fit (`kiln.workers.preprocess`, the default classify spec)
+- `decode-fit`: Kiln's own decode + fit (`kiln.workers.prep.pixels`, the default classify spec)
   alone on one core: the CPU an image costs before anything else Kiln does.
 """
 
@@ -93,7 +93,7 @@ def _peer(args: dict[str, Any]) -> CaseResult:
 
 def _decode_fit(args: dict[str, Any]) -> CaseResult:
     from kiln.app.model_spec import ImageModelSpec
-    from kiln.workers.preprocess import decode_image, fit_image, fit_size
+    from kiln.workers.prep.pixels import decode_image, fit_image, fit_size
 
     pre = ImageModelSpec(input_size=int(args["size"]), labels=labels(3)).preprocessing("classify")
     datas = [Path(f).read_bytes() for f in args["files"]]

@@ -23,13 +23,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from kiln.app.core.config import Settings, get_settings
 from kiln.app.storage.local import LocalStore
-from kiln.workers.device import Gpu, list_gpus
 from kiln.workers.engines.base import Choice, EngineRequest, prepared
 from kiln.workers.engines.engine_cache import timing_cache_key
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.engines.tensorrt import TensorRTEngine, build_tensorrt_engine, prebuild
 from kiln.workers.engines.tensorrt_logic import EngineBuildError
-from kiln.workers.preprocess import normalize
+from kiln.workers.ops.device import Gpu, list_gpus
+from kiln.workers.prep.pixels import normalize
 
 MAX_BATCH = 8
 # (rtol, atol): FP16 rounds activations and weights to ~3 significant digits.

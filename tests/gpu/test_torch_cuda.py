@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from devstack.images import photo
-from kiln.workers.device import list_gpus
 from kiln.workers.engines.base import EngineRequest
 from kiln.workers.engines.cuda_graphs import buckets
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.engines.uint8_input import Normalization
+from kiln.workers.ops.device import list_gpus
 
 REQUIRED = os.environ.get("KILN_REQUIRE_GPU") == "1"
 
@@ -124,8 +124,8 @@ def test_nvjpeg_and_the_batched_fit_on_the_gpu() -> None:
     import torch
 
     from kiln.app.model_spec import Preprocessing
-    from kiln.workers.models import device_images as di
-    from kiln.workers.preprocess import decode_image, fit_image
+    from kiln.workers.prep import device_pixels as di
+    from kiln.workers.prep.pixels import decode_image, fit_image
 
     if not di.nvjpeg_available("cuda"):
         pytest.skip("torchvision's nvJPEG decoder is not available here")
@@ -147,7 +147,7 @@ def test_the_nvjpeg_op_loads_without_torchvision() -> None:
     torch._dynamo with sympy, on the way to a worker's first answer)."""
     script = (
         "import sys, time; import torch; t = time.perf_counter()\n"
-        "from kiln.workers.models.device_images import nvjpeg_available\n"
+        "from kiln.workers.prep.device_pixels import nvjpeg_available\n"
         "ok = nvjpeg_available('cuda')\n"
         "print(ok, round(time.perf_counter() - t, 2), 'torchvision' in sys.modules,"
         " 'torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n"

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiln.workers import device
-from kiln.workers.device import Gpu, GpuTelemetry, list_gpus, pin, visible
+from kiln.workers.ops import device
+from kiln.workers.ops.device import Gpu, GpuTelemetry, list_gpus, pin, visible
 
 
 class NVMLError(Exception):

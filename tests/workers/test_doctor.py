@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from kiln.workers import doctor
-from kiln.workers.device import Gpu
-from kiln.workers.doctor import CUDA_PROVIDER_LIBS, Attempt, Probe
+from kiln.workers.ops import doctor
+from kiln.workers.ops.device import Gpu
+from kiln.workers.ops.doctor import CUDA_PROVIDER_LIBS, Attempt, Probe
 
 A10 = Gpu(0, "NVIDIA A10G", "GPU-1", (8, 6), 24 << 30)
 FOUND = {name: Attempt(True, name) for name in CUDA_PROVIDER_LIBS}

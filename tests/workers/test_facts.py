@@ -13,12 +13,12 @@ from sqlalchemy import select
 from kiln.app.core.config import Settings
 from kiln.app.db.models import SHARED_TENANT, WorkerFacts
 from kiln.app.db.session import make_engine, make_session_factory
-from kiln.workers import device
 from kiln.workers.batching import BatchStats
 from kiln.workers.chunk.stats import ChunkTotals
-from kiln.workers.device import GpuTelemetry
-from kiln.workers.facts import FactsPublisher, worker_facts
-from kiln.workers.health import EngineHealth
+from kiln.workers.ops import device
+from kiln.workers.ops.device import GpuTelemetry
+from kiln.workers.ops.facts import FactsPublisher, worker_facts
+from kiln.workers.ops.health import EngineHealth
 from tests.workers.test_device import BOARDS, fake_nvml
 
 
@@ -124,7 +124,7 @@ def test_a_database_outage_is_said_once_and_never_raises(
 ) -> None:
     engine = make_engine(f"sqlite:///{tmp_path}/missing-dir/none.db")  # cannot be opened
     publisher = FactsPublisher(engine, "cpu@host", View(), None, 60)
-    with caplog.at_level(logging.WARNING, logger="kiln.workers.facts"):
+    with caplog.at_level(logging.WARNING, logger="kiln.workers.ops.facts"):
         assert not publisher.publish()
         assert not publisher.publish()
     assert len([r for r in caplog.records if "facts" in r.getMessage()]) == 1

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kiln.workers import fleet
-from kiln.workers.device import Gpu
-from kiln.workers.fleet import Fleet, child_args
+from kiln.workers.ops import fleet
+from kiln.workers.ops.device import Gpu
+from kiln.workers.ops.fleet import Fleet, child_args
 
 GPU1 = Gpu(1, "NVIDIA L4", "GPU-b", (8, 9), 0)
 

@@ -1,4 +1,4 @@
-"""Byte-identical inputs join the job's groups, whatever the model (workers/identical.py)."""
+"""Byte-identical inputs join the job's groups, whatever the model (workers/close/identical.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from kiln.app import results
 from kiln.app.storage.local import LocalStore
-from kiln.workers.identical import Groups, close_job, merge
+from kiln.workers.close.identical import Groups, close_job, merge
 
 
 def place(tmp_path: Path) -> results.Place:

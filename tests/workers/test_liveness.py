@@ -6,8 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from kiln.workers.health import Health
-from kiln.workers.liveness import Heartbeat
+from kiln.workers.ops.health import Health
+from kiln.workers.ops.liveness import Heartbeat
 
 
 def test_the_file_ages_while_the_worker_is_unhealthy(tmp_path: Path) -> None:

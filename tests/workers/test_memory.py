@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.workers.memory import (
+from kiln.workers.runners.memory import (
     MemoryBudgetFullError,
     ModelMemory,
     budget_bytes,

@@ -18,8 +18,8 @@ from kiln.workers.batching import (
     seconds_bound,
 )
 from kiln.workers.chunk.stats import ChunkTotals
-from kiln.workers.health import EngineHealth
-from kiln.workers.metrics import batch_size_histogram, size_buckets, worker_registry
+from kiln.workers.ops.health import EngineHealth
+from kiln.workers.ops.metrics import batch_size_histogram, size_buckets, worker_registry
 
 
 @dataclass

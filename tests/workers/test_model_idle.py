@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from kiln.app.catalog import builtin_model
-from kiln.workers.facts import worker_facts
-from kiln.workers.metrics import worker_registry
+from kiln.workers.ops.facts import worker_facts
+from kiln.workers.ops.metrics import worker_registry
 from kiln.workers.runtime import WorkerRuntime
 from tests.support import migrated_settings
 from tests.workers.test_metrics import samples

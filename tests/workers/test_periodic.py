@@ -1,4 +1,4 @@
-"""What `kiln beat` runs (workers/periodic.py): the reconciler resuming a silent ingest and
+"""What `kiln beat` runs (workers/jobs/periodic.py): the reconciler resuming a silent ingest and
 purging the content cache, and the schedule tick. The reconciler's chunk side (expired leases,
 lost messages) is tested with the leases, in tests/workers/chunk/test_lease.py."""
 
@@ -15,8 +15,8 @@ from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.schedules import ScheduleRequest, add_schedule
 from kiln.app.tenants import allow_bucket
-from kiln.workers import periodic
-from kiln.workers.periodic import reconcile, run_due_schedules
+from kiln.workers.jobs import periodic
+from kiln.workers.jobs.periodic import reconcile, run_due_schedules
 from kiln.workers.runtime import WorkerRuntime
 
 

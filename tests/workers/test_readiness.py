@@ -2,7 +2,7 @@ from pathlib import Path
 
 from celery.signals import worker_ready, worker_shutting_down
 
-from kiln.workers.readiness import install, parse_models
+from kiln.workers.ops.readiness import install, parse_models
 
 
 def test_parse_models() -> None:

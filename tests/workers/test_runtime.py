@@ -21,9 +21,9 @@ from kiln.app.db import queries
 from kiln.workers import runtime as runtime_module
 from kiln.workers.engines.base import Choice, EngineRequest, TensorSpec
 from kiln.workers.engines.select import EngineFactory, Host
-from kiln.workers.memory import MemoryBudgetFullError, ModelMemory
 from kiln.workers.models.base import Answers, Batch, Rows
 from kiln.workers.prep.spec import prep_spec
+from kiln.workers.runners.memory import MemoryBudgetFullError, ModelMemory
 from kiln.workers.runtime import ModelUnavailableError, WorkerRuntime
 from tests.support import migrated_settings
 

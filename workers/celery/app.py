@@ -11,8 +11,8 @@ from kiln.app.core.config import Settings
 from kiln.app.dispatch.contract import CONTROL, RECONCILE_TASK, SCHEDULES_TASK
 from kiln.app.dispatch.producer import configure
 from kiln.workers.celery import tasks
-from kiln.workers.health import EngineHealth
-from kiln.workers.memory import rss_bytes
+from kiln.workers.ops.health import EngineHealth
+from kiln.workers.runners.memory import rss_bytes
 
 if TYPE_CHECKING:
     from kiln.workers.batching import BatchStats

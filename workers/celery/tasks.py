@@ -64,7 +64,7 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
 
     @app.task(name=INGEST_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def ingest(task: Any, job_id: str, owner: str | None = None) -> dict[str, Any]:
-        from kiln.workers.ingest import ingest_step
+        from kiln.workers.jobs.ingest import ingest_step
 
         with consumer_span("kiln.ingest", task.request, job_id=job_id):
             report = ingest_step(runtime(), CeleryDispatcher(app), job_id, owner)
@@ -78,7 +78,7 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
     @app.task(name=RECONCILE_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def reconcile(task: Any) -> dict[str, Any]:
         from kiln.workers.celery.inflight import chunks_in_flight
-        from kiln.workers.periodic import reconcile as run
+        from kiln.workers.jobs.periodic import reconcile as run
 
         grace = runtime().settings.redispatch_after_s
         return run(
@@ -89,6 +89,6 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
 
     @app.task(name=SCHEDULES_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def run_schedules(task: Any) -> dict[str, Any]:
-        from kiln.workers.periodic import run_due_schedules
+        from kiln.workers.jobs.periodic import run_due_schedules
 
         return run_due_schedules(runtime(), CeleryDispatcher(app))

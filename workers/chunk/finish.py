@@ -27,12 +27,12 @@ from kiln.app.db.models import ItemStatus, Job, aware
 from kiln.app.db.session import unit_of_work
 from kiln.app.families.fallback import FallbackOptions
 from kiln.app.video import Sampling
-from kiln.workers import identical
 from kiln.workers.chunk.content_cache import fresh_entries
 from kiln.workers.chunk.fallback import Fallback, job_fallback, shard_fields
 from kiln.workers.chunk.rows import ChunkRows
-from kiln.workers.library import library_place
-from kiln.workers.library import update as update_library
+from kiln.workers.close import identical
+from kiln.workers.close.library import library_place
+from kiln.workers.close.library import update as update_library
 from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.loader import job_closed, library_columns
 from kiln.workers.runtime import WorkerRuntime

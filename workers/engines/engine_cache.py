@@ -32,7 +32,7 @@ from kiln.workers.engines.tensorrt_logic import (
 
 if TYPE_CHECKING:
     from kiln.app.storage import ObjectStore
-    from kiln.workers.device import Gpu
+    from kiln.workers.ops.device import Gpu
 
 log = logging.getLogger(__name__)
 

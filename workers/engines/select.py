@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import onnxruntime as ort
 
 from kiln.app.core.errors import TransientError
-from kiln.workers.device import Gpu, list_gpus
 from kiln.workers.engines.base import BackendUnavailableError, Choice, Engine, EngineRequest
 from kiln.workers.engines.failures import BuildFailures
 from kiln.workers.engines.onnx_uint8 import engine_onnx, for_engine
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.engines.tensorrt_logic import EngineBuildError
 from kiln.workers.engines.uint8_input import Normalization
+from kiln.workers.ops.device import Gpu, list_gpus
 
 if TYPE_CHECKING:
     from kiln.app.core.config import Settings

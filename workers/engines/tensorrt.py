@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
     from kiln.app.core.config import Settings
     from kiln.app.storage import ObjectStore
-    from kiln.workers.device import Gpu
+    from kiln.workers.ops.device import Gpu
 
 log = logging.getLogger(__name__)
 

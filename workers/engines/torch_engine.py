@@ -293,7 +293,7 @@ class TorchEngine:
 
         self._torch: Any = torch  # Any: torch's typing differs between its releases
         self._device = torch.device(options.device)
-        self.device = self._device  # where `infer_tensors` wants its feeds (device_images)
+        self.device = self._device  # where `infer_tensors` wants its feeds (device_pixels)
         self._cuda = self._device.type == "cuda"
         self._fp16 = options.precision == "fp16"
         placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]

@@ -3,7 +3,7 @@ normalise them where they run.
 
 A `Normalization` says how pixels become the model's input — (x·scale − mean) / std, in the
 model's channel order and layout. Every engine applies the same one: NumPy or CuPy through
-`preprocess.normalize` (ONNX Runtime on the CPU), torch ops on the device inside the torch
+`prep.pixels.normalize` (ONNX Runtime on the CPU), torch ops on the device inside the torch
 engine's CUDA graph, or as nodes prepended to the ONNX graph itself, so TensorRT and ONNX
 Runtime CUDA fuse it into the first layer (`onnx_uint8.prepend`). What crosses the bus is a
 quarter of the float32 batch.
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kiln.app.model_spec import Preprocessing
-from kiln.workers.preprocess import normalize
+from kiln.workers.prep.pixels import normalize
 
 Triple = tuple[float, float, float]
 

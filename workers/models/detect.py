@@ -20,7 +20,7 @@ from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
 from kiln.workers.prep.images import placement_row
-from kiln.workers.preprocess import Placement
+from kiln.workers.prep.pixels import Placement
 
 LABELS = (
     "FEMALE_GENITALIA_COVERED", "FACE_FEMALE", "BUTTOCKS_EXPOSED", "FEMALE_BREAST_EXPOSED",

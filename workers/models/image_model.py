@@ -7,7 +7,7 @@ how it reads that row.
 The prep processes decode and fit each image into the model's slot (`workers/prep/images.py`);
 a batch arrives here as uint8 pixels and is normalised where the engine keeps it. On the
 PyTorch CUDA engine with nvJPEG, images are decoded, fitted and normalised on the GPU for the
-whole batch (`device_images`): prep only checks the header, and an image that fails to decode
+whole batch (`device_pixels`): prep only checks the header, and an image that fails to decode
 fails its own row."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.engines.base import Engine
 from kiln.workers.engines.uint8_input import Normalization
-from kiln.workers.models import device_images
 from kiln.workers.models.base import Answers, Batch
+from kiln.workers.prep import device_pixels
 from kiln.workers.prep.images import FIT_WIDTH, placement_row
 from kiln.workers.prep.slots import SlotLayout
 from kiln.workers.prep.spec import PrepSpec, prep_spec
@@ -104,7 +104,7 @@ class ImageModelPipeline:
         rows = batch.objects or []
         engine = cast(Any, self.engine)  # the torch engine: it takes device tensors
         with engine.on_stream():
-            images = device_images.decode_batch(
+            images = device_pixels.decode_batch(
                 [data for data, _header in rows], self.device, max_pixels=self.max_pixels,
                 headers=[h for _d, h in rows],
             )  # fmt: skip
@@ -114,7 +114,7 @@ class ImageModelPipeline:
             good = [i for i in range(len(images)) if i not in failed]
             if not good:  # nothing to run: the Batcher splits the batch, each row its error
                 raise failed[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
-            pixels, metas = device_images.fit_batch([images[i] for i in good], self.pre)
+            pixels, metas = device_pixels.fit_batch([images[i] for i in good], self.pre)
             output = next(iter(engine.infer_tensors({self.input_name: pixels}).values()))
         full = np.zeros((len(rows), *output.shape[1:]), dtype=output.dtype)
         full[good] = output
@@ -142,11 +142,11 @@ class ImageModelPipeline:
 def device_decoding(engine: Engine, pre: Preprocessing) -> Any | None:
     """The torch device to decode and fit images on, or None: only with the PyTorch CUDA
     engine, where torchvision decodes JPEGs with nvJPEG, and a resize filter torch has."""
-    if not engine.backend.startswith("torch:cuda") or not device_images.supports(pre):
+    if not engine.backend.startswith("torch:cuda") or not device_pixels.supports(pre):
         return None
     if engine.inputs[0].dtype != "uint8":  # the engine normalises what the device fits
         return None
     device = getattr(engine, "device", None)
-    if device is None or not device_images.nvjpeg_available(str(device)):
+    if device is None or not device_pixels.nvjpeg_available(str(device)):
         return None
     return device

@@ -91,7 +91,7 @@ _JOB_CLOSED: dict[str, JobClosed] = {
 }
 
 
-# What a pipeline's library keeps of each object besides key and sha256 (workers/library.py).
+# What a pipeline's library keeps of each object besides key and sha256 (workers/close/library.py).
 _LIBRARY_COLUMNS: dict[str, list[str]] = {"phash": ["phash"]}
 
 

@@ -32,8 +32,8 @@ from kiln.workers.models.ocr_lines import (
     group_indices,
     strip_axes,
 )
+from kiln.workers.prep.pixels import stack
 from kiln.workers.prep.spec import prep_spec
-from kiln.workers.preprocess import stack
 
 # Images per detector call on a GPU (only equal input shapes share a tensor). On a CPU one:
 # a batch of large images is no faster per image there and holds all their activations

@@ -16,7 +16,7 @@ import numpy as np
 
 from kiln.app.core.errors import InputError
 from kiln.workers.models.ocr_config import OcrConfig
-from kiln.workers.preprocess import Decoded, normalize
+from kiln.workers.prep.pixels import Decoded, normalize
 
 # The detector's longest input side. rapidocr's letterbox bounds wide images at 8 × 736 px;
 # a tall thin one (30 × 2000 px) would otherwise grow to 736 × 49,000 px (gigabytes of

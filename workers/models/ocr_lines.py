@@ -23,7 +23,7 @@ import numpy as np
 
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.ocr_config import OcrConfig
-from kiln.workers.preprocess import normalize
+from kiln.workers.prep.pixels import normalize
 
 REC_BUCKET = 160  # padded widths are multiples of this (20 CTC steps): few shapes, little waste
 # The widest recognition strip (a 2,000 px line 20 px tall): longer lines are squeezed into it,

@@ -11,7 +11,7 @@ import numpy as np
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
-from kiln.workers.preprocess import (
+from kiln.workers.prep.pixels import (
     Decoded,
     Letterbox,
     Squash,
@@ -74,7 +74,7 @@ class HeaderPrep:
         self.max_pixels = max_pixels
 
     def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
-        from kiln.workers.models.device_images import read_header
+        from kiln.workers.prep.device_pixels import read_header
 
         encoded = images_only(data)
         header = read_header(encoded, max_pixels=self.max_pixels)

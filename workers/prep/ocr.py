@@ -10,7 +10,7 @@ import numpy as np
 from kiln.workers.models.ocr_config import load_config
 from kiln.workers.models.ocr_det import Detection
 from kiln.workers.prep.images import images_only
-from kiln.workers.preprocess import Decoded, decode_image
+from kiln.workers.prep.pixels import Decoded, decode_image
 
 
 class OcrPrep:

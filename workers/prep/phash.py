@@ -7,7 +7,7 @@ import numpy as np
 from PIL import Image
 
 from kiln.workers.prep.images import images_only
-from kiln.workers.preprocess import Decoded, decode_image
+from kiln.workers.prep.pixels import Decoded, decode_image
 
 HASH_SIDE = 32  # imagehash.phash: an 8×8 hash from the DCT of a 32×32 greyscale image
 # JPEGs decode at a reduced DCT scale that still has 8× the hash's input size, which keeps the

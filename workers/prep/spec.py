@@ -19,7 +19,7 @@ from kiln.app.core.digest import sha256_hex
 from kiln.workers.prep.slots import SlotLayout
 
 if TYPE_CHECKING:
-    from kiln.workers.preprocess import Decoded
+    from kiln.workers.prep.pixels import Decoded
 
 
 class Prep(Protocol):

@@ -29,7 +29,7 @@ from PIL import Image
 
 from kiln.app import video
 from kiln.app.core.errors import InputError
-from kiln.workers.preprocess import Decoded
+from kiln.workers.prep.pixels import Decoded
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 per batch), queue lengths, and per-GPU utilisation, memory, temperature and power charted as
 the page polls (`data.json` every few seconds; the browser keeps the last 120 points).
 
-Workers publish their facts to Postgres every few seconds (`workers/facts.py`); the API reads
+Workers publish their facts to Postgres every few seconds (`workers/ops/facts.py`); the API reads
 them back (`app/fleet.py`). A GPU figure NVML did not answer is absent, never zero."""
 
 from __future__ import annotations

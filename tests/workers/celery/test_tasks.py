@@ -19,12 +19,12 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError, TransientError
 from kiln.app.dispatch import contract
 from kiln.app.dispatch.producer import CeleryDispatcher
-from kiln.workers import ingest, periodic
 from kiln.workers.celery import inflight
 from kiln.workers.celery.app import KilnCelery, make_celery
 from kiln.workers.chunk import run as chunk_run
 from kiln.workers.chunk.run import ChunkReport
-from kiln.workers.ingest import StepReport
+from kiln.workers.jobs import ingest, periodic
+from kiln.workers.jobs.ingest import StepReport
 from tests.support import migrated_settings
 
 TASKS = (

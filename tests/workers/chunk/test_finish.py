@@ -22,8 +22,8 @@ from kiln.app.jobs import cancel_job
 from kiln.workers.chunk.finish import Lease, ensure_manifest, finish_chunk, write_missing_shards
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.chunk.run import lease_chunk
+from kiln.workers.jobs.periodic import reconcile
 from kiln.workers.models.loader import output_fields
-from kiln.workers.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.chunk.test_run import FILES, items_by_key, job_row, shard_rows, submit
 

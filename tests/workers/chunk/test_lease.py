@@ -22,7 +22,7 @@ from kiln.app.jobs import LeaseTiming, cancel_job, progress
 from kiln.workers.chunk import answer as answer_module
 from kiln.workers.chunk.lease import Leases
 from kiln.workers.chunk.run import process_chunk
-from kiln.workers.periodic import reconcile
+from kiln.workers.jobs.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.chunk.test_run import FILES, items_by_key, job_row, manifest, shard_rows, submit
 from tests.workers.colours import MODEL

@@ -13,11 +13,11 @@ import pytest
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import TransientError
 from kiln.app.storage.local import LocalStore
-from kiln.workers.device import Gpu
 from kiln.workers.engines.base import Choice, EngineRequest, Prepare, TensorSpec
 from kiln.workers.engines.failures import MAX_WAIT_S, BuildFailures
 from kiln.workers.engines.select import EngineFactory, Host, candidates
 from kiln.workers.engines.tensorrt_logic import EngineBuildError
+from kiln.workers.ops.device import Gpu
 
 H100 = Gpu(0, "NVIDIA H100", "GPU-h", (9, 0), 80 * 2**30)
 GPU_HOST = Host(

@@ -15,12 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import file_sha256
 from kiln.app.storage.local import LocalStore
-from kiln.workers.device import Gpu
 from kiln.workers.engines import onnx_uint8, select
 from kiln.workers.engines.base import Choice, EngineRequest
 from kiln.workers.engines.onnx_uint8 import engine_onnx, prepend, prepended_path
 from kiln.workers.engines.select import EngineFactory, Host
 from kiln.workers.engines.uint8_input import Normalization
+from kiln.workers.ops.device import Gpu
 
 H, W = 6, 10
 IMAGENET = Normalization(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))

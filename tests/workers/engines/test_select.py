@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.workers.device import Gpu
 from kiln.workers.engines.select import (
     BackendUnavailableError,
     Choice,
@@ -12,6 +11,7 @@ from kiln.workers.engines.select import (
     choose,
     runner_count,
 )
+from kiln.workers.ops.device import Gpu
 
 A10G = Gpu(0, "NVIDIA A10G", "GPU-a", (8, 6), 24 * 2**30)
 CPU = ("CPUExecutionProvider",)

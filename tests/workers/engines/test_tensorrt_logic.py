@@ -16,7 +16,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kiln.workers.device import Gpu
 from kiln.workers.engines.base import EngineRequest
 from kiln.workers.engines.engine_cache import plan_spec
 from kiln.workers.engines.tensorrt import IoTensor, spec_of
@@ -40,6 +39,7 @@ from kiln.workers.engines.tensorrt_logic import (
     python_level,
     volume,
 )
+from kiln.workers.ops.device import Gpu
 
 F32 = np.dtype(np.float32)
 A10G = Gpu(0, "NVIDIA A10G", "GPU-0", (8, 6), 24 << 30)

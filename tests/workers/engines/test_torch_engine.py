@@ -35,7 +35,7 @@ from kiln.workers.engines.torch_engine import (
 from kiln.workers.models.detect import model_path
 from kiln.workers.models.ocr_config import load_config
 from kiln.workers.models.text_embed import source_folder
-from kiln.workers.preprocess import normalize
+from kiln.workers.prep.pixels import normalize
 from tests.support import run_torch_child
 
 # FP32: the same graph, different kernels and summation orders. Measured maxima of

@@ -91,7 +91,7 @@ def test_a_large_jpeg_is_drafted_to_the_resize_side_not_further() -> None:
     from PIL import Image
 
     from devstack.images import photo
-    from kiln.workers.preprocess import center_crop, decode_image, resize_side
+    from kiln.workers.prep.pixels import center_crop, decode_image, resize_side
 
     data = photo(3, size=(2048, 1536))
     drafted = decode_image(data, max_pixels=50_000_000, draft_to=resize_side(224))

@@ -18,7 +18,7 @@ from kiln.workers.models.base import Batch
 from kiln.workers.models.classify import ClassifyPipeline, softmax
 from kiln.workers.models.detect import DetectorPipeline, model_path
 from kiln.workers.prep.images import FIT_WIDTH, placement_row
-from kiln.workers.preprocess import Decoded, center_crop, decode_image, letterbox
+from kiln.workers.prep.pixels import Decoded, center_crop, decode_image, letterbox
 from tests.workers.models.halves import Row, batch_of, prep_of, prepare
 from tests.workers.models.test_batching_invariance import conv_classifier
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kiln.workers.models.detect import LABELS, decode_yolo, nms
-from kiln.workers.preprocess import Letterbox
+from kiln.workers.prep.pixels import Letterbox
 
 
 def test_nms_overlapping_keeps_only_the_best() -> None:

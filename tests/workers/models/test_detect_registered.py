@@ -15,7 +15,7 @@ from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.detect import YoloPipeline, decode_yolo
-from kiln.workers.preprocess import Letterbox, Squash
+from kiln.workers.prep.pixels import Letterbox, Squash
 from tests.support import migrated_settings
 from tests.workers.models.halves import batch, outputs
 from tests.workers.models.yolo import LABELS, SIZE, tiny_yolo

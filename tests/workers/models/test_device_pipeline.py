@@ -1,5 +1,5 @@
 """The image pipeline's device path end to end, on torch CPU: the built-in detector with images
-decoded, letterboxed and normalised by `device_images` and run by the torch engine matches the
+decoded, letterboxed and normalised by `device_pixels` and run by the torch engine matches the
 CPU path (Pillow + ONNX Runtime), and an image that fails to decode fails its own item.
 
 nvJPEG needs CUDA, so the child process turns device decoding on for the CPU device (the same

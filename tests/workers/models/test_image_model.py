@@ -15,7 +15,7 @@ from devstack.images import photo
 from kiln.app.model_spec import IMAGENET_MEAN, IMAGENET_STD, ImageModelSpec
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.classify import ClassifyPipeline
-from kiln.workers.preprocess import center_crop, decode_image
+from kiln.workers.prep.pixels import center_crop, decode_image
 from tests.workers.models.halves import batch, prep_of, prepare
 from tests.workers.models.yolo import identity_model
 

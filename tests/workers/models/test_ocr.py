@@ -32,7 +32,7 @@ from kiln.workers.models.ocr_lines import (
     group_indices,
     padded_normalizer,
 )
-from kiln.workers.preprocess import Decoded
+from kiln.workers.prep.pixels import Decoded
 from kiln.workers.runtime import gather
 from tests.support import migrated_settings
 from tests.workers.models.halves import outputs, prepare

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kiln.workers.device import Gpu, list_gpus
+from kiln.workers.ops.device import Gpu, list_gpus
 
 # Distributions whose presence (and version) the sentences name.
 DISTRIBUTIONS = (

@@ -1,6 +1,6 @@
 """Decode, fit and normalise a batch of images on the torch engine's device.
 
-The device twin of `preprocess`: on CUDA, JPEGs decode in one batched nvJPEG call
+The device twin of `pixels`: on CUDA, JPEGs decode in one batched nvJPEG call
 (`torchvision.io.decode_jpeg(device="cuda")`); every other image (PNG, a JPEG nvJPEG refuses,
 a host without torchvision) decodes on the CPU with Kiln's own `decode_image` (its pixel cap,
 EXIF orientation and mode handling) and is uploaded. Resizing and normalising then run as torch
@@ -26,7 +26,7 @@ from PIL import Image, JpegImagePlugin
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
-from kiln.workers.preprocess import (
+from kiln.workers.prep.pixels import (
     Letterbox,
     Squash,
     crop_resize_size,

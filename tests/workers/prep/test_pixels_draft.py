@@ -17,7 +17,7 @@ from PIL import Image, ImageOps
 
 from bench.inputs import jpeg as make_jpeg
 from devstack.images import photo as flat_jpeg
-from kiln.workers.preprocess import (
+from kiln.workers.prep.pixels import (
     Decoded,
     Sizer,
     center_crop,

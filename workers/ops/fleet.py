@@ -3,7 +3,7 @@
 Each child is a fresh interpreter pinned to its device before anything touches CUDA (never a
 fork after CUDA is initialised). A child that dies is restarted with backoff; SIGTERM and
 SIGINT are passed on, so the children finish the batch in hand. With `--live-file PATH` each
-child touches `PATH.gpu<N>` while healthy (`workers/liveness.py`), and a child whose file has
+child touches `PATH.gpu<N>` while healthy (`workers/ops/liveness.py`), and a child whose file has
 aged past `LIVE_MAX_AGE_S` — a stuck engine, a deadlocked run — is killed and restarted.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from kiln.workers.device import Gpu
+from kiln.workers.ops.device import Gpu
 
 log = logging.getLogger(__name__)
 

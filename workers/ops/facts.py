@@ -25,9 +25,9 @@ from kiln.app.db import worker_facts as rows
 from kiln.app.db.models import SHARED_TENANT, utcnow
 from kiln.app.db.session import make_engine, make_session_factory, unit_of_work
 from kiln.workers.batching import BatchStats
-from kiln.workers.device import Gpu, GpuTelemetry
-from kiln.workers.health import EngineHealth
-from kiln.workers.metrics import WorkerView
+from kiln.workers.ops.device import Gpu, GpuTelemetry
+from kiln.workers.ops.health import EngineHealth
+from kiln.workers.ops.metrics import WorkerView
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Worker liveness for probes: a file touched every few seconds while the worker is healthy.
 
 `kiln worker --live-file PATH` starts a thread that touches PATH every `interval_s` while the
-worker reports no problem (`workers/health.py`). A wedged engine or a run stuck past its
+worker reports no problem (`workers/ops/health.py`). A wedged engine or a run stuck past its
 longest lease stops the touching, so a probe on the file's age fails and the orchestrator
 restarts the worker (deploy/base/worker-gpu.yaml: `livenessProbe`). No port, no HTTP, and the
 probe never imports Python.

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
-from kiln.workers.preprocess import (
+from kiln.workers.prep.pixels import (
     Decoded,
     Letterbox,
     Squash,

@@ -3,7 +3,7 @@
 Parts of the worker report problems they cannot recover from in-process — a batch stuck in
 the engine past its deadline, a chunk run past its longest lease — and clear them if the
 work comes back. A worker with a problem is unhealthy: its heartbeat file stops being touched
-(`workers/liveness.py`) and the orchestrator restarts it. Its stuck items are not lost: their
+(`workers/ops/liveness.py`) and the orchestrator restarts it. Its stuck items are not lost: their
 leases run out and the reconciler sends them again.
 """
 

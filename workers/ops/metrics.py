@@ -15,8 +15,8 @@ from prometheus_client.registry import Collector
 
 from kiln.workers.batching import SECONDS_BOUNDS, BatchStats
 from kiln.workers.chunk.stats import ChunkTotals
-from kiln.workers.device import GpuTelemetry
-from kiln.workers.health import EngineHealth
+from kiln.workers.ops.device import GpuTelemetry
+from kiln.workers.ops.health import EngineHealth
 
 
 class WorkerView(Protocol):

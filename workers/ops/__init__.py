@@ -1,0 +1,1 @@
+"""Operations: a worker's health, probes, facts, metrics, devices and fleet."""

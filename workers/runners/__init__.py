@@ -1,0 +1,1 @@
+"""Model runners: loading, unloading, the memory budget and batch sizing."""

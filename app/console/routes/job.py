@@ -5,11 +5,12 @@ order), its near-duplicate groups side by side, the Parquet download and cancel.
 from __future__ import annotations
 
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from sqlalchemy import func, select
@@ -34,68 +35,68 @@ GROUP_MEMBERS_SHOWN = 12
 THROUGHPUT_BUCKETS = 60
 
 
-def _job_and_model(session: Session, tenant: str, job_id: str) -> tuple[Job, ModelInfo]:
-    job = jobs.get_job(session, tenant, job_id)  # another tenant's job: 404, as the API
-    return job, get_model(session, job.model, tenant)
+@dataclass(frozen=True)
+class Viewer:
+    """What each part of a job's page is read with: the API's context, the console's caches
+    (thumbnails, groups), a maker of S3 clients and the signed-in tenant."""
+
+    context: ApiContext
+    console: ConsoleState
+    s3: S3Factory
+    tenant: str
+
+    def job(self, session: Session, job_id: str) -> tuple[Job, ModelInfo]:
+        """The tenant's job and its model (another tenant's job: 404, as the API)."""
+        job = jobs.get_job(session, self.tenant, job_id)
+        return job, get_model(session, job.model, self.tenant)
 
 
-def _summary(context: ApiContext, tenant: str, job_id: str) -> tuple[views.JobView, ModelInfo]:
-    with context.sessions() as session:
-        job, model = _job_and_model(session, tenant, job_id)
-        return views.job_view(session, job, jobs.LeaseTiming.of(context.settings)), model
+def _viewer(context: ContextDep, console: ConsoleDep, s3: S3Dep, tenant: ConsoleTenant) -> Viewer:
+    return Viewer(context, console, s3, tenant)
+
+
+ViewerDep = Annotated[Viewer, Depends(_viewer)]
+
+
+def _summary(viewer: Viewer, job_id: str) -> tuple[views.JobView, ModelInfo]:
+    with viewer.context.sessions() as session:
+        job, model = viewer.job(session, job_id)
+        return views.job_view(session, job, jobs.LeaseTiming.of(viewer.context.settings)), model
 
 
 @router.get("/{job_id}")
-async def job_page(
-    request: Request, job_id: str, context: ContextDep, tenant: ConsoleTenant
-) -> HTMLResponse:
-    job, model = await run_in_threadpool(_summary, context, tenant, job_id)
-    return render(request, "job.html", tenant=tenant, job=job, model=model)
+async def job_page(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
+    job, model = await run_in_threadpool(_summary, viewer, job_id)
+    return render(request, "job.html", tenant=viewer.tenant, job=job, model=model)
 
 
 @router.get("/{job_id}/summary")
-async def job_summary(
-    request: Request, job_id: str, context: ContextDep, tenant: ConsoleTenant
-) -> HTMLResponse:
+async def job_summary(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
     """Counts, progress and rate: the part of the job page that refreshes while it runs (and
     stops asking once the job has closed)."""
-    job, model = await run_in_threadpool(_summary, context, tenant, job_id)
+    job, model = await run_in_threadpool(_summary, viewer, job_id)
     return render(request, "_job_summary.html", job=job, model=model)
 
 
-def _items(
-    context: ApiContext,
-    console: ConsoleState,
-    s3: S3Factory,
-    tenant: str,
-    job_id: str,
-    status: str | None,
-    after: int,
-) -> tuple[Job, ModelInfo, views.ItemsPage, views.VideosPage | None]:
+def _items(viewer: Viewer, job_id: str, status: str | None, after: int) -> dict[str, Any]:
     """A page of the job's items; on the first, its videos' strips above them."""
     videos = None
-    with context.sessions() as session:
-        job, model = _job_and_model(session, tenant, job_id)
+    console = viewer.console
+    with viewer.context.sessions() as session:
+        job, model = viewer.job(session, job_id)
         page = views.items_page(session, job, model, status, after, ITEMS_PAGE)
         if after == 0 and model.input == "image" and console.videos.get(job.id, True):
             videos = views.video_strips(session, job, model, status)
             if job.status not in views.OPEN and not status:  # closed: it has its frames for good
                 console.videos[job.id] = bool(videos.strips)
     shown = page.items + [f for strip in (videos.strips if videos else []) for f in strip.frames]
-    _add_groups(context, console, s3, job, model, shown)
-    return job, model, page, videos
+    _add_groups(viewer, job, model, shown)
+    return {"job": job, "model": model, "page": page, "videos": videos}
 
 
-def _add_groups(
-    context: ApiContext,
-    console: ConsoleState,
-    s3: S3Factory,
-    job: Job,
-    model: ModelInfo,
-    shown: list[views.ItemView],
-) -> None:
+def _add_groups(viewer: Viewer, job: Job, model: ModelInfo, shown: list[views.ItemView]) -> None:
     if shown and job.status not in views.OPEN and model.input == "image":
-        members = _group_of(_groups(context, console, s3, job))
+        members = _group_of(_groups(viewer, job))
         for item in shown:
             item.group = members.get(item.key)
 
@@ -104,43 +105,23 @@ def _add_groups(
 async def job_items(
     request: Request,
     job_id: str,
-    context: ContextDep,
-    console: ConsoleDep,
-    s3: S3Dep,
-    tenant: ConsoleTenant,
+    viewer: ViewerDep,
     status: Annotated[ItemStatus | None, Query()] = None,
     after: Annotated[int, Query(ge=0)] = 0,
 ) -> HTMLResponse:
     """A page of the job's items as a grid (the job page loads it into itself), under its
     videos' strips on the first page."""
-    job, model, page, videos = await run_in_threadpool(
-        _items, context, console, s3, tenant, job_id, status, after
-    )
-    return render(
-        request,
-        "_items.html",
-        job=job,
-        model=model,
-        page=page,
-        videos=videos,
-        status=status,
-        after=after,
-    )
+    shown = await run_in_threadpool(_items, viewer, job_id, status, after)
+    return render(request, "_items.html", status=status, after=after, **shown)
 
 
 def _videos(
-    context: ApiContext,
-    console: ConsoleState,
-    s3: S3Factory,
-    tenant: str,
-    job_id: str,
-    status: str | None,
-    after: int,
+    viewer: Viewer, job_id: str, status: str | None, after: int
 ) -> tuple[Job, ModelInfo, views.VideosPage]:
-    with context.sessions() as session:
-        job, model = _job_and_model(session, tenant, job_id)
+    with viewer.context.sessions() as session:
+        job, model = viewer.job(session, job_id)
         videos = views.video_strips(session, job, model, status, after)
-    _add_groups(context, console, s3, job, model, [f for s in videos.strips for f in s.frames])
+    _add_groups(viewer, job, model, [f for s in videos.strips for f in s.frames])
     return job, model, videos
 
 
@@ -148,35 +129,27 @@ def _videos(
 async def job_videos(
     request: Request,
     job_id: str,
-    context: ContextDep,
-    console: ConsoleDep,
-    s3: S3Dep,
-    tenant: ConsoleTenant,
+    viewer: ViewerDep,
     after: Annotated[int, Query(ge=0)],
     status: Annotated[ItemStatus | None, Query()] = None,
 ) -> HTMLResponse:
     """The next videos' strips, after the one whose first frame is item `after`."""
-    job, model, videos = await run_in_threadpool(
-        _videos, context, console, s3, tenant, job_id, status, after
-    )
+    job, model, videos = await run_in_threadpool(_videos, viewer, job_id, status, after)
     return render(request, "_videos.html", job=job, model=model, videos=videos, status=status)
 
 
 def _frames(
-    context: ApiContext,
-    console: ConsoleState,
-    s3: S3Factory,
-    tenant: str,
+    viewer: Viewer,
     job_id: str,
     status: str | None,
     source: str,
     name: str,
     after: tuple[float, int],
 ) -> tuple[Job, ModelInfo, views.Strip]:
-    with context.sessions() as session:
-        job, model = _job_and_model(session, tenant, job_id)
+    with viewer.context.sessions() as session:
+        job, model = viewer.job(session, job_id)
         strip = views.more_frames(session, job, model, status, source, name, after)
-    _add_groups(context, console, s3, job, model, strip.frames)
+    _add_groups(viewer, job, model, strip.frames)
     return job, model, strip
 
 
@@ -184,10 +157,7 @@ def _frames(
 async def job_frames(
     request: Request,
     job_id: str,
-    context: ContextDep,
-    console: ConsoleDep,
-    s3: S3Dep,
-    tenant: ConsoleTenant,
+    viewer: ViewerDep,
     source: Annotated[str, Query(min_length=1, max_length=2048)],
     video: Annotated[str, Query(max_length=1024)],
     t: Annotated[float, Query(ge=0, allow_inf_nan=False)],
@@ -196,20 +166,20 @@ async def job_frames(
 ) -> HTMLResponse:
     """More of a video's strip: its frames after the one at `t` (item `after`)."""
     job, model, strip = await run_in_threadpool(
-        _frames, context, console, s3, tenant, job_id, status, source, video, (t, after)
+        _frames, viewer, job_id, status, source, video, (t, after)
     )
     return render(request, "_frames.html", job=job, model=model, strip=strip, status=status)
 
 
-def _groups(context: ApiContext, console: ConsoleState, s3: S3Factory, job: Job) -> pa.Table:
+def _groups(viewer: Viewer, job: Job) -> pa.Table:
     """The closed job's groups table, kept once read (it never changes after its close)."""
-    table = console.groups.get(job.id)
+    table = viewer.console.groups.get(job.id)
     if table is None:
-        place = results.place_for(context.store, job.id, job.output, s3)
+        place = results.place_for(viewer.context.store, job.id, job.output, viewer.s3)
         if not place.store.exists(results.manifest_key(place)):
             return pa.schema(results.GROUP_FIELDS).empty_table()  # its close is still writing
         table = results.read_groups(place) or pa.schema(results.GROUP_FIELDS).empty_table()
-        console.groups[job.id] = table
+        viewer.console.groups[job.id] = table
     return table
 
 
@@ -232,13 +202,11 @@ def _group_page(table: pa.Table, page: int) -> tuple[list[dict[str, Any]], int]:
     return listed, len(ids)
 
 
-def _group_view(
-    context: ApiContext, console: ConsoleState, s3: S3Factory, tenant: str, job_id: str, page: int
-) -> dict[str, Any]:
-    with context.sessions() as session:
-        job, model = _job_and_model(session, tenant, job_id)
-        view = views.job_view(session, job, jobs.LeaseTiming.of(context.settings))
-    groups, total = ([], 0) if view.open else _group_page(_groups(context, console, s3, job), page)
+def _group_view(viewer: Viewer, job_id: str, page: int) -> dict[str, Any]:
+    with viewer.context.sessions() as session:
+        job, model = viewer.job(session, job_id)
+        view = views.job_view(session, job, jobs.LeaseTiming.of(viewer.context.settings))
+    groups, total = ([], 0) if view.open else _group_page(_groups(viewer, job), page)
     return {"job": view, "model": model, "groups": groups, "total": total, "page": page}
 
 
@@ -246,37 +214,40 @@ def _group_view(
 async def job_groups(
     request: Request,
     job_id: str,
-    context: ContextDep,
-    console: ConsoleDep,
-    s3: S3Dep,
-    tenant: ConsoleTenant,
+    viewer: ViewerDep,
     page: Annotated[int, Query(ge=0, le=100_000)] = 0,
 ) -> HTMLResponse:
     """Near-duplicate (and byte-identical) groups, each side by side."""
-    shown = await run_in_threadpool(_group_view, context, console, s3, tenant, job_id, page)
-    return render(request, "groups.html", tenant=tenant, per_page=GROUPS_PAGE, **shown)
+    shown = await run_in_threadpool(_group_view, viewer, job_id, page)
+    return render(request, "groups.html", tenant=viewer.tenant, per_page=GROUPS_PAGE, **shown)
 
 
 @router.get("/{job_id}/thumbnail")
 def job_thumbnail(
     job_id: str,
     key: Annotated[str, Query(min_length=1, max_length=1024)],
-    context: ContextDep,
-    console: ConsoleDep,
-    s3: S3Dep,
-    tenant: ConsoleTenant,
+    viewer: ViewerDep,
     side: Annotated[int, Query(alias="max", ge=16, le=thumbnails.MAX_PX)] = 192,
     boxes: bool = False,
 ) -> Response:
     """The item's thumbnail, with the detector's boxes drawn on when asked; made once."""
+    context, tenant = viewer.context, viewer.tenant
     cache_key = (tenant, job_id, key, side, boxes)  # a hit skips the tenant check: keyed by it
-    data = console.thumbnails.get(cache_key)
+    data = viewer.console.thumbnails.get(cache_key)
     if data is None:
         with context.sessions() as session:
             data = thumbnails.item_thumbnail(
-                session, context.store, s3, context.settings, tenant, job_id, key, side, boxes
+                session,
+                context.store,
+                viewer.s3,
+                context.settings,
+                tenant,
+                job_id,
+                key,
+                side,
+                boxes,
             )
-        console.thumbnails[cache_key] = data
+        viewer.console.thumbnails[cache_key] = data
     headers = {"Cache-Control": "private, max-age=3600"}
     return Response(data, media_type="image/jpeg", headers=headers)
 

@@ -1,14 +1,18 @@
-"""Kiln's one settings object: every knob comes from `KILN_*` environment variables."""
+"""Kiln's one settings object: every knob comes from `KILN_*` environment variables.
+
+`Settings` is read from the environment once per `get_settings()`; its fields are declared in
+themed groups below (plain pydantic models with their validators) that it inherits, so every
+variable keeps its `KILN_` name and every caller its `settings.<name>`."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Rows per engine call under KILN_MAX_BATCH=auto: on a CPU the knee measured with the bench's
@@ -17,10 +21,9 @@ CPU_BATCH = 16
 GPU_BATCH_LIMIT = 256
 
 
-class Settings(BaseSettings):
-    """Validated configuration. Build it with `get_settings()`; nothing here connects."""
-
-    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+class StackSettings(BaseModel):
+    """Where state lives and how a process reaches it: the database, broker and store (the
+    embedded stack under `data_dir` where no URL is set), and the API for the CLI."""
 
     data_dir: Path = Field(Path(".kiln"), description="Where the embedded defaults keep state.")
     database_url: str = Field("", description="SQLAlchemy URL; default SQLite under data_dir.")
@@ -33,6 +36,49 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(10, ge=1, le=1000, description="Connections kept per process.")
     db_max_overflow: int = Field(20, ge=0, le=1000, description="Extra connections in bursts.")
     db_pool_timeout_s: float = Field(30.0, gt=0, description="Wait for a free connection.")
+    model_cache_dir: Path | None = None
+    api_url: str = "http://127.0.0.1:8000"
+    api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _fill_embedded_defaults(self) -> Self:
+        data_dir = self.data_dir.expanduser().resolve()
+        self.data_dir = data_dir
+        for name, default in embedded_urls(data_dir).items():
+            if not getattr(self, name):
+                setattr(self, name, default)
+        if self.model_cache_dir is None:
+            self.model_cache_dir = data_dir / "models"
+        return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # repr() and str() end up in logs and tracebacks: never a key or a password.
+        for name, value in super().__repr_args__():
+            if name == "api_key" and value:
+                yield name, "***"
+            elif isinstance(value, str) and name and name.endswith("_url"):
+                yield name, redact_url(value)
+            else:
+                yield name, value
+
+    def embedded(self) -> Self:
+        """These settings on the embedded stack under `data_dir` (SQLite, the local folder
+        store, kombu's filesystem broker), whatever KILN_DATABASE_URL, KILN_BROKER_URL and
+        KILN_STORAGE_URL say: what `kiln run` always runs on, as it reads local files that
+        only its own worker may open. Every other setting is kept."""
+        return self.model_copy(update=embedded_urls(self.data_dir))
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url.startswith("filesystem:")
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+
+class EngineSettings(BaseModel):
+    """How a model runs: the backend, its batches, deadlines, memory and the GPU's options."""
 
     max_batch: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(
         "auto",
@@ -40,21 +86,6 @@ class Settings(BaseSettings):
         "of a short sweep (16 to 256), on a CPU 16.",
     )
     max_delay_ms: float = Field(10.0, ge=0, le=60_000)
-    chunk_size: int = Field(
-        32, ge=1, le=10_000, description="Items per chunk (one message) of an interactive job."
-    )
-    bulk_chunk_size: int = Field(
-        512,
-        ge=1,
-        le=10_000,
-        description="Items per chunk of a bulk job (over 256 items, or a bucket): fewer, larger "
-        "chunks spread each chunk's fixed cost (lease, results, shard, message) thinner.",
-    )
-    prep_processes: Annotated[int, Field(ge=0, le=1024)] | Literal["auto"] = Field(
-        "auto",
-        description="Processes that fetch and decode inputs for each worker; auto = one per "
-        "core (split between GPUs under --devices all); 0 = none, on the chunk's own thread.",
-    )
     runners: int = Field(
         0, ge=0, le=64, description="Engine runner threads per model; 0 = one per core on CPU."
     )
@@ -81,9 +112,6 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Per-model batch deadlines, by name or name:version (JSON: {"ocr": 600}).',
     )
-    run_max_s: float = Field(
-        3600.0, gt=0, description="Longest a chunk run may hold its lease, renewals included."
-    )
     device_memory_budget: str = Field(
         "0.8",
         pattern=r"^\s*(0?\.\d+|1(\.0*)?|\d+\s*([KMGT]i?B|B)?)\s*$",
@@ -103,8 +131,7 @@ class Settings(BaseSettings):
         "auto",
         description="On the PyTorch CUDA engine, decode JPEGs on the GPU (nvJPEG) a batch at a "
         "time; false: the prep processes decode on the CPU; auto: the GPU wherever nvJPEG is "
-        "there (docs/gpu.md: on an H200 it was faster than 16 prep processes decoding, at a "
-        "fifth of the CPU per image).",
+        "there (why: docs/gpu.md).",
     )
     precision: Literal["auto", "fp16", "fp32"] = Field(
         "auto", description="TensorRT and torch precision; auto = FP16 where the GPU does it fast."
@@ -114,6 +141,44 @@ class Settings(BaseSettings):
         description="On the PyTorch CUDA engine, replay a CUDA graph per batch bucket (powers of "
         "two) for fixed-shape models; false: every batch runs eagerly.",
     )
+
+    def batch_cap(self, on_gpu: bool) -> int:
+        """The largest batch an engine is built for: `max_batch`, or under auto the most a
+        sweep may choose on a GPU and the measured knee on a CPU."""
+        if self.max_batch != "auto":
+            return self.max_batch
+        return GPU_BATCH_LIMIT if on_gpu else CPU_BATCH
+
+    def decode_on_gpu(self) -> bool:
+        """Whether a GPU engine that can decode JPEGs should (auto: yes; why: docs/gpu.md)."""
+        return self.gpu_decode is not False
+
+    @property
+    def max_delay_s(self) -> float:
+        return self.max_delay_ms / 1000.0
+
+
+class WorkerSettings(BaseModel):
+    """How a worker takes its work: chunk sizes, prep processes, chunks in flight."""
+
+    chunk_size: int = Field(
+        32, ge=1, le=10_000, description="Items per chunk (one message) of an interactive job."
+    )
+    bulk_chunk_size: int = Field(
+        512,
+        ge=1,
+        le=10_000,
+        description="Items per chunk of a bulk job (over 256 items, or a bucket): fewer, larger "
+        "chunks spread each chunk's fixed cost (lease, results, shard, message) thinner.",
+    )
+    prep_processes: Annotated[int, Field(ge=0, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="Processes that fetch and decode inputs for each worker; auto = one per "
+        "core (split between GPUs under --devices all); 0 = none, on the chunk's own thread.",
+    )
+    run_max_s: float = Field(
+        3600.0, gt=0, description="Longest a chunk run may hold its lease, renewals included."
+    )
     worker_concurrency: int = Field(
         0,
         ge=0,
@@ -121,9 +186,16 @@ class Settings(BaseSettings):
         description="Chunks in flight per worker (task threads); 0 = enough to keep four "
         "batches of the largest batch queued: ceil(4 × batch / bulk chunk) + 1, at least 16.",
     )
-    worker_metrics_port: int | None = Field(
-        None, ge=1, le=65535, description="Prometheus port of `kiln worker`; unset = off."
-    )
+
+    def prep_count(self, cores: int) -> int:
+        """Prep processes for a worker on `cores` cores (0: prep on the chunk's thread)."""
+        return cores if self.prep_processes == "auto" else self.prep_processes
+
+
+class DeliverySettings(BaseModel):
+    """How work travels and is never lost: bulk listing, the broker, item leases, the
+    reconciler's re-sends and beat's ticks."""
+
     # Bulk jobs: listing in pages, at most this many chunks in the queue or running per job, so
     # Redis never holds a bucket's worth of messages and interactive work is not starved.
     ingest_page_size: int = Field(1000, ge=1, le=1000, description="Keys per S3 list call.")
@@ -154,6 +226,10 @@ class Settings(BaseSettings):
     schedule_tick_s: float = Field(20.0, gt=0, description="How often beat looks for due runs.")
     filesystem_polling_ms: float = Field(20.0, gt=0, description="Embedded broker poll interval.")
 
+
+class LimitSettings(BaseModel):
+    """What one input, job or model may be, and whether workers may read local files."""
+
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
     max_video_frames: int = Field(
         100_000, ge=1, description="Frames a job may sample from one video (video_fps × length)."
@@ -164,7 +240,14 @@ class Settings(BaseSettings):
     max_files_per_job: int = Field(1000, ge=1)
     max_model_bytes: int = Field(1024**3, ge=1, description="Largest ONNX file registered.")
     max_image_pixels: int = Field(50_000_000, ge=1, description="Decompression-bomb cap.")
-    model_cache_dir: Path | None = None
+    local_inputs: bool = Field(
+        False, description="Workers may read file:// inputs (set by `kiln run`, never the API)."
+    )
+
+
+class CacheSettings(BaseModel):
+    """The content cache (a result reused by input hash) and the API's search index cache."""
+
     content_cache: bool = Field(
         True, description="Reuse a result for an input (by sha256) this model version has seen."
     )
@@ -179,17 +262,6 @@ class Settings(BaseSettings):
     content_cache_max_entries: int = Field(
         1_000_000, ge=1, description="Above this many cached results the oldest are evicted."
     )
-    local_inputs: bool = Field(
-        False, description="Workers may read file:// inputs (set by `kiln run`, never the API)."
-    )
-    tenant_rate_limit: str = Field(
-        "100/second",
-        description="Requests per tenant on authenticated routes, as `limits` parses it "
-        "('100/second', '5000/minute'); over it the API answers 429 with Retry-After.",
-    )
-    tenant_max_open_jobs: int = Field(
-        1000, ge=1, description="Jobs queued, running or cancelling at once per tenant."
-    )
     # The API's memory limit is 1 GiB (deploy/base/api.yaml); half of it holds one index of
     # ~180,000 512-d vectors (100,000 count 283 MiB). Raise both together for larger jobs.
     search_cache_bytes: int = Field(
@@ -197,6 +269,19 @@ class Settings(BaseSettings):
         ge=1,
         description="Vector indexes the API keeps loaded for search, in bytes; a job whose "
         "index is larger cannot be searched.",
+    )
+
+
+class ApiSettings(BaseModel):
+    """The API's guards per tenant, its search wait and the console's session cookies."""
+
+    tenant_rate_limit: str = Field(
+        "100/second",
+        description="Requests per tenant on authenticated routes, as `limits` parses it "
+        "('100/second', '5000/minute'); over it the API answers 429 with Retry-After.",
+    )
+    tenant_max_open_jobs: int = Field(
+        1000, ge=1, description="Jobs queued, running or cancelling at once per tenant."
     )
     search_wait_s: float = Field(
         30.0, gt=0, le=600, description="How long a search waits for a worker to embed its query."
@@ -211,18 +296,6 @@ class Settings(BaseSettings):
         False,
         description="Send the console's session cookie over HTTPS only (set it behind TLS).",
     )
-
-    log_format: Literal["auto", "json", "text"] = Field(
-        "auto", description="Log lines: JSON objects, text, or auto (text on a terminal)."
-    )
-    otlp_endpoint: str | None = Field(
-        None,
-        description="OTLP/HTTP collector for traces (e.g. http://collector:4318); unset = the "
-        "standard OTEL_EXPORTER_OTLP_ENDPOINT, and with neither tracing is off.",
-    )
-
-    api_url: str = "http://127.0.0.1:8000"
-    api_key: str | None = None
 
     @field_validator("console_secret")
     @classmethod
@@ -242,41 +315,39 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is not a rate like '100/second' or '5000/min'") from None
         return value
 
-    @model_validator(mode="after")
-    def _fill_embedded_defaults(self) -> Settings:
-        data_dir = self.data_dir.expanduser().resolve()
-        self.data_dir = data_dir
-        for name, default in embedded_urls(data_dir).items():
-            if not getattr(self, name):
-                setattr(self, name, default)
-        if self.model_cache_dir is None:
-            self.model_cache_dir = data_dir / "models"
-        return self
 
-    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        # repr() and str() end up in logs and tracebacks: never a key or a password.
-        for name, value in super().__repr_args__():
-            if name == "api_key" and value:
-                yield name, "***"
-            elif isinstance(value, str) and name and name.endswith("_url"):
-                yield name, redact_url(value)
-            else:
-                yield name, value
+class ObservabilitySettings(BaseModel):
+    """What every process tells about itself: logs, traces, the worker's metrics port."""
 
-    def embedded(self) -> Settings:
-        """These settings on the embedded stack under `data_dir` (SQLite, the local folder
-        store, kombu's filesystem broker), whatever KILN_DATABASE_URL, KILN_BROKER_URL and
-        KILN_STORAGE_URL say: what `kiln run` always runs on, as it reads local files that
-        only its own worker may open. Every other setting is kept."""
-        return self.model_copy(update=embedded_urls(self.data_dir))
+    worker_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Prometheus port of `kiln worker`; unset = off."
+    )
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto", description="Log lines: JSON objects, text, or auto (text on a terminal)."
+    )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP collector for traces (e.g. http://collector:4318); unset = the "
+        "standard OTEL_EXPORTER_OTLP_ENDPOINT, and with neither tracing is off.",
+    )
 
-    @property
-    def embedded_broker(self) -> bool:
-        return self.broker_url.startswith("filesystem:")
 
-    @property
-    def broker_dir(self) -> Path:
-        return self.data_dir / "broker"
+# The groups are listed last-first: pydantic orders the fields from the last base up, so a
+# repr (in logs) starts with the stack as the groups above do.
+class Settings(
+    ObservabilitySettings,
+    ApiSettings,
+    CacheSettings,
+    LimitSettings,
+    DeliverySettings,
+    WorkerSettings,
+    EngineSettings,
+    StackSettings,
+    BaseSettings,
+):
+    """Validated configuration. Build it with `get_settings()`; nothing here connects."""
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
 
     @property
     def task_threads(self) -> int:
@@ -285,27 +356,6 @@ class Settings(BaseSettings):
         are blocks, and threads wait on them rather than on a row each."""
         batch = self.batch_cap(on_gpu=True)
         return self.worker_concurrency or max(16, math.ceil(4 * batch / self.bulk_chunk_size) + 1)
-
-    def batch_cap(self, on_gpu: bool) -> int:
-        """The largest batch an engine is built for: `max_batch`, or under auto the most a
-        sweep may choose on a GPU and the measured knee on a CPU."""
-        if self.max_batch != "auto":
-            return self.max_batch
-        return GPU_BATCH_LIMIT if on_gpu else CPU_BATCH
-
-    def decode_on_gpu(self) -> bool:
-        """Whether a GPU engine that can decode JPEGs should (auto: yes — measured on an H200
-        with batched fitting and CUDA graphs: nvJPEG 3,868 images/s at 0.58 CPU ms per image,
-        16 prep processes decoding 3,207 at 3.2 ms; docs/gpu.md)."""
-        return self.gpu_decode is not False
-
-    def prep_count(self, cores: int) -> int:
-        """Prep processes for a worker on `cores` cores (0: prep on the chunk's thread)."""
-        return cores if self.prep_processes == "auto" else self.prep_processes
-
-    @property
-    def max_delay_s(self) -> float:
-        return self.max_delay_ms / 1000.0
 
 
 def embedded_urls(data_dir: Path) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,7 @@ def test_prep_processes_zero_means_on_the_chunk_thread() -> None:
 
 
 def test_gpu_decode_auto_is_the_gpu() -> None:
-    """Measured on an H200 (issue 24): nvJPEG with the batched fit beat 16 prep processes."""
+    """auto: the GPU wherever nvJPEG is there (why: docs/gpu.md)."""
     assert get_settings().decode_on_gpu() and get_settings(gpu_decode=True).decode_on_gpu()
     assert not get_settings(gpu_decode=False).decode_on_gpu()
 
@@ -180,3 +181,72 @@ def test_embedded_ignores_the_service_and_keeps_the_rest(
     assert here.chunk_size == 7 and here.data_dir == service.data_dir
     assert service.database_url.startswith("postgresql")  # the original is left as it was
     assert here.embedded() == here
+
+
+# Every variable as issue 31 found it (before the settings were grouped): its name (KILN_ + the
+# field's name) and its default. Grouping must not rename, drop or re-default one.
+DEFAULTS: dict[str, object] = {
+    "data_dir": Path(".kiln"), "database_url": "", "broker_url": "", "storage_url": "",
+    "s3_endpoint_url": None, "s3_region": "us-east-1", "db_pool_size": 10,
+    "db_max_overflow": 20, "db_pool_timeout_s": 30.0, "model_cache_dir": None,
+    "api_url": "http://127.0.0.1:8000", "api_key": None,
+    "max_batch": "auto", "max_delay_ms": 10.0, "runners": 0, "engine_threads": 0,
+    "engine": "auto", "engine_retry_s": 600.0, "batch_deadline_s": 300.0, "batch_deadlines": {},
+    "device_memory_budget": "0.8", "model_idle_s": 600.0, "oom_recovery_s": 300.0,
+    "gpu_decode": "auto", "precision": "auto", "cuda_graphs": True,
+    "chunk_size": 32, "bulk_chunk_size": 512, "prep_processes": "auto", "run_max_s": 3600.0,
+    "worker_concurrency": 0, "worker_metrics_port": None,
+    "ingest_page_size": 1000, "ingest_pages_per_step": 20, "bulk_max_chunks": 64,
+    "ingest_stale_s": 60.0, "visibility_timeout_s": 3600.0, "reconcile_interval_s": 15.0,
+    "lease_s": 60.0, "lease_renew_s": 3.0, "cancel_check_s": 1.0, "redispatch_after_s": 60.0,
+    "max_attempts": 20, "schedule_tick_s": 20.0, "filesystem_polling_ms": 20.0,
+    "max_upload_bytes": 50 * 1024**2, "max_video_frames": 100_000,
+    "max_video_duration_s": 86_400.0, "max_files_per_job": 1000, "max_model_bytes": 1024**3,
+    "max_image_pixels": 50_000_000, "local_inputs": False,
+    "content_cache": True, "content_cache_shared": False, "content_cache_ttl_s": 604_800.0,
+    "content_cache_max_entries": 1_000_000, "search_cache_bytes": 512 * 1024**2,
+    "tenant_rate_limit": "100/second", "tenant_max_open_jobs": 1000, "search_wait_s": 30.0,
+    "console_secret": None, "console_secure_cookie": False,
+    "log_format": "auto", "otlp_endpoint": None,
+}  # fmt: skip
+
+
+def test_every_variable_keeps_its_name_and_default() -> None:
+    fields = Settings.model_fields
+    assert set(fields) == set(DEFAULTS)
+    assert Settings.model_config.get("env_prefix") == "KILN_"
+    for name, field in fields.items():
+        assert field.alias is None and field.validation_alias is None, name  # KILN_<NAME>
+        assert field.get_default(call_default_factory=True) == DEFAULTS[name], name
+
+
+def test_every_group_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One variable of each group of `Settings`, read through the one `KILN_` prefix."""
+    given = {
+        "KILN_S3_REGION": "eu-west-1",
+        "KILN_CUDA_GRAPHS": "false",
+        "KILN_CHUNK_SIZE": "7",
+        "KILN_LEASE_S": "9",
+        "KILN_MAX_FILES_PER_JOB": "3",
+        "KILN_CONTENT_CACHE_SHARED": "true",
+        "KILN_SEARCH_WAIT_S": "4",
+        "KILN_LOG_FORMAT": "json",
+    }
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    s = get_settings()
+    assert (s.s3_region, s.cuda_graphs, s.chunk_size, s.lease_s) == ("eu-west-1", False, 7, 9.0)
+    assert (s.max_files_per_job, s.content_cache_shared, s.search_wait_s) == (3, True, 4.0)
+    assert s.log_format == "json"
+
+
+def test_a_short_console_secret_is_refused() -> None:
+    with pytest.raises(ValidationError, match="at least 32 characters"):
+        get_settings(console_secret="short")
+
+
+def test_every_variable_in_the_readme_table_is_a_setting() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`KILN_([A-Z0-9_]+)`", table))
+    assert named and {n.lower() for n in named} <= set(Settings.model_fields)

@@ -96,6 +96,8 @@ class ScheduleCreate(BaseModel):
 
 
 class ScheduleOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # read from a `Schedule` row
+
     name: str
     cron: str
     model: str
@@ -224,6 +226,8 @@ class SearchOut(BaseModel):
 
 
 class EngineOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # read from an `EngineReport` row
+
     node: str = Field(description="The worker (Celery node) that loaded the model.")
     backend: str = Field(examples=["tensorrt:fp16", "onnxruntime:CPUExecutionProvider"])
     reason: str
@@ -232,6 +236,8 @@ class EngineOut(BaseModel):
 
 
 class ModelOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # read from a `ModelInfo`
+
     name: str
     ref: str = Field(description="What a job records: NAME, or NAME:VERSION when registered.")
     kind: str

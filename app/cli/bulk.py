@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from kiln.app.cli.common import OptionPairs, VideoFps, console, parse_options, with_video_fps
+from kiln.app.cli.common import OptionPairs, VideoFps, console, job_options
 from kiln.app.cli.remote import ApiClient, watch
 
 schedule_app = typer.Typer(help="Cron-timed incremental runs over a bucket (run by kiln beat).")
@@ -33,7 +33,7 @@ def _run(
         "model": model,
         "source": {"s3": uri, "include": include or [], "exclude": exclude or []},
     }
-    if options := with_video_fps(parse_options(option), video_fps):
+    if options := job_options(option, video_fps):
         body["options"] = options
     if output:
         body["output"] = output

@@ -57,6 +57,11 @@ def parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return options
 
 
+def job_options(pairs: list[str] | None, fps: float | None) -> dict[str, Any]:
+    """A job's options from the command line: its `--option` pairs and `--video-fps`."""
+    return with_video_fps(parse_options(pairs), fps)
+
+
 def settings() -> Settings:
     return get_settings()
 

@@ -25,16 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kiln.app.cli.common import (
-    OptionPairs,
-    VideoFps,
-    console,
-    errors,
-    fail,
-    parse_options,
-    settings,
-    with_video_fps,
-)
+from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
 from kiln.app.core.config import Settings, redact_url
 from kiln.app.core.errors import InputError, KilnError
 
@@ -64,7 +55,7 @@ def run(
     from kiln.app.observability import observe
     from kiln.workers.embedded import Interrupted, run_embedded
 
-    options = with_video_fps(parse_options(option), video_fps)
+    options = job_options(option, video_fps)
     given = settings()
     here = given.embedded()
     observe(here, "run", logging.WARNING)

@@ -10,16 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from kiln.app.cli.common import (
-    OptionPairs,
-    VideoFps,
-    console,
-    errors,
-    fail,
-    parse_options,
-    settings,
-    with_video_fps,
-)
+from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
 from kiln.app.core.errors import KilnError
 
 
@@ -31,7 +22,7 @@ def submit(
     video_fps: VideoFps = None,
 ) -> None:
     """Submit files (images, videos) to the API at KILN_API_URL."""
-    options = with_video_fps(parse_options(option), video_fps)
+    options = job_options(option, video_fps)
     with ApiClient() as client:
         job = client.submit(files, model, options)
         console.print(f"job {job['id']} {job['status']} ({job['counts']['total']} items)")

@@ -109,6 +109,16 @@ def pin(index: int) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
 
 
+# What `GpuTelemetry.read` answers, per GPU: key → (metric, help).
+GPU_GAUGES = {
+    "util": ("kiln_gpu_utilization_ratio", "Share of time a kernel ran (NVML)."),
+    "used": ("kiln_gpu_memory_used_bytes", "Device memory in use."),
+    "total": ("kiln_gpu_memory_total_bytes", "Device memory in all."),
+    "temp": ("kiln_gpu_temperature_celsius", "GPU core temperature."),
+    "power": ("kiln_gpu_power_watts", "Power drawn by the board."),
+}
+
+
 class GpuTelemetry(Collector):
     """Utilisation, memory, temperature and power of the visible GPUs, read at scrape time."""
 
@@ -120,21 +130,8 @@ class GpuTelemetry(Collector):
         if self.lib is None or not self.gpus:
             return
         families = {
-            "util": GaugeMetricFamily(
-                "kiln_gpu_utilization_ratio", "Share of time a kernel ran (NVML).", labels=["gpu"]
-            ),
-            "used": GaugeMetricFamily(
-                "kiln_gpu_memory_used_bytes", "Device memory in use.", labels=["gpu"]
-            ),
-            "total": GaugeMetricFamily(
-                "kiln_gpu_memory_total_bytes", "Device memory in all.", labels=["gpu"]
-            ),
-            "temp": GaugeMetricFamily(
-                "kiln_gpu_temperature_celsius", "GPU core temperature.", labels=["gpu"]
-            ),
-            "power": GaugeMetricFamily(
-                "kiln_gpu_power_watts", "Power drawn by the board.", labels=["gpu"]
-            ),
+            key: GaugeMetricFamily(name, text, labels=["gpu"])
+            for key, (name, text) in GPU_GAUGES.items()
         }
         for gpu in self.gpus:
             for key, value in self.read(gpu).items():

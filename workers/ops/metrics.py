@@ -65,6 +65,26 @@ def seconds_histogram(counts: Mapping[float, int]) -> list[tuple[str, float]]:
     return buckets
 
 
+# The Batchers' running totals, per model: key → (metric, help).
+BATCH_COUNTERS = {
+    "rows": ("kiln_batch_rows", "Rows run by the engine."),
+    "failed": ("kiln_batch_failures", "Engine calls that raised (then split)."),
+    "oom": (
+        "kiln_batch_out_of_memory",
+        "Engine calls that ran out of memory (the batch cap shrank).",
+    ),
+    "expired": (
+        "kiln_batch_deadline_expired",
+        "Batches failed by the deadline watchdog: the engine was stuck.",
+    ),
+    "engine": ("kiln_engine_seconds", "Time spent in engine calls."),
+    "wait": (
+        "kiln_batch_queue_wait_seconds",
+        "Time rows waited in the Batcher's queue before their batch started.",
+    ),
+}
+
+
 class BatcherCollector(Collector):
     def __init__(self, view: WorkerView) -> None:
         self.view = view
@@ -83,30 +103,8 @@ class BatcherCollector(Collector):
             labels=["model"],
         )
         counters = {
-            "rows": CounterMetricFamily(
-                "kiln_batch_rows", "Rows run by the engine.", labels=["model"]
-            ),
-            "failed": CounterMetricFamily(
-                "kiln_batch_failures", "Engine calls that raised (then split).", labels=["model"]
-            ),
-            "oom": CounterMetricFamily(
-                "kiln_batch_out_of_memory",
-                "Engine calls that ran out of memory (the batch cap shrank).",
-                labels=["model"],
-            ),
-            "expired": CounterMetricFamily(
-                "kiln_batch_deadline_expired",
-                "Batches failed by the deadline watchdog: the engine was stuck.",
-                labels=["model"],
-            ),
-            "engine": CounterMetricFamily(
-                "kiln_engine_seconds", "Time spent in engine calls.", labels=["model"]
-            ),
-            "wait": CounterMetricFamily(
-                "kiln_batch_queue_wait_seconds",
-                "Time rows waited in the Batcher's queue before their batch started.",
-                labels=["model"],
-            ),
+            key: CounterMetricFamily(name, text, labels=["model"])
+            for key, (name, text) in BATCH_COUNTERS.items()
         }
         for model, totals in stats.items():
             sizes.add_metric([model], batch_size_histogram(totals), sum_value=float(totals.rows))

@@ -35,30 +35,11 @@ ERRORS = error_responses(401, 403, 404, 409, 413, 422, 429, 503)
 
 
 def model_out(session: Session, tenant: str, info: ModelInfo) -> ModelOut:
-    engines = queries.engine_reports(session, [info.ref])
-    return ModelOut(
-        name=info.name,
-        ref=info.ref,
-        kind=info.kind,
-        input=info.input,
-        description=info.description,
-        builtin=info.builtin,
-        version=info.version,
-        versions=[] if info.builtin else model_versions(session, tenant, info.name),
-        sha256=info.sha256,
-        spec=info.spec,
-        created_at=info.created_at,
-        engines=[
-            EngineOut(
-                node=e.node,
-                backend=e.backend,
-                reason=e.reason,
-                device=e.device,
-                updated_at=e.updated_at,
-            )
-            for e in engines
-        ],
-    )
+    """`info` with its registered versions and the engines workers reported for it."""
+    out = ModelOut.model_validate(info)
+    out.versions = [] if info.builtin else model_versions(session, tenant, info.name)
+    out.engines = [EngineOut.model_validate(e) for e in queries.engine_reports(session, [info.ref])]
+    return out
 
 
 @router.get("", response_model=list[ModelOut], responses=ERRORS)

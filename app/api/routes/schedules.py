@@ -17,16 +17,7 @@ ERRORS = error_responses(401, 403, 404, 409, 422, 429, 503)
 
 
 def schedule_out(schedule: Schedule) -> ScheduleOut:
-    return ScheduleOut(
-        name=schedule.name,
-        cron=schedule.cron,
-        model=schedule.model,
-        source=schedule.source,
-        output=schedule.output,
-        options=dict(schedule.options or {}),
-        next_run_at=schedule.next_run_at,
-        last_job_id=schedule.last_job_id,
-    )
+    return ScheduleOut.model_validate(schedule)
 
 
 @router.post(

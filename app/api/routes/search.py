@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 import numpy as np
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 from starlette.datastructures import UploadFile
 
 from kiln.app import search, thumbnails
@@ -23,6 +25,7 @@ from kiln.app.core.errors import InputError, TransientError
 from kiln.app.db import pipelines
 from kiln.app.results import S3Factory
 from kiln.app.search import SearchQuery, Target
+from kiln.app.storage import ObjectStore
 from kiln.app.vector_index import VectorIndex
 
 router = APIRouter(prefix="/v1/jobs", tags=["search"])
@@ -64,7 +67,9 @@ async def search_job(
     cosine similarity. An image or text is embedded by the job's own model version through
     the queue (a one-item job, `query_job_id`): 503 if no worker answers in time."""
     query, k = await _read_query(request, context.settings)
-    target, index = await run_in_threadpool(_open, context, s3, tenant, job_id, query)
+    target, index = await run_in_threadpool(
+        _open, context, s3, tenant, search.find_target, job_id, query
+    )
     return await _answer(request, context, tenant, target, index, query, k)
 
 
@@ -82,7 +87,9 @@ async def search_pipeline(
     search. The library searched is that of the model version of the pipeline's newest closed
     run (`job_id`, `model`); 409 until a run has built it."""
     query, k = await _read_query(request, context.settings)
-    target, index = await run_in_threadpool(_open_pipeline, context, s3, tenant, name, query)
+    target, index = await run_in_threadpool(
+        _open, context, s3, tenant, search.find_pipeline_target, name, query
+    )
     return await _answer(request, context, tenant, target, index, query, k)
 
 
@@ -212,19 +219,17 @@ async def _vector(
     return await _embedded(context, tenant, query_job_id), query_job_id
 
 
+# What a search searches, found by name: `search.find_target` (a job by its id) or
+# `search.find_pipeline_target` (a pipeline by its name).
+Finder = Callable[[Session, ObjectStore, S3Factory, str, str, SearchQuery], Target]
+
+
 def _open(
-    context: ApiContext, s3: S3Factory, tenant: str, job_id: str, query: SearchQuery
+    context: ApiContext, s3: S3Factory, tenant: str, find: Finder, name: str, query: SearchQuery
 ) -> tuple[Target, VectorIndex | None]:
+    """The target `find` names, and its vector index."""
     with context.sessions() as session:
-        target = search.find_target(session, context.store, s3, tenant, job_id, query)
-    return target, search.job_index(context.indexes, target)
-
-
-def _open_pipeline(
-    context: ApiContext, s3: S3Factory, tenant: str, name: str, query: SearchQuery
-) -> tuple[Target, VectorIndex | None]:
-    with context.sessions() as session:
-        target = search.find_pipeline_target(session, context.store, s3, tenant, name, query)
+        target = find(session, context.store, s3, tenant, name, query)
     return target, search.job_index(context.indexes, target)
 
 

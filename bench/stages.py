@@ -35,7 +35,8 @@ WORKER_STAGES = {
     "lease": ("lease_chunk", "_lease", "LeaseKeeper"),  # `_lease`: its name before issue 15
     "fetch": ("_fetch",),
     "decode": ("prepare",),
-    "batch hand-off": ("Announcement.submit", "Batcher._gather", "_worth_waking"),
+    # `Batcher._gather`: the cut's name before issue 31
+    "batch hand-off": ("Announcement.submit", "Intake.cut", "Batcher._gather", "_worth_waking"),
     "engine": ("Batcher._execute",),
     "outputs": ("_collect",),
     "shard": ("write_shard",),

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from kiln.app.core.errors import KilnError, TransientError
-from kiln.workers.batching import Batcher, BatcherClosedError, ListShape, Part, WithdrawnError
+from kiln.workers.batching import (
+    Batcher,
+    BatcherClosedError,
+    BatchPolicy,
+    ListShape,
+    Part,
+    WithdrawnError,
+)
 
 RESULT_TIMEOUT = 2.0
 
@@ -55,8 +62,8 @@ class Recorder:
 def make_batcher() -> Iterator[Callable[..., Batcher[Block, list[Any]]]]:
     made: list[Batcher[Block, list[Any]]] = []
 
-    def make(fn: BatchFn, **kwargs: Any) -> Batcher[Block, list[Any]]:
-        batcher: Batcher[Block, list[Any]] = Batcher(fn, ListShape(), **kwargs)
+    def make(fn: BatchFn, **knobs: Any) -> Batcher[Block, list[Any]]:
+        batcher: Batcher[Block, list[Any]] = Batcher(fn, ListShape(), BatchPolicy(**knobs))
         made.append(batcher)
         return batcher
 
@@ -75,7 +82,7 @@ def make_batcher() -> Iterator[Callable[..., Batcher[Block, list[Any]]]]:
 )
 def test_rejects_bad_knobs(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=">= 1"):
-        Batcher(rows_of, ListShape(), **kwargs)
+        BatchPolicy(**kwargs)
 
 
 def test_full_batch_is_released_without_waiting_for_the_delay(make_batcher) -> None:
@@ -302,7 +309,7 @@ def test_cancelled_blocks_are_not_sent_to_the_engine(make_batcher) -> None:
 
 def test_submit_after_close_raises() -> None:
     batcher: Batcher[Block, list[Any]] = Batcher(
-        rows_of, ListShape(), max_batch=2, max_delay_s=0.01
+        rows_of, ListShape(), BatchPolicy(max_batch=2, max_delay_s=0.01)
     )
     batcher.close()
     with pytest.raises(BatcherClosedError) as caught:
@@ -311,14 +318,14 @@ def test_submit_after_close_raises() -> None:
     assert str(caught.value).endswith("is closed.")
     with pytest.raises(BatcherClosedError), batcher.expect(2) as announced:
         announced.submit([1, 2])
-    assert batcher._announced == 0
+    assert batcher._intake.announced == 0
     batcher.close()  # a second close is harmless
 
 
 def test_close_drains_queued_blocks_without_waiting_out_the_delay() -> None:
     fn = Recorder()
     batcher: Batcher[Block, list[Any]] = Batcher(
-        fn, ListShape(), max_batch=100, max_delay_s=5.0, runners=2
+        fn, ListShape(), BatchPolicy(max_batch=100, max_delay_s=5.0, runners=2)
     )
     futures = [batcher.submit([1, 2]), batcher.submit([3]), batcher.submit([4, 5])]
     started = time.monotonic()
@@ -487,7 +494,7 @@ def test_skipped_rows_stop_the_wait_at_once(make_batcher) -> None:
         assert future.result(timeout=RESULT_TIMEOUT) == [2]
         assert time.monotonic() - started < 1.0
         announced.skip(5)  # more than announced: harmless
-    assert batcher._announced == 0
+    assert batcher._intake.announced == 0
 
 
 def test_withdraw_takes_back_the_rows_no_batch_has_taken(make_batcher) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kiln.workers.batching import BatchDeadlineError, Batcher, ListShape, Part
+from kiln.workers.batching import BatchDeadlineError, Batcher, BatchPolicy, ListShape, Part
 
 Block = list[int]
 
@@ -30,7 +30,10 @@ def test_a_stuck_batch_fails_its_block_and_a_fresh_runner_serves_the_rest() -> N
         return [r * 2 for r in rows]
 
     batcher: Batcher[Block, list[Any]] = Batcher(
-        engine, ListShape(), max_batch=1, max_delay_s=0, deadline_s=0.2, on_wedged=events.append
+        engine,
+        ListShape(),
+        BatchPolicy(max_batch=1, max_delay_s=0, deadline_s=0.2),
+        on_wedged=events.append,
     )
     try:
         stuck = batcher.submit([13, 1, 2])  # its first row wedges the engine: the block fails
@@ -63,7 +66,7 @@ def test_the_watchdog_fails_every_block_of_the_stuck_batch() -> None:
         return [r * 2 for r in rows]
 
     batcher: Batcher[Block, list[Any]] = Batcher(
-        engine, ListShape(), max_batch=3, max_delay_s=5.0, deadline_s=0.2
+        engine, ListShape(), BatchPolicy(max_batch=3, max_delay_s=5.0, deadline_s=0.2)
     )
     try:
         first, second = batcher.submit([13]), batcher.submit([1, 2])  # one full batch of 3
@@ -79,7 +82,7 @@ def test_the_watchdog_fails_every_block_of_the_stuck_batch() -> None:
 
 def test_no_deadline_no_watchdog() -> None:
     batcher: Batcher[Block, list[Any]] = Batcher(
-        rows_of, ListShape(), max_batch=2, max_delay_s=0, name="solo"
+        rows_of, ListShape(), BatchPolicy(max_batch=2, max_delay_s=0), name="solo"
     )
     try:
         assert batcher.submit([1]).result(timeout=5) == [1]
@@ -99,11 +102,11 @@ def test_an_out_of_memory_cap_grows_back_after_a_quiet_period() -> None:
         return rows
 
     batcher: Batcher[Block, list[Any]] = Batcher(
-        engine, ListShape(), max_batch=8, max_delay_s=0.05, oom_recovery_s=0.3
+        engine, ListShape(), BatchPolicy(max_batch=8, max_delay_s=0.05, oom_recovery_s=0.3)
     )
     try:
         assert batcher.submit(list(range(8))).result(timeout=5) == list(range(8))
-        assert batcher.max_batch <= 2 and batcher.cap == 8
+        assert batcher.max_batch <= 2 and batcher.policy.max_batch == 8
         fits["rows"] = 8  # the neighbour that held the memory is gone
         time.sleep(0.35)
         batcher.submit([1]).result(timeout=5)

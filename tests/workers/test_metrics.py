@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kiln.workers.batching import (
     SECONDS_BOUNDS,
     Batcher,
+    BatchPolicy,
     BatchStats,
     ListShape,
     Part,
@@ -78,7 +79,7 @@ def test_no_runtime_yet_means_no_series() -> None:
 
 def test_a_batchers_totals_are_exported() -> None:
     batcher: Batcher[list[int], list[int]] = Batcher(
-        rows_of, ListShape(), max_batch=4, max_delay_s=0.5
+        rows_of, ListShape(), BatchPolicy(max_batch=4, max_delay_s=0.5)
     )
     try:
         for future in [batcher.submit([i]) for i in range(10)]:  # ten blocks of one row
@@ -109,7 +110,7 @@ def test_seconds_bound_picks_the_smallest_holding_bucket() -> None:
 
 def test_engine_and_queue_wait_histograms_count_batches_and_rows() -> None:
     batcher: Batcher[list[int], list[int]] = Batcher(
-        rows_of, ListShape(), max_batch=4, max_delay_s=0.05
+        rows_of, ListShape(), BatchPolicy(max_batch=4, max_delay_s=0.05)
     )
     try:
         blocks = [list(range(0, 3)), list(range(3, 10))]  # ten rows, cut across batches

@@ -17,7 +17,7 @@ from kiln.app.auth import create_key
 from kiln.app.core.config import Settings
 from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.observability.tracing import tracer
-from kiln.workers.batching import Batcher, ListShape
+from kiln.workers.batching import Batcher, BatchPolicy, ListShape
 from kiln.workers.celery.app import make_celery
 from kiln.workers.runtime import WorkerRuntime
 from tests.tracing import in_memory_tracing
@@ -102,8 +102,7 @@ def test_a_batch_of_two_tasks_rows_links_the_second(settings: Settings) -> None:
         batcher: Batcher[list[int], list[Any]] = Batcher(
             lambda parts: [row for p in parts for row in p.block[p.start : p.stop]],
             ListShape(),
-            max_batch=2,
-            max_delay_s=5.0,
+            BatchPolicy(max_batch=2, max_delay_s=5.0),
             name="t",
         )
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.workers.batching import Batcher, ListShape, Part
+from kiln.workers.batching import Batcher, ListShape, Part, queued_policy
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Answers, Batch, row_errors
 from kiln.workers.models.ocr_config import load_config
@@ -40,7 +40,6 @@ from kiln.workers.prep.spec import prep_spec
 # (measured on 1504×736 inputs: 0.25 s/image alone, 0.32 s in fours, ~1 GB more).
 DET_GPU_BATCH = 8
 LINE_MAX_BATCH = 32  # strips per classifier / recogniser call: short, so many fit
-QUEUED_BATCHES = 4  # strips may wait this many batches ahead of the inner engines
 
 _LINE = pa.struct(
     [
@@ -164,21 +163,14 @@ def _inner(
     engines: EngineFactory,
     name: str,
 ) -> Batcher[list[Strip], list[Any]]:
-    runners = engines.runners
+    """A Batcher of strips for one inner engine: greedy (`_through` announces a block's
+    strips, so a lone image runs at once), queued as a model's Batcher is."""
 
     def batch(parts: Sequence[Part[list[Strip]]]) -> list[Any]:
         return list(fn([strip for p in parts for strip in p.block[p.start : p.stop]]))
 
-    return Batcher(
-        batch,
-        ListShape(),
-        max_batch=max_batch,
-        max_delay_s=engines.settings.max_delay_s,
-        runners=runners,
-        name=f"batcher-{name}",
-        greedy=True,  # `_through` announces a block's strips: a lone image runs at once
-        max_queued=QUEUED_BATCHES * max_batch * runners,
-    )
+    policy = queued_policy(engines.settings, max_batch, engines.runners)
+    return Batcher(batch, ListShape(), policy, name=f"batcher-{name}")
 
 
 def _through(batcher: Batcher[list[Strip], list[Any]], rows: list[Strip]) -> list[Any]:

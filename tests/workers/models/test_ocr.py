@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw, ImageFont
 from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
-from kiln.workers.batching import Batcher, Part
+from kiln.workers.batching import Batcher, BatchPolicy, Part, gather
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Answers, AnswersShape, Rows
 from kiln.workers.models.direct import outcomes_of
@@ -33,7 +33,6 @@ from kiln.workers.models.ocr_lines import (
     padded_normalizer,
 )
 from kiln.workers.prep.pixels import Decoded
-from kiln.workers.runtime import gather
 from tests.support import migrated_settings
 from tests.workers.models.halves import outputs, prepare
 
@@ -101,7 +100,7 @@ def read_together(ocr: OcrPipeline, images: list[bytes], chunks: int) -> list[di
         return ocr.infer(gather(parts, None))
 
     batcher: Batcher[Rows, Answers] = Batcher(
-        run, AnswersShape(), max_batch=4, max_delay_s=0.01, runners=2, greedy=True
+        run, AnswersShape(), BatchPolicy(max_batch=4, max_delay_s=0.01, runners=2, greedy=True)
     )
     results: list[dict[str, Any]] = [{} for _ in images]
     barrier = threading.Barrier(chunks)

@@ -32,7 +32,7 @@ from bench.stack import Layout, Registered, Stack, kiln_stack, local_deployment
 
 # Stage → the functions whose samples belong to it (first match from the top of a stack).
 WORKER_STAGES = {
-    "lease": ("lease_chunk", "_lease", "LeaseKeeper"),  # `_lease`: its name before issue 15
+    "lease": ("take_chunk", "lease_chunk", "Leases"),  # `lease_chunk`: its name before issue 31
     "fetch": ("_fetch",),
     "decode": ("prepare",),
     # `Batcher._gather`: the cut's name before issue 31
@@ -41,8 +41,8 @@ WORKER_STAGES = {
     "outputs": ("_collect",),
     "shard": ("write_shard",),
     "result write": ("upsert_results",),
-    "close + manifest": ("_close_if_done", "ensure_manifest", "close_if_done"),
-    "finish (other)": ("finish_chunk",),
+    "close + manifest": ("close_after_chunk", "close_if_done", "ensure_manifest"),
+    "finish (other)": ("write_chunk", "finish_chunk"),  # `finish_chunk`: before issue 31
 }
 API_STAGES = {
     "upload (multipart)": ("_read_multipart",),
@@ -71,7 +71,7 @@ def attribute(raw: Path, stages: dict[str, tuple[str, ...]]) -> Counter[str]:
 
 
 def _stage(frames: list[str], stages: dict[str, tuple[str, ...]]) -> str:
-    for frame in reversed(frames):  # innermost first: `upsert_results` inside `finish_chunk`
+    for frame in reversed(frames):  # innermost first: `upsert_results` inside `write_chunk`
         for stage, names in stages.items():
             if any(frame == n or frame.endswith("." + n) for n in names):
                 return stage

@@ -302,7 +302,7 @@ def _wait(
         if stop.deadline is not None and time.monotonic() >= stop.deadline:
             stop.gave_up = True
             return report
-        seen = runtime.wait_for_chunk(seen, timeout=PROGRESS_S)
+        seen = runtime.chunk_stats.wait(seen, timeout=PROGRESS_S)
 
 
 def _read(runtime: WorkerRuntime, job_id: str) -> jobs.Progress:

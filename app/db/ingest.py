@@ -166,6 +166,21 @@ def mark_done(
     )
 
 
+def mark_videos_done(
+    session: Session, pipeline_id: int, model: str, videos: Sequence[tuple[str, str | None]]
+) -> None:
+    """A pipeline's videos are done at the ETag their frames were planned from (the video
+    items are gone, so the ETag is given): a rerun skips them while neither the video nor the
+    model version changes."""
+    for key, etag in videos:
+        session.execute(
+            update(PipelineObject)
+            .where(PipelineObject.pipeline_id == pipeline_id, PipelineObject.key == key)
+            .values(done_etag=etag, done_model=model),
+            execution_options={"synchronize_session": False},
+        )
+
+
 def forget_unseen(session: Session, pipeline_id: int, job_id: str) -> list[str]:
     """Objects this run's listing did not see: deleted since the last run. Forgets them."""
     return list(

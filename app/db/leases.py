@@ -130,6 +130,27 @@ def take(
     return sorted((LeasedItem(*row) for row in rows), key=lambda item: item.id)
 
 
+@dataclass(frozen=True)
+class TakenChunk:
+    """What a chunk run took: its items (none when another live run holds them) and its job."""
+
+    items: list[LeasedItem]
+    job: JobFacts
+    held_elsewhere: bool  # nothing taken because another live run holds the chunk
+
+
+def take_chunk(
+    session: Session, job_id: str, item_ids: Sequence[int], owner: str, lease_s: float
+) -> TakenChunk | None:
+    """Take a chunk's open items and read its job (no lock on its row); None when the job no
+    longer exists."""
+    items = take(session, job_id, item_ids, owner, lease_s)
+    job = job_facts(session, job_id)
+    if job is None:
+        return None
+    return TakenChunk(items, job, not items and held_elsewhere(session, item_ids, owner))
+
+
 def job_facts(session: Session, job_id: str) -> JobFacts | None:
     """The job's facts a chunk run needs (a plain read: no lock)."""
     row = session.execute(select(*_FACTS).where(Job.id == job_id)).one_or_none()

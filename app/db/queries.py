@@ -373,6 +373,11 @@ def is_open(job: Job) -> bool:
     return job.status in OPEN_JOB_STATUSES
 
 
+def job_as_now(session: Session, job_id: str) -> Job | None:
+    """The job as the database has it now (the session may hold an older copy)."""
+    return session.get(Job, job_id, populate_existing=True)
+
+
 # A job with more open items than this does not count its unplanned videos (a scan of them).
 UNPLANNED_SCAN_MAX = 10_000
 

@@ -10,8 +10,8 @@ from bench.stages import WORKER_STAGES, attribute
 def test_samples_go_to_the_innermost_stage(tmp_path: Path) -> None:
     raw = tmp_path / "worker.txt"
     raw.write_text(
-        "process_chunk (run.py:1);finish_chunk (finish.py:2);upsert_results (queries.py:3) 5\n"
-        "process_chunk (run.py:1);finish_chunk (finish.py:2) 2\n"
+        "process_chunk (run.py:1);write_chunk (write.py:2);upsert_results (queries.py:3) 5\n"
+        "process_chunk (run.py:1);write_chunk (write.py:2) 2\n"
         "process_chunk (run.py:1);_feed (run.py:4);ImageModelPipeline.prepare (m.py:5) 3\n"
         "Thread.run (threading.py:9) 1\n"
     )

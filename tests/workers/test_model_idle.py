@@ -49,32 +49,32 @@ def test_an_idle_model_is_unloaded_and_its_slots_go(
     runtime: WorkerRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
     phash = builtin_model("phash")
-    runner = runtime.runner(phash)
+    runner = runtime.models.runner(phash)
     slots = runner.slots
     assert slots is not None and slots.segment.path.exists()
-    with caplog.at_level(logging.INFO, logger="kiln.workers.runtime"):
-        assert eventually(lambda: not runtime.runners())  # the thread let it go
-    assert not slots.segment.path.exists()  # the shared memory is given back
+    with caplog.at_level(logging.INFO, logger="kiln.workers.runners.runners"):
+        assert eventually(lambda: not runtime.models.runners())  # the thread let it go
+        assert eventually(lambda: not slots.segment.path.exists())  # the shared memory too
     assert "model phash unloaded after 0.4 s unused" in caplog.text
     assert runtime.engine_health().idle_unloaded == 1
 
 
 def test_a_model_in_use_is_kept_past_the_idle_time(runtime: WorkerRuntime) -> None:
     phash = builtin_model("phash")
-    with runtime.using(phash) as held:
+    with runtime.models.using(phash) as held:
         time.sleep(3 * IDLE_S)  # the thread looked several times meanwhile
-        assert runtime.unload_idle() == []
-        assert runtime.runners() == {phash.cache_key: held}
+        assert runtime.models.unload_idle() == []
+        assert runtime.models.runners() == {phash.cache_key: held}
         slots = held.slots
         assert slots is not None and slots.segment.path.exists()
-    assert eventually(lambda: not runtime.runners())  # idle from the moment it was let go
-    with runtime.using(phash) as again:  # the next chunk loads it again
+    assert eventually(lambda: not runtime.models.runners())  # idle from the moment it was let go
+    with runtime.models.using(phash) as again:  # the next chunk loads it again
         assert again is not held
 
 
 def test_the_worker_says_what_it_holds(runtime: WorkerRuntime) -> None:
     phash = builtin_model("phash")
-    with runtime.using(phash) as runner:
+    with runtime.models.using(phash) as runner:
         health = runtime.engine_health()
         facts = worker_facts(runtime, None)
         metrics = samples(generate_latest(worker_registry(runtime)).decode())

@@ -18,13 +18,14 @@ import pytest
 
 from kiln.app.catalog import ModelInfo
 from kiln.app.db import queries
-from kiln.workers import runtime as runtime_module
 from kiln.workers.engines.base import Choice, EngineRequest, TensorSpec
 from kiln.workers.engines.select import EngineFactory, Host
 from kiln.workers.models.base import Answers, Batch, Rows
 from kiln.workers.prep.spec import prep_spec
+from kiln.workers.runners import runners as runners_module
 from kiln.workers.runners.memory import MemoryBudgetFullError, ModelMemory
-from kiln.workers.runtime import ModelUnavailableError, WorkerRuntime
+from kiln.workers.runners.runners import ModelUnavailableError
+from kiln.workers.runtime import WorkerRuntime
 from tests.support import migrated_settings
 
 CPU = Host(tensorrt=False, gpus=(), ort_providers=("CPUExecutionProvider",), cpus=2)
@@ -102,7 +103,7 @@ class Loads:
 @pytest.fixture
 def loads(monkeypatch: pytest.MonkeyPatch) -> Loads:
     fake = Loads()
-    monkeypatch.setattr(runtime_module, "load_pipeline", fake)
+    monkeypatch.setattr(runners_module, "load_pipeline", fake)
     return fake
 
 
@@ -114,7 +115,7 @@ def runtime(
     runtime = WorkerRuntime(settings)
     factory = EngineFactory(settings, runtime.store, host=CPU, builders={
         "onnxruntime-cpu": loads.builder})  # type: ignore[dict-item]  # fmt: skip
-    runtime._engines = factory
+    runtime.models._engines = factory
     try:
         yield runtime
     finally:
@@ -123,11 +124,11 @@ def runtime(
 
 def test_a_slow_build_does_not_hold_other_models(runtime: WorkerRuntime, loads: Loads) -> None:
     loads.gates["slow"] = threading.Event()
-    slow = threading.Thread(target=runtime.runner, args=(info("slow"),))
+    slow = threading.Thread(target=runtime.models.runner, args=(info("slow"),))
     slow.start()
     assert loads.building.wait(5)
     started = time.monotonic()
-    fast = runtime.runner(info("fast"))  # loads while "slow" is still building
+    fast = runtime.models.runner(info("fast"))  # loads while "slow" is still building
     blocks = [fast.batcher.submit(Rows(objects=[b"x"] * n)) for n in (1, 2)]
     answers = [block.result(timeout=5) for block in blocks]
     assert [a.columns["model"].to_pylist() for a in answers] == [["fast"], ["fast"] * 2]
@@ -135,13 +136,13 @@ def test_a_slow_build_does_not_hold_other_models(runtime: WorkerRuntime, loads: 
     assert slow.is_alive()  # still building all along
     loads.gates["slow"].set()
     slow.join(5)
-    assert runtime.runner(info("slow")).pipeline.name == "slow"
+    assert runtime.models.runner(info("slow")).pipeline.name == "slow"
     assert loads.calls == Counter({"slow": 1, "fast": 1})
 
 
 def test_two_chunks_of_one_model_share_one_build(runtime: WorkerRuntime, loads: Loads) -> None:
     loads.gates["m"] = threading.Event()
-    threads = [threading.Thread(target=runtime.runner, args=(info("m"),)) for _ in range(3)]
+    threads = [threading.Thread(target=runtime.models.runner, args=(info("m"),)) for _ in range(3)]
     for thread in threads:
         thread.start()
     assert loads.building.wait(5)
@@ -154,10 +155,10 @@ def test_two_chunks_of_one_model_share_one_build(runtime: WorkerRuntime, loads: 
 def test_a_load_failure_is_remembered_and_reported(runtime: WorkerRuntime, loads: Loads) -> None:
     loads.broken.add("bad")
     with pytest.raises(ValueError, match="not a valid model"):
-        runtime.runner(info("bad"))
+        runtime.models.runner(info("bad"))
     for _ in range(3):  # the next chunks fail fast with the reason, without a rebuild
         with pytest.raises(ModelUnavailableError, match=r"not a valid model \(next try in 600 s\)"):
-            runtime.runner(info("bad"))
+            runtime.models.runner(info("bad"))
     assert loads.calls["bad"] == 1
     with runtime.sessions() as session:
         [report] = queries.engine_reports(session, ["bad"])
@@ -170,11 +171,11 @@ def test_idle_models_are_unloaded_to_stay_within_the_budget(
     runtime: WorkerRuntime, loads: Loads
 ) -> None:
     loads.sizes = {"a": 200 * MiB, "b": 100 * MiB, "c": 150 * MiB}
-    a = runtime.runner(info("a"))
-    runtime.runner(info("b"))
-    assert runtime.memory().used() == 300 * MiB
-    runtime.runner(info("c"))  # 150 more: a (least recently used) goes
-    assert set(runtime.runners()) == {"b@1", "c@1"}
+    a = runtime.models.runner(info("a"))
+    runtime.models.runner(info("b"))
+    assert runtime.models.memory().used() == 300 * MiB
+    runtime.models.runner(info("c"))  # 150 more: a (least recently used) goes
+    assert set(runtime.models.runners()) == {"b@1", "c@1"}
     assert a.pipeline.closed  # type: ignore[attr-defined]
     assert runtime.engine_health().unloaded == 1
     assert runtime.engine_health().memory == {"b": 100 * MiB, "c": 150 * MiB}
@@ -185,29 +186,29 @@ def test_idle_models_are_unloaded_to_stay_within_the_budget(
 
 def test_a_model_in_use_is_kept_and_a_newcomer_waits(runtime: WorkerRuntime, loads: Loads) -> None:
     loads.sizes = {"a": 200 * MiB, "b": 200 * MiB}
-    with runtime.using(info("a")):
-        runtime.runner(info("b"))  # over budget: a is in use, b loads beside it (warned)
-        assert set(runtime.runners()) == {"a@1", "b@1"}
-    runtime._unload(["b@1"])
+    with runtime.models.using(info("a")):
+        runtime.models.runner(info("b"))  # over budget: a is in use, b loads beside it (warned)
+        assert set(runtime.models.runners()) == {"a@1", "b@1"}
+    runtime.models._unload(["b@1"])
     with (
-        runtime.using(info("a")),
-        runtime.using(info("b")),
+        runtime.models.using(info("a")),
+        runtime.models.using(info("b")),
         pytest.raises(MemoryBudgetFullError, match="the chunk will be retried"),
     ):
-        runtime.runner(info("c"))  # over budget already, and nothing idle to unload
+        runtime.models.runner(info("c"))  # over budget already, and nothing idle to unload
 
 
 def test_unloading_skips_a_model_a_chunk_took_up_meanwhile(
     runtime: WorkerRuntime, loads: Loads
 ) -> None:
-    runtime.runner(info("a"))
-    with runtime.using(info("a")) as held:
-        runtime._unload(["a@1"])  # chosen while idle, taken up since: it stays
-        assert runtime.runners()["a@1"] is held
-    runtime._unload(["a@1"])
-    assert "a@1" not in runtime.runners()
+    runtime.models.runner(info("a"))
+    with runtime.models.using(info("a")) as held:
+        runtime.models._unload(["a@1"])  # chosen while idle, taken up since: it stays
+        assert runtime.models.runners()["a@1"] is held
+    runtime.models._unload(["a@1"])
+    assert "a@1" not in runtime.models.runners()
     assert runtime.engine_health().unloaded == 1
-    with runtime.using(info("a")) as again:  # loads it again
+    with runtime.models.using(info("a")) as again:  # loads it again
         assert again is not held and loads.calls["a"] == 2
 
 
@@ -215,30 +216,30 @@ def test_models_unused_for_the_idle_time_are_unloaded_and_one_in_use_stays(
     runtime: WorkerRuntime, loads: Loads, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = [0.0]
-    runtime._memory = ModelMemory(300 * MiB, clock=lambda: clock[0])
+    runtime.models._memory = ModelMemory(300 * MiB, clock=lambda: clock[0])
     assert runtime.settings.model_idle_s == 600  # the default
-    a, b = runtime.runner(info("a")), runtime.runner(info("b"))
+    a, b = runtime.models.runner(info("a")), runtime.models.runner(info("b"))
     clock[0] = 599
-    assert runtime.unload_idle() == []  # not yet
-    with runtime.using(info("b")):
+    assert runtime.models.unload_idle() == []  # not yet
+    with runtime.models.using(info("b")):
         clock[0] = 700
-        with caplog.at_level(logging.INFO, logger="kiln.workers.runtime"):
-            assert runtime.unload_idle() == ["a"]  # b is in use: it stays, however long
-        assert set(runtime.runners()) == {"b@1"} and a.pipeline.closed  # type: ignore[attr-defined]
+        with caplog.at_level(logging.INFO, logger="kiln.workers.runners.runners"):
+            assert runtime.models.unload_idle() == ["a"]  # b is in use: it stays, however long
+        assert set(runtime.models.runners()) == {"b@1"} and a.pipeline.closed  # type: ignore[attr-defined]
     assert "model a unloaded after 600 s unused" in caplog.text
     clock[0] = 1299
-    assert runtime.unload_idle() == []  # b's idle time began when the chunk let it go
+    assert runtime.models.unload_idle() == []  # b's idle time began when the chunk let it go
     clock[0] = 1300
-    assert runtime.unload_idle() == ["b"] and b.pipeline.closed  # type: ignore[attr-defined]
+    assert runtime.models.unload_idle() == ["b"] and b.pipeline.closed  # type: ignore[attr-defined]
     health = runtime.engine_health()
     assert (health.idle_unloaded, health.unloaded, health.memory) == (2, 0, {})
-    with runtime.using(info("a")) as again:  # used again: loads again
+    with runtime.models.using(info("a")) as again:  # used again: loads again
         assert again is not a and loads.calls["a"] == 2
 
 
 def test_a_zero_idle_time_keeps_models(runtime: WorkerRuntime, loads: Loads) -> None:
-    runtime.settings = runtime.settings.model_copy(update={"model_idle_s": 0})
-    runtime._memory = ModelMemory(300 * MiB, clock=lambda: 10.0**9)
-    runtime.runner(info("a"))
-    assert runtime.unload_idle() == [] and set(runtime.runners()) == {"a@1"}
-    assert runtime._idle_watch is None  # no thread to look
+    runtime.models.settings = runtime.settings.model_copy(update={"model_idle_s": 0})
+    runtime.models._memory = ModelMemory(300 * MiB, clock=lambda: 10.0**9)
+    runtime.models.runner(info("a"))
+    assert runtime.models.unload_idle() == [] and set(runtime.models.runners()) == {"a@1"}
+    assert runtime.models._idle_watch is None  # no thread to look

@@ -17,22 +17,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-from sqlalchemy import delete, update
-from sqlalchemy.orm import Session
 
 from kiln.app import video
-from kiln.app.core.config import Settings
-from kiln.app.db import counters, queries
-from kiln.app.db.items import NewItem, insert_items
+from kiln.app.db import counters, ingest, items, queries
+from kiln.app.db.items import NewItem
 from kiln.app.db.leases import LeasedItem
-from kiln.app.db.models import Item, ItemStatus, JobStatus, PipelineObject
+from kiln.app.db.models import JobStatus
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import queue_for
-from kiln.workers.chunk.finish import Lease
+from kiln.workers.chunk.lease import Lease
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.prep.video import FramePlan
 from kiln.workers.runtime import WorkerRuntime
@@ -64,7 +60,8 @@ def expand_videos(
             if job.status != JobStatus.RUNNING and job.status != JobStatus.QUEUED:
                 rows.cancelled[videos] = True  # cancelling: the video ends as one item
                 return rows
-            taken = _take_out(session, lease, [rows.items[row].id for row in videos])
+            ids = [rows.items[row].id for row in videos]
+            taken = items.take_out_leased(session, lease.job_id, ids, lease.owner)
             planned = [
                 (rows.items[row], rows.videos[row]) for row in videos if rows.items[row].id in taken
             ]
@@ -76,13 +73,14 @@ def expand_videos(
                 frames, used = chunked(item, taken[item.id], plan, size, job.chunk_count + chunks)
                 new += frames
                 chunks += used
-            sent = insert_items(session, job.id, new)
+            sent = items.insert_items(session, job.id, new)
             job.chunk_count += chunks
             counters.add(
                 session, job.id, counters.slot_of(lease.chunk), counters.Tally(total=-len(taken))
             )
             if lease.pipeline_id is not None:
-                _mark_done(session, lease, [(item.key, taken[item.id]) for item, _ in planned])
+                done = [(item.key, taken[item.id]) for item, _ in planned]
+                ingest.mark_videos_done(session, lease.pipeline_id, lease.model.ref, done)
             if queue_for(count) == BULK:  # a long video: its chunks (and re-sends) go to bulk
                 job.queue = BULK
             queue = job.queue
@@ -93,29 +91,6 @@ def expand_videos(
         )  # fmt: skip
     _send(dispatcher, lease.job_id, sent, queue)
     return rows.without(videos)
-
-
-def _take_out(session: Session, lease: Lease, ids: Sequence[int]) -> dict[int, str | None]:
-    """Delete the video items this run still leases; their ETags (a bulk job's), by id."""
-    gone = session.execute(
-        delete(Item)
-        .where(
-            Item.job_id == lease.job_id,
-            Item.id.in_(ids),
-            Item.lease_owner == lease.owner,
-            Item.status == ItemStatus.RUNNING,
-        )
-        .returning(Item.id, Item.etag),
-        execution_options={"synchronize_session": False},
-    )
-    return {int(item_id): etag for item_id, etag in gone}
-
-
-def job_sampling(settings: Settings, options: dict[str, Any] | None) -> video.Sampling:
-    """How a job samples its videos: its `video_fps` (default 1), within this worker's limits."""
-    fps = (options or {}).get(video.FPS_OPTION, video.DEFAULT_FPS)
-    limits = video.VideoLimits(settings.max_video_frames, settings.max_video_duration_s)
-    return video.Sampling(float(fps), limits)
 
 
 def frame_chunk_size(frames: int, most: int, spread: int) -> int:
@@ -156,18 +131,6 @@ def chunked(
         for t, i, c in zip(plan.times, plan.indices, chunk_of.tolist(), strict=True)
     ]
     return items, len(starts)
-
-
-def _mark_done(session: Session, lease: Lease, videos: list[tuple[str, str | None]]) -> None:
-    """A pipeline's video is done at the ETag its frames were planned from: a rerun skips it
-    while neither the video nor the model version changes."""
-    for key, etag in videos:
-        session.execute(
-            update(PipelineObject)
-            .where(PipelineObject.pipeline_id == lease.pipeline_id, PipelineObject.key == key)
-            .values(done_etag=etag, done_model=lease.model.ref),
-            execution_options={"synchronize_session": False},
-        )
 
 
 def _send(

@@ -10,6 +10,10 @@ import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kiln.workers.chunk.rows import ChunkRows
 
 STAGES = ("fetch", "decode", "infer", "write")  # the order a chunk runs them in
 
@@ -23,9 +27,14 @@ class ChunkTotals:
 
 
 class ChunkStats:
+    """Per model, the items by final status and the seconds per stage of the chunks this
+    process finished (for its metrics); and a count of them that `kiln run` waits on."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._models: dict[str, ChunkTotals] = {}
+        self._finished = threading.Condition(self._lock)
+        self._chunks = 0
 
     def record(
         self,
@@ -41,6 +50,15 @@ class ChunkStats:
             totals.items.update(statuses)
             for stage, spent in seconds.items():
                 totals.seconds[stage] = totals.seconds.get(stage, 0.0) + spent
+            self._chunks += 1
+            self._finished.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Wait until a chunk finishes after the `seen`-th (or `timeout` passes); returns how
+        many have finished in this process."""
+        with self._finished:
+            self._finished.wait_for(lambda: self._chunks != seen, timeout)
+            return self._chunks
 
     def snapshot(self) -> dict[str, ChunkTotals]:
         with self._lock:
@@ -48,3 +66,28 @@ class ChunkStats:
                 model: ChunkTotals(t.chunks, t.cached, Counter(t.items), dict(t.seconds))
                 for model, t in self._models.items()
             }
+
+
+@dataclass
+class ChunkReport:
+    """What one chunk run did (`process_chunk` returns it; the task logs it)."""
+
+    job_id: str
+    chunk: int
+    processed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cached: int = 0  # answered from the content cache
+    fell_back: int = 0  # taken by the job's fallback model (answered or failed again)
+    # fetch and decode (CPU seconds of the prep processes, summed over items), infer (the
+    # chunk's wall time in the model), write (shard, results, close)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    job_status: str | None = None
+
+
+def count(rows: ChunkRows, report: ChunkReport) -> None:
+    """The report's item counts from the rows' statuses (cancelled rows are not processed)."""
+    statuses = Counter(rows.statuses())
+    report.processed = len(rows) - statuses["cancelled"]
+    report.failed = statuses["failed"]
+    report.succeeded = report.processed - report.failed

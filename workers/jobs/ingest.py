@@ -33,7 +33,7 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.ingest import Source
 from kiln.app.storage.s3 import translate
-from kiln.workers.chunk.finish import ensure_manifest
+from kiln.workers.close.manifest import ensure_manifest
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from kiln.app.db.models import utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.workers.celery.inflight import Chunk
-from kiln.workers.chunk.finish import close_finished_job
+from kiln.workers.close.close import close_finished_job
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,7 @@ def warm_models(runtime: Callable[[], Any], names: Sequence[str]) -> Callable[[]
         from kiln.app.catalog import builtin_model
 
         for name in names:
-            runtime().runner(builtin_model(name))
+            runtime().models.runner(builtin_model(name))
         return list(names)
 
     return warm_up

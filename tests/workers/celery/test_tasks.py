@@ -22,7 +22,7 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.workers.celery import inflight
 from kiln.workers.celery.app import KilnCelery, make_celery
 from kiln.workers.chunk import run as chunk_run
-from kiln.workers.chunk.run import ChunkReport
+from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.jobs import ingest, periodic
 from kiln.workers.jobs.ingest import StepReport
 from tests.support import migrated_settings

@@ -19,7 +19,8 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import JobRequest, Upload, submit_job
 from kiln.workers.chunk.content_cache import decode, encode, scope_key
-from kiln.workers.chunk.run import ChunkReport, process_chunk
+from kiln.workers.chunk.run import process_chunk
+from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.colours import MODEL, register_colours
 

@@ -15,7 +15,8 @@ import pytest
 from kiln.app.db import leases
 from kiln.app.db.models import ItemStatus
 from kiln.workers.batching import BatchDeadlineError
-from kiln.workers.chunk.run import ChunkReport, process_chunk
+from kiln.workers.chunk.run import process_chunk
+from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.runtime import WorkerRuntime
 from tests.support import migrated_settings
 from tests.workers.chunk.test_run import items_by_key, submit
@@ -37,7 +38,7 @@ def impatient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Worke
 def _hang_engine(runtime: WorkerRuntime, release: threading.Event) -> None:
     """Make the colours model's engine block until `release` (a wedged GPU call)."""
     with runtime.sessions() as session:
-        runner = runtime.runner(runtime.model_info(session, MODEL, "acme"))
+        runner = runtime.models.runner(runtime.model_info(session, MODEL, "acme"))
     real = runner.batcher.fn
 
     def hang(rows: Sequence[Any]) -> Sequence[Any]:

@@ -22,8 +22,9 @@ from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import JobRequest, Upload, submit_job
 from kiln.app.model_spec import ImageModelSpec
 from kiln.workers.chunk.fallback import Fallback, job_fallback, shard_fields
-from kiln.workers.chunk.finish import write_missing_shards
-from kiln.workers.chunk.run import ChunkReport, process_chunk
+from kiln.workers.chunk.run import process_chunk
+from kiln.workers.chunk.stats import ChunkReport
+from kiln.workers.close.close import write_missing_shards
 from kiln.workers.runtime import WorkerRuntime
 from tests.models import colour_classifier
 from tests.workers.colours import MODEL
@@ -184,16 +185,16 @@ def test_a_shard_rewritten_from_the_database_keeps_who_answered(runtime: WorkerR
 def test_a_fallback_that_cannot_load_leaves_both_reasons(
     runtime: WorkerRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kiln.workers import runtime as runtime_module
+    from kiln.workers.runners import runners as runners_module
 
-    real = runtime_module.load_pipeline
+    real = runners_module.load_pipeline
 
     def load(info: ModelInfo, engines: Any) -> Any:
         if info.name == MODEL:
             raise RuntimeError("no backend can build it")
         return real(info, engines)
 
-    monkeypatch.setattr(runtime_module, "load_pipeline", load)
+    monkeypatch.setattr(runners_module, "load_pipeline", load)
     job_id, _ = run_job(runtime, {"model": MODEL, "on": ["refused"]}, FILES[:3])
     rows = items(runtime, job_id)
     grey = rows["grey.png"]

@@ -1,5 +1,5 @@
-"""`finish_chunk` and the manifest on their own: results handed in as rows (no engine runs),
-SQLite and a local store, the `colours` model (tests/workers/conftest.py).
+"""A chunk's write, the job's close and the manifest on their own: results handed in as rows
+(no engine runs), SQLite and a local store, the `colours` model (tests/workers/conftest.py).
 
 A chunk's shard is written before its results commit; the chunk that finds nothing open closes
 the job and writes the manifest; a replay heals a missing manifest or shard.
@@ -19,9 +19,13 @@ from kiln.app.db import queries
 from kiln.app.db.models import Ingest, Item, ItemStatus, JobStatus, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import cancel_job
-from kiln.workers.chunk.finish import Lease, ensure_manifest, finish_chunk, write_missing_shards
+from kiln.workers.chunk import lease as leasing
+from kiln.workers.chunk.fallback import shard_fields
+from kiln.workers.chunk.lease import Lease
 from kiln.workers.chunk.rows import ChunkRows, Piece
-from kiln.workers.chunk.run import lease_chunk
+from kiln.workers.chunk.write import write_chunk
+from kiln.workers.close.close import close_after_chunk, write_missing_shards
+from kiln.workers.close.manifest import ensure_manifest
 from kiln.workers.jobs.periodic import reconcile
 from kiln.workers.models.loader import output_fields
 from kiln.workers.runtime import WorkerRuntime
@@ -34,9 +38,16 @@ def take(
     runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], owner: str = "run-a"
 ) -> Lease:
     """What `process_chunk` learns when it leases a chunk."""
-    lease = lease_chunk(runtime, job_id, chunk, item_ids, owner)
+    lease = leasing.take(runtime, job_id, chunk, item_ids, owner)
     assert lease is not None
     return lease
+
+
+def finish_chunk(runtime: WorkerRuntime, lease: Lease, rows: ChunkRows) -> str | None:
+    """The end of `process_chunk`: write, then close if this chunk was the job's last."""
+    fields = shard_fields(lease.model, lease.fallback)
+    wrote = write_chunk(runtime, lease, rows, fields)
+    return None if wrote is None else close_after_chunk(runtime, lease, wrote, fields)
 
 
 RED = {"labels": [{"label": "red", "score": 0.9}, {"label": "dark", "score": 0.1}]}

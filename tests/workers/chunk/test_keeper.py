@@ -20,7 +20,7 @@ from kiln.app.db.models import ChunkRun, Item, ItemStatus, Job, JobStatus, utcno
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import LeaseTiming, cancel_job, progress
 from kiln.workers.chunk import answer as answer_module
-from kiln.workers.chunk.lease import Leases
+from kiln.workers.chunk.keeper import Leases
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.jobs.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
@@ -225,7 +225,7 @@ def test_a_cancel_takes_back_the_rows_waiting_for_the_engine(
     runtime.settings.cancel_check_s = 0.05
     files = [(f"c{i:02d}.png", solid((10 * i, 5, 250 - 10 * i))) for i in range(24)]
     job_id, calls = submit(runtime, files)
-    with runtime.using(runtime_model(runtime)) as runner:
+    with runtime.models.using(runtime_model(runtime)) as runner:
         batcher = runner.batcher
         engine = batcher.fn
         seen: list[int] = []

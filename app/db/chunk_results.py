@@ -1,0 +1,39 @@
+"""What a chunk run writes when it is done, in the caller's one unit of work: its rows'
+results (one statement, only for the items its lease still holds), the end of its progress
+row, the content-cache entries it computed and, for an incremental pipeline, the objects it
+finished. Never commits: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from kiln.app.db import chunk_runs, content_cache, ingest, queries
+from kiln.app.db.content_cache import Entry
+from kiln.app.db.models import ItemStatus
+
+
+@dataclass(frozen=True)
+class ChunkResults:
+    job_id: str
+    chunk: int
+    owner: str  # the run's lease: rows of items another run took over are not written
+    rows: Sequence[Sequence[Any]]  # one per item: key, status, … (`queries.RESULT_COLUMNS`)
+    cache: Mapping[str, Mapping[str, Entry]] = field(default_factory=dict)  # scope, sha256
+    cache_ttl_s: float = 0.0
+    pipeline_id: int | None = None  # an incremental pipeline's run: remember what succeeded
+    model: str = ""  # the job's model ref, with the pipeline's objects
+
+
+def record(session: Session, done: ChunkResults) -> None:
+    queries.upsert_results(session, done.job_id, done.chunk, done.rows, done.owner)
+    chunk_runs.forget(session, [done.owner])  # its progress is in the counters now
+    for scope, entries in done.cache.items():
+        content_cache.cache_results(session, scope, entries, done.cache_ttl_s)
+    if done.pipeline_id is not None:
+        keys = [row[0] for row in done.rows if row[1] == ItemStatus.SUCCEEDED]
+        ingest.mark_done(session, done.pipeline_id, done.job_id, done.model, keys)

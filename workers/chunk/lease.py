@@ -1,0 +1,103 @@
+"""The first and the last word of a chunk run with the database: take the chunk's items (the
+`Lease`: what the run learned of its items and its job), and give them back when the run
+fails, so the task's retry can take them at once. While the run works, the process's lease
+keeper (`keeper.py`) renews the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.app import results, video
+from kiln.app.catalog import ModelInfo
+from kiln.app.core.config import Settings
+from kiln.app.db import leases, queries
+from kiln.app.db.leases import LeasedItem
+from kiln.app.db.models import OPEN_JOB_STATUSES, JobStatus
+from kiln.app.db.session import unit_of_work
+from kiln.app.video import Sampling
+from kiln.workers.chunk.fallback import Fallback, job_fallback
+from kiln.workers.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a chunk learned when it took its items."""
+
+    job_id: str
+    chunk: int
+    item_ids: list[int]
+    chunk_count: int
+    was_open: bool  # the job was open when leased (else this is a replay of a closed job)
+    model: ModelInfo
+    items: list[LeasedItem]
+    place: results.Place  # where the job's results go
+    bulk: bool = False  # items come from an ingest (the chunk count grows while it lists)
+    pipeline_id: int | None = None  # bulk, incremental: remember what succeeded
+    owner: str = ""  # the run holding the items' lease: only its results are written
+    held_elsewhere: bool = False  # nothing leased because another live run holds the chunk
+    tenant: str = ""
+    fallback: Fallback | None = None  # the job's fallback model, if it names one
+    sampling: Sampling | None = None  # how the job samples its videos
+    cancelling: bool = False  # the job was cancelled: what this run took, it cancels
+
+
+def take(
+    runtime: WorkerRuntime, job_id: str, chunk: int, item_ids: list[int], owner: str
+) -> Lease | None:
+    """Take the chunk's open items and read the job (no lock on its row), then mark the job
+    running if it was queued (its own unit: the job row is locked after the items, never
+    while holding them); None when the job no longer exists."""
+    settings = runtime.settings
+    with runtime.sessions() as session:
+        with unit_of_work(session):
+            taken = leases.take_chunk(session, job_id, item_ids, owner, settings.lease_s)
+        if taken is None:
+            return None
+        job = taken.job
+        if taken.items and job.status == JobStatus.QUEUED:
+            with unit_of_work(session):
+                queries.mark_job_running(session, job_id)
+        model = runtime.model_info(session, job.model, job.tenant)
+        fallback = job_fallback(runtime, session, job.tenant, job.options)
+    return Lease(
+        job_id,
+        chunk,
+        item_ids,
+        job.chunk_count,
+        job.status in OPEN_JOB_STATUSES,
+        model,
+        taken.items,
+        place=runtime.place(job.id, job.output),
+        bulk=job.bulk,
+        pipeline_id=job.pipeline_id,
+        owner=owner,
+        held_elsewhere=taken.held_elsewhere,
+        tenant=job.tenant,
+        fallback=fallback,
+        sampling=job_sampling(settings, job.options),
+        cancelling=job.status == JobStatus.CANCELLING,
+    )
+
+
+def release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
+    """Give the run's items back (its lease ends now rather than when it runs out)."""
+    try:
+        with runtime.sessions() as session, unit_of_work(session):
+            leases.release(session, job_id, owner)
+    except Exception as error:  # the database is away: the lease simply runs out
+        log.warning(
+            "could not release lease %s of job %s: %s", owner, job_id, error,
+            extra={"job_id": job_id},
+        )  # fmt: skip
+
+
+def job_sampling(settings: Settings, options: dict[str, Any] | None) -> video.Sampling:
+    """How a job samples its videos: its `video_fps` (default 1), within this worker's limits."""
+    fps = (options or {}).get(video.FPS_OPTION, video.DEFAULT_FPS)
+    limits = video.VideoLimits(settings.max_video_frames, settings.max_video_duration_s)
+    return video.Sampling(float(fps), limits)

@@ -1,0 +1,114 @@
+"""Close a job once none of its items is open: its missing shards first, its close steps,
+then its status (one conditional update), then its manifest.
+
+Closing is its own unit, after a chunk's results commit, and takes no lock shared by the job's
+chunks: whichever chunk commits last sees every other chunk's results, so it closes the job
+(two seeing it at once race on one conditional update, and one wins). A chunk that saw items
+still open leaves the close to whichever commits after it. A job closes only once every chunk
+has a shard, so whoever sees `completed` can read every row; a replay after a crash finishes
+what was left undone. The reconciler closes a job whose last chunk stopped in between.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from sqlalchemy.orm import Session
+
+from kiln.app import results
+from kiln.app.db import ingest, leases, queries
+from kiln.app.db.session import unit_of_work
+from kiln.workers.chunk.fallback import job_fallback, shard_fields
+from kiln.workers.chunk.lease import Lease
+from kiln.workers.close.manifest import ensure_manifest
+from kiln.workers.close.steps import close_steps
+from kiln.workers.runtime import WorkerRuntime
+
+
+def close_after_chunk(
+    runtime: WorkerRuntime, lease: Lease, wrote: bool, fields: list[pa.Field]
+) -> str | None:
+    """After a chunk's results commit: close the job if nothing is left open (`wrote`: the
+    chunk wrote a shard). Returns the final status if this call closed it."""
+    with runtime.sessions() as session:
+        closing, steps = True, None
+        if lease.was_open:
+            closing, steps = _steps_before_close(runtime, session, lease, fields)
+        final, shards = None, None
+        if closing:
+            with unit_of_work(session):
+                final, shards = _close_if_done(session, lease, wrote, fields)
+        if final is not None or not lease.was_open:
+            closed_now = final is not None
+            ensure_manifest(runtime, session, lease.job_id, lease.model, closed_now, shards, steps)
+    return final
+
+
+def _steps_before_close(
+    runtime: WorkerRuntime, session: Session, lease: Lease, fields: list[pa.Field]
+) -> tuple[bool, dict[str, Any] | None]:
+    """Whether nothing is left open, and then the close steps."""
+    with unit_of_work(session):  # reads, and shards only a crash left unwritten
+        if queries.has_open_items(session, lease.job_id) or ingest.listing(session, lease.job_id):
+            return False, None
+        write_missing_shards(session, lease.place, lease.job_id, fields)
+        job = queries.job_as_now(session, lease.job_id)
+    if job is None:
+        return True, None
+    return True, close_steps(runtime.store, session, job, lease.model, lease.place)
+
+
+def _close_if_done(
+    session: Session, lease: Lease, wrote: bool, fields: list[pa.Field]
+) -> tuple[str | None, list[str] | None]:
+    """Close the job if no item is open: the final status and the shard keys (if known)."""
+    if lease.chunk_count <= 1 and not lease.bulk:  # a bulk job may gain chunks as it lists
+        shards = [results.shard_key(lease.place, lease.chunk)] if wrote else []
+        return queries.finish_job_if_done(session, lease.job_id), shards
+    return close_if_done(session, lease.place, lease.job_id, fields)
+
+
+def close_if_done(
+    session: Session, place: results.Place, job_id: str, fields: list[pa.Field]
+) -> tuple[str | None, list[str] | None]:
+    """Close a job of many chunks once none has open items: its missing shards first, so a
+    closed job always has every shard. The final status and the shard keys, or (None, None)."""
+    if queries.has_open_items(session, job_id) or ingest.listing(session, job_id):
+        return None, None
+    shards = write_missing_shards(session, place, job_id, fields)
+    return queries.finish_job_if_done(session, job_id), shards
+
+
+def close_finished_job(runtime: WorkerRuntime, job_id: str) -> str | None:
+    """The reconciler's close of an open job whose items have all ended (its last chunk's run
+    stopped between committing its results and closing the job); returns the final status if
+    this call closed it."""
+    with runtime.sessions() as session:
+        job = leases.job_facts(session, job_id)
+        if job is None:
+            return None
+        model = runtime.model_info(session, job.model, job.tenant)
+        fields = shard_fields(model, job_fallback(runtime, session, job.tenant, job.options))
+        with unit_of_work(session):
+            final, shards = close_if_done(
+                session, runtime.place(job_id, job.output), job_id, fields
+            )
+        if final is not None:
+            ensure_manifest(runtime, session, job_id, model, True, shards)
+    return final
+
+
+def write_missing_shards(
+    session: Session, place: results.Place, job_id: str, fields: list[pa.Field]
+) -> list[str]:
+    """Chunks whose results are in the database but whose shard is not in storage (a crash
+    between the two, a job cancelled before its chunks ran); returns every shard key."""
+    written = set(results.shard_keys(place))
+    for chunk in queries.job_chunks(session, job_id):
+        key = results.shard_key(place, chunk)
+        if key not in written:
+            items = queries.chunk_items(session, job_id, chunk)
+            results.write_shard(place, chunk, items, fields)
+            written.add(key)
+    return sorted(written)

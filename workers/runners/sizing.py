@@ -1,0 +1,59 @@
+"""How big a loaded model's batches are, and how many of its rows may be in flight.
+
+Pure decisions over what the load found (the pipeline, the engines built, the prep processes):
+the batch a model runs at, and the lender that bounds its rows between prep and the engine —
+shared-memory slots for pixel families, tickets for rows that travel as objects.
+"""
+
+from __future__ import annotations
+
+from kiln.app.catalog import ModelInfo
+from kiln.app.core.config import Settings
+from kiln.workers.batching import QUEUED_BATCHES
+from kiln.workers.engines.batch_size import choose_batch
+from kiln.workers.engines.select import EngineFactory
+from kiln.workers.models.base import Pipeline
+from kiln.workers.prep.slots import Lender, SlotPool, shm_free
+from kiln.workers.prep.units import UNIT_ROWS
+
+# Engine backend names (Engine.backend) that run on the GPU.
+GPU_BACKENDS = ("tensorrt", "onnxruntime:CUDA", "torch:cuda")
+SLOT_BYTES = 512 * 2**20  # shared memory for one model's slots, at most (if a batch fits)
+
+
+def batch_size(
+    settings: Settings, info: ModelInfo, pipeline: Pipeline, engines: EngineFactory
+) -> int:
+    """The model's batch: as configured, or under `auto` the knee of a short sweep of its
+    GPU engine (16 on a CPU); never above what the engine was built for."""
+    cap = pipeline.max_batch
+    if settings.max_batch != "auto":
+        return min(settings.max_batch, cap)
+    gpu = [b.engine for b in engines.built if b.engine.backend.startswith(GPU_BACKENDS)]
+    if len(engines.built) != 1 or not gpu:  # a CPU engine, or several (OCR's own sizes)
+        return min(settings.batch_cap(on_gpu=bool(gpu)), cap)
+    return choose_batch(gpu[0], cap, name=info.ref)
+
+
+def lender(
+    info: ModelInfo, pipeline: Pipeline, max_batch: int, runners: int, prep_processes: int
+) -> Lender:
+    """What bounds the model's rows in prep and queued: enough for the batches queued and
+    running and a unit or two per prep process. Slot families get shared-memory slots,
+    within SLOT_BYTES and what /dev/shm has free (never fewer than a batch and a unit);
+    object families get as many tickets, with one unit per prep process (their rows —
+    OCR pages — can be large)."""
+    prep = max(1, prep_processes)
+    least = max_batch + UNIT_ROWS
+    queued = QUEUED_BATCHES * max_batch * runners
+    layout = pipeline.prep.layout
+    if layout is None:
+        return Lender(max(least, queued + UNIT_ROWS * prep))
+    room = min(SLOT_BYTES, shm_free() // 2) // max(1, layout.nbytes)
+    count = max(least, min(queued + 2 * UNIT_ROWS * prep, room))
+    return SlotPool(layout, count, label=info.name)
+
+
+def on_gpu(backend: str) -> bool:
+    """Whether a pipeline's backend (one name, or several joined by commas) runs on a GPU."""
+    return any(part.strip().startswith(GPU_BACKENDS) for part in backend.split(","))

@@ -1,0 +1,353 @@
+"""`bench.gpu`'s parts, each run in a child process of its own by the driver (`bench.gpu`):
+`prepare` (the JPEGs and the ONNX file), then a to e as that module's docstring says. What
+crosses: the run's `Settings` in, and a part's rows and facts out through its `Sink` (a JSON
+file rewritten after each row, so a killed part keeps what it measured)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.gpu_feed import SIDE, Busy, Subject, images, kiln_subject, peer_subject
+from bench.gpu_report import Row, marginal_busy, row, skipped, write_atomic
+from kiln.workers.engines.cuda_graphs import buckets
+
+if TYPE_CHECKING:
+    from kiln.workers.engines.torch_engine import TorchEngine
+
+NATIVE_BATCHES = (16, 64, 256)
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one run was asked for (the command line's options), passed to every part."""
+
+    workdir: Path
+    device: str
+    images: int
+    seconds: float
+    max_batch: int
+    engine: str  # KILN_ENGINE of the `kiln run`s
+    skip: frozenset[str]
+
+
+def native_batches(max_batch: int) -> list[int]:
+    return sorted({min(b, max_batch) for b in NATIVE_BATCHES})
+
+
+class Sink:
+    """A part's rows and facts, rewritten to its file after each: a killed part keeps them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.rows, self.facts = path, list[Row](), dict[str, Any]()
+
+    def add(self, new: Row) -> None:
+        self.rows.append(new)
+        self._write()
+        print(json.dumps(new), flush=True)
+
+    def fact(self, key: str, value: Any) -> None:
+        self.facts[key] = value
+        self._write()
+
+    def _write(self) -> None:
+        write_atomic(self.path, json.dumps({"rows": self.rows, "facts": self.facts}, indent=1))
+
+
+@dataclass
+class Timing:
+    calls: int
+    seconds: float
+    first_call_s: float
+    samples: list[float]
+
+
+def timed(call: Callable[[], object], seconds: float, sync: Callable[[], None]) -> Timing:
+    """The first call apart (autotuning, graph capture), a third of `seconds` of warm-up, then
+    calls for `seconds` under NVML sampling, synchronised once at the end (a queue kept full)."""
+    started = time.perf_counter()
+    call()
+    sync()
+    first = time.perf_counter() - started
+    warm_until = time.perf_counter() + seconds / 3
+    while time.perf_counter() < warm_until:
+        call()
+    sync()
+    with Busy() as busy:
+        calls, started = 0, time.perf_counter()
+        while calls == 0 or time.perf_counter() - started < seconds:
+            call()
+            calls += 1
+        sync()
+        elapsed = time.perf_counter() - started
+    return Timing(calls, elapsed, round(first, 3), busy.samples)
+
+
+def _timed_row(part: str, subject: str, batch: int, timing: Timing) -> Row:
+    rate = timing.calls * batch / timing.seconds
+    return {**row(part, subject, batch, rate, timing.samples), "first_call_s": timing.first_call_s}
+
+
+def _sync(device: str) -> Callable[[], None]:
+    import torch
+
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def part_native(s: Settings, sink: Sink) -> None:
+    import torch
+
+    from bench.models import _resnet
+
+    cuda = s.device == "cuda"
+    torch.backends.cudnn.benchmark = True  # the limit: cuDNN picks its fastest kernels
+    dtype = torch.float16 if cuda else torch.float32  # FP16 on a CPU is slower, not faster
+    torch.manual_seed(0)
+    model: Any = _resnet(50).eval()  # Any: torch's Module.to overloads differ by release
+    model = model.to(s.device, dtype, memory_format=torch.channels_last)
+    subject = f"native torch {'fp16' if cuda else 'fp32'} channels_last"
+    with torch.inference_mode():
+        for batch in native_batches(s.max_batch):
+            x = torch.randn(batch, 3, SIDE, SIDE, device=s.device, dtype=dtype)
+            x = x.contiguous(memory_format=torch.channels_last)
+            timing = timed(partial(model, x), s.seconds, _sync(s.device))
+            sink.add(_timed_row("native", subject, batch, timing))
+
+
+def build_engine(s: Settings, graphs: bool, runners: int = 1) -> tuple[TorchEngine, float]:
+    """Kiln's torch engine over the ONNX ResNet-50 (taking uint8 NHWC pixels, normalising them
+    itself), and the seconds its build took."""
+    from kiln.workers.engines.base import EngineRequest
+    from kiln.workers.engines.torch_engine import build_torch_engine, require_torch
+    from kiln.workers.engines.uint8_input import Normalization
+
+    normalization = Normalization(mean=MEAN, std=STD)
+    request = EngineRequest(
+        "resnet50", onnx_path(s.workdir), s.max_batch, normalization=normalization
+    )
+    require_torch()  # imported before the clock starts: the build is the convert, not imports
+    started = time.perf_counter()
+    engine = build_torch_engine(request, s.device, runners=runners, precision="auto", graphs=graphs)
+    return engine, round(time.perf_counter() - started, 2)
+
+
+def engine_call(engine: TorchEngine, batch: int) -> Callable[[], object]:
+    """One `infer` over a host uint8 NHWC batch of random pixels."""
+    import numpy as np
+
+    spec = engine.inputs[0]
+    pixels = np.random.default_rng(batch).integers(0, 256, (batch, SIDE, SIDE, 3), np.uint8)
+    return partial(engine.infer, {spec.name: pixels})
+
+
+def _engine_rows(s: Settings, sink: Sink, graphs: bool, batches: Iterable[int]) -> None:
+    engine, build_s = build_engine(s, graphs)
+    sink.fact(f"build_s graphs={graphs}", build_s)
+    # Whether graphs=True took (a dynamic shape runs eagerly), and the engine's own account.
+    sink.fact(f"replays graphs graphs={graphs}", engine.graphs is not None)
+    sink.fact(f"reason graphs={graphs}", engine.reason)
+    subject = f"engine graphs={graphs}"
+    for batch in batches:
+        timing = timed(engine_call(engine, batch), s.seconds, _sync(s.device))
+        sink.add({**_timed_row("engine", subject, batch, timing), "graphs": graphs})
+
+
+WORKER_FED = "engine as a worker feeds it (2 runners, gathered into staging)"
+
+
+def _worker_fed_rows(s: Settings, sink: Sink) -> None:
+    """The engine as a worker drives it: two runner threads, each gathering its batch from an
+    array of slots into the engine's staging buffer (`np.take`, as `runtime.gather` does) and
+    running it, so one thread's copies overlap the other's work on the GPU."""
+    import threading
+
+    import numpy as np
+
+    engine, _seconds = build_engine(s, True, runners=2)
+    name = engine.inputs[0].name
+    slots = np.random.default_rng(0).integers(0, 256, (512, SIDE, SIDE, 3), np.uint8)
+    for batch in native_batches(s.max_batch):
+        counts = [0, 0]
+
+        def run(i: int, until: float, batch: int = batch, counts: list[int] = counts) -> None:
+            picks = np.random.default_rng(i).choice(len(slots), batch, replace=False)
+            while counts[i] == 0 or time.perf_counter() < until:
+                buffer = engine.host_buffer((batch, SIDE, SIDE, 3))
+                np.take(slots, picks, axis=0, out=buffer)
+                engine.infer({name: buffer})
+                counts[i] += 1
+
+        first = time.perf_counter()
+        run(0, 0.0)  # warm: each thread's staging is made on its first call
+        first = time.perf_counter() - first
+        counts[0] = 0
+        with Busy(interval=0.05) as busy:
+            started = time.perf_counter()
+            until = started + s.seconds
+            threads = [threading.Thread(target=run, args=(i, until)) for i in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.perf_counter() - started
+        rate = sum(counts) * batch / elapsed
+        sink.add({**row("engine", WORKER_FED, batch, rate, busy.samples),
+                  "first_call_s": round(first, 3)})  # fmt: skip
+
+
+def part_engine(s: Settings, sink: Sink) -> None:
+    """Every bucket the engine replays a graph for, the engine as a worker feeds it, and the
+    same engine without CUDA graphs (the comparison) at the native batches."""
+    replayed = partial(_engine_rows, s, sink, True, buckets(s.max_batch))
+    attempt(sink, "engine", "engine graphs=True", replayed)
+    _release(s.device)
+    attempt(sink, "engine", WORKER_FED, lambda: _worker_fed_rows(s, sink))
+    _release(s.device)
+    eager = partial(_engine_rows, s, sink, False, native_batches(s.max_batch))
+    attempt(sink, "engine", "engine graphs=False", eager)
+
+
+def _release(device: str) -> None:
+    """The first engine's memory (its graphs' pools) back before the second is built."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def part_kiln(s: Settings, sink: Sink) -> None:
+    folders = image_folders(s.workdir)
+    decodes = ("gpu", "cpu") if s.device == "cuda" else ("cpu",)
+    if s.device != "cuda":
+        sink.add(skipped("kiln", "kiln run, GPU decode", "no GPU (nvJPEG needs CUDA)"))
+    for decode in decodes:
+        extra = {"KILN_GPU_DECODE": "true" if decode == "gpu" else "false"}
+        name = f"kiln run, {decode.upper()} decode"
+        run = partial(kiln_subject, name, s.workdir, onnx_path(s.workdir), folders, extra, s.engine)
+        attempt(sink, "kiln", name, partial(_add_subject, sink, "kiln", run))
+    name = "kiln worker, CPU decode"
+    reason = "--skip worker" if "worker" in s.skip else services_down()
+    if reason:
+        sink.add(skipped("kiln", name, reason))
+    else:
+        attempt(sink, "kiln", name, lambda: sink.add(worker_row(s, name, folders[1])))
+
+
+def _add_subject(sink: Sink, part: str, measure: Callable[[], Subject]) -> None:
+    sink.add(_subject_row(part, measure()))
+
+
+def attempt(sink: Sink, part: str, subject: str, measure: Callable[[], None]) -> None:
+    """One subject's measurement; its failure becomes its row (traceback in the part's log),
+    and the part's other subjects still run."""
+    try:
+        measure()
+    except Exception as error:
+        traceback.print_exc()
+        sink.add(skipped(part, subject, f"{type(error).__name__}: {error}"[:300], "failed"))
+
+
+def worker_row(s: Settings, name: str, large: Path) -> Row:
+    """A warm `kiln worker` fed a bulk job: the `feed-worker` case of bench/cases/feed.py, in a
+    stack of its own (Postgres, Redis, moto, API)."""
+    from bench.cases import feed
+    from bench.context import Context
+    from bench.models import labels
+    from bench.plan import Plan
+    from bench.stack import Registered, kiln_stack
+
+    env = (("KILN_CONTENT_CACHE", "false"), ("KILN_ENGINE", s.engine), ("KILN_GPU_DECODE", "false"))
+    plan, logs = Plan(kiln_env=env), s.workdir / "worker-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    model = Registered("resnet50", onnx_path(s.workdir), SIDE, labels(1000))
+    with kiln_stack(logs, dict(env)) as stack, Busy() as busy:
+        ctx = Context(plan, s.workdir, logs, images=[], small_images=[], models={}, stack=stack)
+        result = feed._worker(ctx, model, sorted(large.iterdir()))
+    return {**row("kiln", name, None, result.items_per_s, busy.samples), "runs": result.extra}
+
+
+def services_down() -> str | None:
+    """Why a `kiln worker` cannot run here (Postgres or Redis not answering), or None."""
+    try:
+        import psycopg
+        import redis
+
+        from devstack.services import PG_ADMIN_URL, REDIS_HOST, REDIS_PORT
+
+        psycopg.connect(PG_ADMIN_URL, connect_timeout=2).close()
+        with redis.Redis(REDIS_HOST, REDIS_PORT, socket_connect_timeout=2) as client:
+            client.ping()
+    except Exception as error:  # any failure means the same: no worker here
+        return f"Postgres or Redis does not answer ({type(error).__name__}: {error})"[:200]
+    return None
+
+
+def part_peer(s: Settings, sink: Sink) -> None:
+    paths = sorted(image_folders(s.workdir)[1].iterdir())
+    subject = peer_subject(paths, os.cpu_count() or 1, s.device)
+    subject.name = "DataLoader peer"
+    sink.add(_subject_row("peer", subject))
+
+
+def part_detector(s: Settings, sink: Sink) -> None:
+    folders = image_folders(s.workdir)
+    name = "detector, kiln run"
+    subject = kiln_subject(name, s.workdir, None, folders, {}, s.engine, model="detector")
+    sink.add(_subject_row("detector", subject))
+
+
+def _subject_row(part: str, subject: Subject) -> Row:
+    """A marginal subject: its rate, busy share over the large run's steady part and at the
+    margin, and both runs."""
+    small, large = subject.small, subject.large
+    runs = {
+        size: {"items": run.items, "seconds": run.seconds, "cpu_s": run.cpu_s}
+        for size, run in (("small", small), ("large", large))
+    }
+    new = {**row(part, subject.name, None, subject.rate, large.sm_busy), "runs": runs}
+    new["sm_busy_marginal_pct"] = marginal_busy(small, large)
+    if large.seconds <= small.seconds:  # tiny sizes: start-up noise outweighs the extra images
+        new["note"] = "noise (large run not slower)"
+    return new
+
+
+def part_prepare(s: Settings, sink: Sink) -> None:
+    """The JPEGs and their two folders (what c, d and e read), and the ONNX file (b and c)."""
+    from bench.inputs import link_folder
+    from bench.models import export_resnet
+
+    if {"kiln", "peer", "detector"} - s.skip:
+        paths = images(s.workdir / "images", s.images)
+        small, large = image_folders(s.workdir)
+        link_folder(small, paths[: len(paths) // 3])
+        link_folder(large, paths)
+        sink.fact("images", len(paths))
+    if {"engine", "kiln"} - s.skip:
+        started = time.perf_counter()
+        export_resnet(50, onnx_path(s.workdir))
+        sink.fact("export_s", round(time.perf_counter() - started, 1))
+
+
+def image_folders(work: Path) -> tuple[Path, Path]:
+    return work / "small", work / "large"
+
+
+def onnx_path(work: Path) -> Path:
+    return work / "resnet50.onnx"
+
+
+PART_FUNCTIONS: dict[str, Callable[[Settings, Sink], None]] = {
+    "prepare": part_prepare, "native": part_native, "engine": part_engine,
+    "kiln": part_kiln, "peer": part_peer, "detector": part_detector,
+}  # fmt: skip

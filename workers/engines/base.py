@@ -1,11 +1,13 @@
-"""The `Engine` protocol every backend implements, and what a pipeline tells an engine."""
+"""The `Engine` protocol every backend implements, the optional capabilities some engines
+declare beside it, and what a pipeline tells an engine."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -73,6 +75,52 @@ class Engine(Protocol):
         GPU for a GPU engine — e.g. uint8 NHWC pixels into normalised float32 NCHW.
         """
         ...
+
+
+# --- optional capabilities: what an engine may do beyond `infer` (checked with isinstance)
+
+
+@runtime_checkable
+class HostStaging(Protocol):
+    """An engine that stages each runner thread's batches in host buffers of its own (the
+    torch engine: pinned on CUDA). Image pipelines gather a batch's pixels straight into one
+    (`ImageModelPipeline.pixel_buffer`), so the engine does not copy them again."""
+
+    def host_buffer(self, shape: Sequence[int], dtype: str = "uint8") -> np.ndarray:
+        """This runner thread's buffer for the first input, `shape` and `dtype`, as NumPy."""
+        ...
+
+
+@runtime_checkable
+class DeviceFeeds(Protocol):
+    """An engine that takes feeds already on its device (the torch engine). Image pipelines
+    decode and fit a batch there (`device_pixels`) on the engine's stream and run it."""
+
+    device: Any  # a torch.device: where the feeds are made
+
+    def on_stream(self) -> AbstractContextManager[None]:
+        """This runner thread's stream, and the device as the default for new tensors."""
+        ...
+
+    def infer_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """`infer` for device tensors made inside `on_stream()`: host arrays out."""
+        ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """An engine that holds device memory to give back before it is dropped (the torch
+    engine's CUDA graphs and module). Pipelines call it from their own `close`."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class MemoryAccount(Protocol):
+    """An engine that counts what it holds on its device (the torch and TensorRT engines). The
+    memory budget (`runners.memory.engine_bytes`) takes it over the ONNX file's size."""
+
+    memory_bytes: int
 
 
 def prepared(

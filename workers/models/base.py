@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -171,6 +171,17 @@ class Pipeline(Protocol):
 
     def close(self) -> None:
         """Release what the pipeline holds beyond its engine (inner Batchers, threads)."""
+        ...
+
+
+@runtime_checkable
+class StagedPixels(Protocol):
+    """A pipeline whose batches' pixels may be gathered straight into its engine's staging
+    buffer (image models on an engine with `HostStaging`). The runner that gathers a batch
+    from the slots asks it where, so the pixels are copied once on their way to the device."""
+
+    def pixel_buffer(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Where a batch of `shape` uint8 pixels may be gathered; None: anywhere."""
         ...
 
 

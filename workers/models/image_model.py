@@ -12,13 +12,13 @@ fails its own row."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
-from kiln.workers.engines.base import Engine
+from kiln.workers.engines.base import Closable, DeviceFeeds, Engine, HostStaging
 from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models.base import Answers, Batch
 from kiln.workers.prep import device_pixels
@@ -92,17 +92,17 @@ class ImageModelPipeline:
     def pixel_buffer(self, shape: tuple[int, ...]) -> np.ndarray | None:
         """Where a batch's pixels may be gathered: the engine's own (pinned) staging buffer,
         so they are not copied again on the way to the device; None: anywhere."""
-        take = getattr(self.engine, "host_buffer", None)
-        if take is None or not self.engine_normalizes or self.device is not None:
-            return None
-        buffer: np.ndarray = take(shape)
-        return buffer
+        engine = self.engine
+        if isinstance(engine, HostStaging) and self.engine_normalizes and self.device is None:
+            return engine.host_buffer(shape)
+        return None
 
     def _output_on_device(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
         """Decode and fit the batch on the engine's device, on its runner's stream (where the
         engine then normalises and runs it); the rows that failed to decode, apart."""
         rows = batch.objects or []
-        engine = cast(Any, self.engine)  # the torch engine: it takes device tensors
+        engine = self.engine
+        assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` chooses
         with engine.on_stream():
             images = device_pixels.decode_batch(
                 [data for data, _header in rows], self.device, max_pixels=self.max_pixels,
@@ -134,9 +134,8 @@ class ImageModelPipeline:
 
     def close(self) -> None:
         """The engine's device memory (a torch engine's CUDA graphs first, then its module)."""
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.engine, Closable):
+            self.engine.close()
 
 
 def device_decoding(engine: Engine, pre: Preprocessing) -> Any | None:
@@ -146,7 +145,6 @@ def device_decoding(engine: Engine, pre: Preprocessing) -> Any | None:
         return None
     if engine.inputs[0].dtype != "uint8":  # the engine normalises what the device fits
         return None
-    device = getattr(engine, "device", None)
-    if device is None or not device_pixels.nvjpeg_available(str(device)):
+    if not isinstance(engine, DeviceFeeds):
         return None
-    return device
+    return engine.device if device_pixels.nvjpeg_available(str(engine.device)) else None

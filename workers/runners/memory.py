@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kiln.app.core.errors import TransientError
+from kiln.workers.engines.base import MemoryAccount
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$")
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -75,12 +75,11 @@ def trim_host_memory() -> None:
         malloc_trim(0)
 
 
-def engine_bytes(engine: Any, onnx_path: Path | None = None) -> int:
-    """What an engine holds: its own account (`memory_bytes`) when it keeps one, else the ONNX
+def engine_bytes(engine: object, onnx_path: Path | None = None) -> int:
+    """What an engine holds: its own account (`MemoryAccount`) when it keeps one, else the ONNX
     file's size twice (weights, and the optimised copy a runtime makes of them)."""
-    own = getattr(engine, "memory_bytes", None)
-    if isinstance(own, int):
-        return own
+    if isinstance(engine, MemoryAccount):
+        return engine.memory_bytes
     return 2 * onnx_path.stat().st_size if onnx_path is not None and onnx_path.is_file() else 0
 
 

@@ -175,7 +175,7 @@ def test_prepare_runs_on_the_device(model, store, gpu, settings_for) -> None:
     assert_close(got, want)
 
 
-def test_runner_threads_share_the_slots(model, store, gpu, settings_for) -> None:
+def test_runner_threads_share_the_contexts(model, store, gpu, settings_for) -> None:
     engine = engine_for(model, settings_for("fp32"), store, gpu, runners=2)
     ort = reference(model)
     failures: list[BaseException] = []
@@ -205,7 +205,7 @@ def test_bad_feeds_fail_the_call_not_the_engine(model, store, gpu, settings_for)
         engine.infer({"images": images(2).astype(np.float64)})
     with pytest.raises(ValueError, match="takes inputs"):
         engine.infer({"pixels": images(2)})
-    # The single slot came back each time.
+    # The single context came back each time.
     assert engine.infer({"images": images(2)})["logits"].shape == (2, 5)
 
 

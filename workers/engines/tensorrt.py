@@ -1,4 +1,4 @@
-"""TensorRT engine: ONNX → serialized plan (cached in object storage) → execution slots.
+"""TensorRT engine: ONNX → serialized plan (cached in object storage) → execution contexts.
 
 Built inside the worker process that uses it (after any fork), on the device CUDA sees as 0
 (`workers.device.pin`). `tensorrt` and `cupy` are imported inside functions, so this module
@@ -36,11 +36,11 @@ from kiln.workers.engines.engine_cache import (
     write_timing_cache,
 )
 from kiln.workers.engines.tensorrt_logic import (
+    ContextPool,
     EngineBuildError,
     Precision,
     PrecisionSetting,
     Shape,
-    SlotPool,
     TensorRange,
     buffer_bytes,
     check_feed,
@@ -254,7 +254,7 @@ def build_tensorrt_engine(
         plan_source=loaded.obtained.source,
         weights_bytes=Path(request.onnx_path).stat().st_size,
     )
-    log.info("TensorRT engine for %s ready in %.1f s (plan %s, %d slot(s))", loaded.spec.model,
+    log.info("TensorRT engine for %s ready in %.1f s (plan %s, %d context(s))", loaded.spec.model,
              time.perf_counter() - started, loaded.obtained.source, runners)  # fmt: skip
     return engine
 
@@ -336,9 +336,10 @@ class DeviceStage:
 
 
 @dataclass
-class Slot:
-    """One batch in flight: its own context, stream and buffers (contexts are not shareable
-    between threads; separate streams let one slot's copies overlap another's compute)."""
+class BoundContext:
+    """One batch in flight: its own execution context, stream and the buffers bound to it
+    (contexts are not shareable between threads; separate streams let one context's copies
+    overlap another's compute)."""
 
     context: trt.IExecutionContext
     stream: Any  # cupy.cuda.Stream
@@ -348,14 +349,14 @@ class Slot:
     raw: dict[str, DeviceStage] = field(default_factory=dict)
 
 
-def new_slot(cp: Any, engine: trt.ICudaEngine, tensors: list[IoTensor]) -> Slot:
+def bind_context(cp: Any, engine: trt.ICudaEngine, tensors: list[IoTensor]) -> BoundContext:
     context = engine.create_execution_context()
     if context is None:
         raise EngineBuildError("TensorRT could not create an execution context (GPU memory?).")
     largest = _largest_shapes(context, tensors)
     device = {t.name: cp.empty(volume(largest[t.name]), dtype=t.dtype) for t in tensors}
     for name, array in device.items():
-        # The buffers never move, so their addresses are bound once for the slot's lifetime.
+        # The buffers never move, so their addresses are bound once for the context's lifetime.
         if not context.set_tensor_address(name, array.data.ptr):
             raise EngineBuildError(f"TensorRT refused the device buffer for {name!r}.")
     host_out = {
@@ -366,7 +367,7 @@ def new_slot(cp: Any, engine: trt.ICudaEngine, tensors: list[IoTensor]) -> Slot:
         for t in tensors
         if t.is_input
     }
-    return Slot(context, cp.cuda.Stream(non_blocking=True), device, host_out, host_in)
+    return BoundContext(context, cp.cuda.Stream(non_blocking=True), device, host_out, host_in)
 
 
 def _largest_shapes(context: trt.IExecutionContext, tensors: list[IoTensor]) -> dict[str, Shape]:
@@ -398,8 +399,8 @@ def _to_host(source: Any, pinned: np.ndarray, stream: Any) -> None:
 
 
 class TensorRTEngine:
-    """A deserialized engine with `runners` slots; `infer` is safe from that many threads at
-    once (more wait for a free slot)."""
+    """A deserialized engine with `runners` execution contexts; `infer` is safe from that many
+    threads at once (more wait for a free context)."""
 
     def __init__(
         self,
@@ -428,58 +429,62 @@ class TensorRTEngine:
         self.outputs = [spec_of(t) for t in tensors if not t.is_input]
         ranges = [t.range for t in tensors if t.range is not None]
         self.max_batch = engine_max_batch(ranges, max_batch)
-        slots = [new_slot(cupy, engine, tensors) for _ in range(max(1, runners))]
-        self._slots = SlotPool(slots)
-        # For the memory budget: each slot's buffers and context scratch, and the weights (the
-        # ONNX file's size: FP16 plans hold about half, so this errs high).
+        contexts = [bind_context(cupy, engine, tensors) for _ in range(max(1, runners))]
+        self._contexts = ContextPool(contexts)
+        # For the memory budget: each context's buffers and scratch, and the weights (the ONNX
+        # file's size: FP16 plans hold about half, so this errs high).
         scratch = engine.device_memory_size_v2
-        buffers = sum(a.nbytes for slot in slots for a in slot.device.values())
-        self.memory_bytes = int(buffers + len(slots) * scratch + weights_bytes)
+        buffers = sum(a.nbytes for bound in contexts for a in bound.device.values())
+        self.memory_bytes = int(buffers + len(contexts) * scratch + weights_bytes)
 
     def infer(
         self, feeds: Mapping[str, np.ndarray], prepare: Mapping[str, Prepare] | None = None
     ) -> dict[str, np.ndarray]:
         check_names(self._inputs, feeds)
         steps = prepare or {}
-        with self._slots.take() as slot, slot.stream:
+        with self._contexts.take() as bound, bound.stream:
             try:
                 for name, feed in feeds.items():
-                    self._stage(slot, name, np.ascontiguousarray(feed), steps.get(name))
-                if not slot.context.execute_async_v3(slot.stream.ptr):
+                    self._stage(bound, name, np.ascontiguousarray(feed), steps.get(name))
+                if not bound.context.execute_async_v3(bound.stream.ptr):
                     raise RuntimeError("TensorRT could not enqueue the batch; its log says why.")
-                return self._collect(slot)
+                return self._collect(bound)
             finally:
-                slot.stream.synchronize()  # nothing in flight when the slot is reused
+                bound.stream.synchronize()  # nothing in flight when the context is reused
 
-    def _stage(self, slot: Slot, name: str, feed: np.ndarray, step: Prepare | None) -> None:
-        """Host → pinned → device on the slot's stream; `step` runs on the device and its
+    def _stage(
+        self, bound: BoundContext, name: str, feed: np.ndarray, step: Prepare | None
+    ) -> None:
+        """Host → pinned → device on the context's stream; `step` runs on the device and its
         result is written into the engine's input buffer."""
         tensor = self._inputs[name]
         assert tensor.range is not None
         if step is None:
             check_feed(tensor.range, feed.shape, feed.dtype, tensor.dtype)
-            _to_device(slot.device[name][: feed.size], slot.host_in[name].hold(feed), slot.stream)
+            _to_device(
+                bound.device[name][: feed.size], bound.host_in[name].hold(feed), bound.stream
+            )
             shape = feed.shape
         else:
-            raw = slot.raw.setdefault(name, DeviceStage(self._cp)).view(feed.dtype, feed.shape)
-            _to_device(raw, slot.host_in[name].hold(feed), slot.stream)
-            ready = step(self._cp, raw)  # runs on slot.stream: it is the current stream
+            raw = bound.raw.setdefault(name, DeviceStage(self._cp)).view(feed.dtype, feed.shape)
+            _to_device(raw, bound.host_in[name].hold(feed), bound.stream)
+            ready = step(self._cp, raw)  # runs on bound.stream: it is the current stream
             check_feed(tensor.range, ready.shape, ready.dtype, tensor.dtype)
-            slot.device[name][: ready.size].reshape(ready.shape)[...] = ready
+            bound.device[name][: ready.size].reshape(ready.shape)[...] = ready
             shape = ready.shape
-        if not slot.context.set_input_shape(name, tuple(shape)):
+        if not bound.context.set_input_shape(name, tuple(shape)):
             raise ValueError(f"TensorRT refused shape {tuple(shape)} for input {name!r}.")
 
-    def _collect(self, slot: Slot) -> dict[str, np.ndarray]:
+    def _collect(self, bound: BoundContext) -> dict[str, np.ndarray]:
         """Device → pinned for every output, one wait, then NumPy copies (the pinned memory
-        belongs to the slot and is reused by its next batch)."""
+        belongs to the context and is reused by its next batch)."""
         views = {}
         for name in self._outputs:
-            shape = concrete_shape(name, _dims(slot.context.get_tensor_shape(name)))
-            pinned = slot.host_out[name][: volume(shape)]
-            _to_host(slot.device[name], pinned, slot.stream)
+            shape = concrete_shape(name, _dims(bound.context.get_tensor_shape(name)))
+            pinned = bound.host_out[name][: volume(shape)]
+            _to_host(bound.device[name], pinned, bound.stream)
             views[name] = pinned.reshape(shape)
-        slot.stream.synchronize()
+        bound.stream.synchronize()
         return {name: view.copy() for name, view in views.items()}
 
 

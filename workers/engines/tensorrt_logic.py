@@ -1,4 +1,4 @@
-"""The TensorRT engine's pure parts: profile shapes, buffer sizes, dtypes, precision, slots.
+"""The TensorRT engine's pure parts: profile shapes, buffer sizes, dtypes, precision, contexts.
 
 Nothing here touches CUDA or imports `tensorrt`, so all of it is tested on a CPU; the engine in
 `tensorrt.py` only glues these to the TensorRT and CuPy calls.
@@ -232,28 +232,29 @@ def concrete_shape(name: str, shape: Sequence[int]) -> Shape:
     return tuple(shape)
 
 
-# --- execution slots ----------------------------------------------------------------------
+# --- execution contexts -------------------------------------------------------------------
 
 
-class SlotPool(Generic[T]):
-    """A fixed set of execution slots shared by runner threads: `take()` blocks until one is
-    free and always gives it back, even when the work inside raises."""
+class ContextPool(Generic[T]):
+    """A fixed set of execution contexts (each with its stream and buffers) shared by runner
+    threads: `take()` blocks until one is free and always gives it back, even when the work
+    inside raises."""
 
-    def __init__(self, slots: Iterable[T]) -> None:
+    def __init__(self, contexts: Iterable[T]) -> None:
         self._free: queue.Queue[T] = queue.Queue()
-        for slot in slots:
-            self._free.put(slot)
+        for context in contexts:
+            self._free.put(context)
         self.size = self._free.qsize()
         if self.size == 0:
-            raise ValueError("A slot pool needs at least one slot.")
+            raise ValueError("A context pool needs at least one context.")
 
     @contextmanager
     def take(self) -> Iterator[T]:
-        slot = self._free.get()
+        context = self._free.get()
         try:
-            yield slot
+            yield context
         finally:
-            self._free.put(slot)
+            self._free.put(context)
 
     def free(self) -> int:
         return self._free.qsize()

@@ -1,5 +1,5 @@
 """The TensorRT engine's pure parts, on a CPU: profiles from ONNX shapes, buffer sizes, dtypes,
-precision, plan keys, the slot pool, and that the module imports without TensorRT or CuPy."""
+precision, plan keys, the context pool, and that the module imports without TensorRT or CuPy."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from kiln.workers.engines.base import EngineRequest
 from kiln.workers.engines.engine_cache import plan_spec
 from kiln.workers.engines.tensorrt import IoTensor, spec_of
 from kiln.workers.engines.tensorrt_logic import (
+    ContextPool,
     EngineBuildError,
     InputShape,
-    SlotPool,
     TensorRange,
     batch_profile,
     buffer_bytes,
@@ -281,11 +281,11 @@ def test_plan_spec_composes_the_key_from_file_profile_gpu_and_precision(tmp_path
     assert auto.key.plan_key != spec.key.plan_key
 
 
-# --- slot pool ----------------------------------------------------------------------------
+# --- context pool -------------------------------------------------------------------------
 
 
-def test_slot_pool_never_lends_more_than_it_has() -> None:
-    pool = SlotPool(["a", "b"])
+def test_context_pool_never_lends_more_than_it_has() -> None:
+    pool = ContextPool(["a", "b"])
     lock = threading.Lock()
     in_use: set[str] = set()
     peak = 0
@@ -293,14 +293,14 @@ def test_slot_pool_never_lends_more_than_it_has() -> None:
     def work() -> None:
         nonlocal peak
         for _ in range(5):
-            with pool.take() as slot:
+            with pool.take() as context:
                 with lock:
-                    assert slot not in in_use  # one batch per slot at a time
-                    in_use.add(slot)
+                    assert context not in in_use  # one batch per context at a time
+                    in_use.add(context)
                     peak = max(peak, len(in_use))
                 time.sleep(0.002)
                 with lock:
-                    in_use.discard(slot)
+                    in_use.discard(context)
 
     threads = [threading.Thread(target=work) for _ in range(8)]
     for thread in threads:
@@ -312,17 +312,17 @@ def test_slot_pool_never_lends_more_than_it_has() -> None:
     assert pool.free() == 2
 
 
-def test_a_slot_comes_back_when_the_work_raises() -> None:
-    pool = SlotPool(["only"])
+def test_a_context_comes_back_when_the_work_raises() -> None:
+    pool = ContextPool(["only"])
     with pytest.raises(RuntimeError, match="kernel failed"), pool.take():
         raise RuntimeError("kernel failed")
     assert pool.free() == 1
-    with pool.take() as slot:
-        assert slot == "only"
+    with pool.take() as context:
+        assert context == "only"
 
 
-def test_a_caller_waits_for_a_free_slot() -> None:
-    pool = SlotPool(["only"])
+def test_a_caller_waits_for_a_free_context() -> None:
+    pool = ContextPool(["only"])
     got = threading.Event()
 
     def waiter() -> None:
@@ -332,14 +332,14 @@ def test_a_caller_waits_for_a_free_slot() -> None:
     with pool.take():
         thread = threading.Thread(target=waiter)
         thread.start()
-        assert not got.wait(0.05)  # the only slot is busy
+        assert not got.wait(0.05)  # the only context is busy
     assert got.wait(5)
     thread.join(timeout=5)
 
 
-def test_slot_pool_needs_a_slot() -> None:
+def test_context_pool_needs_a_context() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        SlotPool([])
+        ContextPool([])
 
 
 # --- importing without TensorRT -----------------------------------------------------------

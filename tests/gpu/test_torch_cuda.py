@@ -103,7 +103,7 @@ def test_staging_buffers_are_pinned_and_a_gathered_batch_is_read_in_place(
     buffer[:] = _pixels(8)
     from_buffer = engine.infer({"images": buffer})["logits"]
     np.testing.assert_array_equal(from_buffer, engine.infer({"images": _pixels(8)})["logits"])
-    staging = engine._staging()
+    staging = engine._transfers.staging()
     assert all(b.is_pinned() for b in staging._buffers.values())
 
 
@@ -133,7 +133,7 @@ def test_nvjpeg_and_the_batched_fit_on_the_gpu() -> None:
     images = di.decode_batch(datas, torch.device("cuda"), max_pixels=50_000_000)
     pre = Preprocessing(224)
     batch, _metas = di.fit_batch(images, pre)
-    alone = torch.stack([di.fit_image(image, pre)[0] for image in images])
+    alone = torch.stack([di.fit_on_device(image, pre)[0] for image in images])
     assert batch.device.type == "cuda" and batch.dtype == torch.uint8
     assert torch.equal(batch, alone.to(torch.uint8).permute(0, 2, 3, 1))
     for i, data in enumerate(datas):

@@ -6,8 +6,9 @@ On CUDA (docs/gpu.md has the measurements behind each choice):
   so the ops PyTorch keeps in FP32 (softmax, norms, reductions) stay there; a model whose FP16
   forward fails or is not finite keeps FP32 weights under autocast, as dynamic-shape models do.
 - Image models take uint8 NHWC pixels (the prep processes' slots, `uint8_input`): staged in a
-  pinned buffer reused per runner thread, copied without blocking on that thread's stream, and
-  normalised on the device; NHWC memory permuted to NCHW *is* channels_last, so no transpose.
+  pinned buffer reused per runner thread, copied without blocking on that thread's stream
+  (`torch_transfers`), and normalised on the device; NHWC memory permuted to NCHW *is*
+  channels_last, so no transpose.
 - A fixed-shape model replays CUDA graphs, one per batch bucket (`cuda_graphs`); dynamic-shape
   ones (OCR's detector, text) run eagerly. `graphs=False` turns graphs off.
 - Outputs come back through pinned buffers without blocking; one synchronisation per batch.
@@ -24,14 +25,12 @@ converts none of the PP-OCR graphs nor the text embedder (`GreaterOrEqual`).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
-import threading
 import time
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
@@ -44,7 +43,6 @@ from kiln.workers.engines.base import (
     EngineRequest,
     Prepare,
     TensorSpec,
-    prepared,
 )
 from kiln.workers.engines.cuda_graphs import (
     Capture,
@@ -61,6 +59,7 @@ from kiln.workers.engines.tensorrt_logic import (
     check_names,
     decide_precision,
 )
+from kiln.workers.engines.torch_transfers import Transfers
 from kiln.workers.engines.uint8_input import Normalization, TorchNormalization
 
 if TYPE_CHECKING:
@@ -252,30 +251,6 @@ def _half_or_full(
 # --- running ------------------------------------------------------------------------------
 
 
-class Staging:
-    """One runner thread's host buffers, reused batch after batch: pinned on CUDA (a pinned
-    copy runs without blocking and at the bus's speed), plain on the CPU."""
-
-    def __init__(self, torch: Any, pinned: bool) -> None:
-        self._torch = torch
-        self._pinned = pinned
-        self._buffers: dict[str, Any] = {}  # name → flat uint8 tensor, grown as needed
-
-    def take(self, name: str, shape: Sequence[int], dtype: Any) -> Any:
-        """A tensor of `shape` and `dtype` over this thread's buffer `name`."""
-        torch = self._torch
-        count = int(np.prod(shape)) if len(shape) else 1
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.numel() < nbytes:
-            # device="cpu" said: inside `on_stream` the CUDA device is the default one
-            buffer = torch.empty(
-                max(nbytes, 1), dtype=torch.uint8, device="cpu", pin_memory=self._pinned
-            )
-            self._buffers[name] = buffer
-        return buffer[:nbytes].view(dtype).view(tuple(shape))
-
-
 class TorchEngine:
     """One module shared by the runner threads: forward under inference_mode keeps no state,
     and on CUDA each thread queues its batches on its own stream, with its own host buffers
@@ -321,8 +296,7 @@ class TorchEngine:
             dtype = fed or getattr(torch, inputs[0].dtype)
             self._normalize = TorchNormalization(options.normalization, self._device, dtype)
         self._cast_to = fed
-        self._cupy = _cupy() if self._cuda else None
-        self._local = threading.local()
+        self._transfers = Transfers(torch, self._device)
         self.graphs: Graphs | None = None
         if options.graphs and fixed_shape(self.inputs):
             self.graphs = self._graph_sets(capture or cuda_capture(torch, self._device))
@@ -337,9 +311,10 @@ class TorchEngine:
         check_names([s.name for s in self.inputs], feeds)
         with self._torch.inference_mode(), self.on_stream():
             if prepare:  # a family's own step (OCR): eager, CuPy on the device
-                return self._host(self._forward(self._stage(feeds, prepare)), _rows(feeds))
-            staging = self._staging()
-            hosts = [self._held(staging, spec, feeds[spec.name]) for spec in self.inputs]
+                names = [s.name for s in self.inputs]
+                devices = self._transfers.uploaded(names, feeds, prepare)
+                return self._host(self._forward(devices), _rows(feeds))
+            hosts = [self._transfers.held(s.name, feeds[s.name]) for s in self.inputs]
             return self._run(hosts, _rows(feeds))
 
     def infer_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -354,28 +329,16 @@ class TorchEngine:
         """This thread's staging buffer for the first input as a NumPy array: a batch gathered
         into it is not copied again before it goes to the device."""
         spec = self.inputs[0]
-        tensor = self._staging().take(spec.name, shape, getattr(self._torch, dtype))
+        staging = self._transfers.staging()
+        tensor = staging.take(spec.name, shape, getattr(self._torch, dtype))
         array: np.ndarray = tensor.numpy()
         return array
 
-    @contextlib.contextmanager
-    def on_stream(self) -> Iterator[None]:
+    def on_stream(self) -> AbstractContextManager[None]:
         """This thread's CUDA stream, and the device as the default for tensors the converted
         code creates itself (shapes, ranges, constants of a shape): they must not land on the
         CPU beside CUDA activations."""
-        if not self._cuda:
-            yield  # on the CPU everything is already where it must be
-            return
-        with self._device, self._torch.cuda.stream(self._stream()):
-            yield
-
-    @contextlib.contextmanager
-    def _default_device(self) -> Iterator[None]:
-        if not self._cuda:
-            yield
-            return
-        with self._device:
-            yield
+        return self._transfers.on_stream()
 
     def probe(self) -> str | None:
         """Why this engine's forward is unusable (an error, a non-finite output), or None."""
@@ -386,8 +349,7 @@ class TorchEngine:
         }
         try:
             with self._torch.inference_mode(), self.on_stream():
-                staging = self._staging()
-                hosts = [self._held(staging, s, feeds[s.name]) for s in self.inputs]
+                hosts = [self._transfers.held(s.name, feeds[s.name]) for s in self.inputs]
                 devices = [h.to(self._device) for h in hosts]
                 values = self._forward(devices)
                 finite = all(bool(self._torch.isfinite(v).all()) for v in values
@@ -494,92 +456,16 @@ class TorchEngine:
         def forward(tensors: list[Any]) -> list[Any]:
             # The device as the default, but no stream of our own: capture records the stream
             # it set up, and a switch to the runner's stream would leave the graph empty.
-            with torch.inference_mode(), self._default_device():
+            with torch.inference_mode(), self._transfers.on_device():
                 return self._forward(tensors)
 
         pools = [cuda_pool(torch) if self._cuda else None for _ in range(self.options.runners)]
         sets = [GraphSet(capture, forward, statics, pool) for pool in pools]
         return Graphs(sets, self.max_batch)
 
-    # --- host ↔ device
-
-    def _staging(self) -> Staging:
-        staging = getattr(self._local, "staging", None)
-        if staging is None:
-            staging = self._local.staging = Staging(self._torch, pinned=self._cuda)
-        return staging
-
-    def _held(self, staging: Staging, spec: TensorSpec, feed: np.ndarray) -> Any:
-        """The feed as a host tensor in this thread's staging buffer (copied there unless it
-        was gathered there already)."""
-        torch = self._torch
-        dtype = getattr(torch, str(feed.dtype))
-        target = staging.take(spec.name, feed.shape, dtype)
-        if target.data_ptr() != feed.ctypes.data:
-            target.copy_(torch.from_numpy(_writable(feed)))
-        return target
-
     def _host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
-        """The first `rows` rows of each output as host arrays: copied into this thread's
-        staging buffers without blocking, then one wait for the whole batch."""
-        staging = self._staging()
-        held = []
-        for spec, value in zip(self.outputs, values, strict=True):
-            part = value[:rows]
-            target = staging.take(f"out:{spec.name}", tuple(part.shape), part.dtype)
-            target.copy_(part, non_blocking=self._cuda)
-            held.append(target)
-        if self._cuda:
-            self._torch.cuda.current_stream(self._device).synchronize()
-        # copies: the staging buffers are this thread's next batch
-        return {spec.name: t.numpy().copy() for spec, t in zip(self.outputs, held, strict=True)}
-
-    def _stream(self) -> Any:
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = self._torch.cuda.Stream(device=self._device)
-        return stream
-
-    def _stage(self, feeds: Mapping[str, np.ndarray], steps: Mapping[str, Prepare]) -> list[Any]:
-        """Feeds in the graph's input order, on the device, each after its `prepare`: on the
-        GPU with CuPy when it imports, else on the host with NumPy (then the prepared array
-        is what crosses the bus, e.g. float32 instead of uint8 pixels)."""
-        if self._cupy is None:
-            ready = prepared(feeds, steps)
-            return [self._upload(ready[s.name]) for s in self.inputs]
-        tensors = []
-        for spec in self.inputs:
-            raw = self._upload(np.ascontiguousarray(feeds[spec.name]))
-            step = steps.get(spec.name)
-            tensors.append(raw if step is None else self._prepare_on_gpu(raw, step))
-        return tensors
-
-    def _upload(self, array: np.ndarray) -> Any:
-        return self._torch.from_numpy(_writable(array)).to(self._device)
-
-    def _prepare_on_gpu(self, raw: Any, step: Prepare) -> Any:
-        """CuPy sees the tensor's memory through DLPack, on this thread's torch stream."""
-        cp = self._cupy
-        assert cp is not None
-        with self._cupy_stream():
-            ready = cp.ascontiguousarray(step(cp, cp.from_dlpack(raw)))
-            return self._torch.from_dlpack(ready)
-
-    def _cupy_stream(self) -> Any:
-        """This thread's torch stream as CuPy sees it, made once per runner thread. CuPy 14
-        deprecates `ExternalStream` (for a `Stream.from_external` that takes a stream
-        object): only that warning is silenced, once per thread, not per batch."""
-        wrapped = getattr(self._local, "cupy_stream", None)
-        if wrapped is None:
-            cp = self._cupy
-            assert cp is not None
-            handle = self._torch.cuda.current_stream(self._device).cuda_stream
-            with warnings.catch_warnings():
-                warnings.filterwarnings(
-                    "ignore", "ExternalStream is deprecated", DeprecationWarning
-                )
-                wrapped = self._local.cupy_stream = cp.cuda.ExternalStream(handle)
-        return wrapped
+        """The first `rows` rows of each output, by the ONNX file's names, on the host."""
+        return self._transfers.to_host([s.name for s in self.outputs], values, rows)
 
 
 def _placed(module: Any, device: Any, half: bool, rank: int) -> Any:
@@ -602,18 +488,3 @@ def _known(spec: TensorSpec) -> tuple[int, ...]:
 
 def _rows(feeds: Mapping[str, np.ndarray]) -> int:
     return int(next(iter(feeds.values())).shape[0])
-
-
-def _writable(array: np.ndarray) -> np.ndarray:
-    """torch shares NumPy memory and warns on read-only arrays."""
-    return array if array.flags.writeable else array.copy()
-
-
-def _cupy() -> ModuleType | None:
-    try:
-        import cupy
-    except ImportError:
-        log.info("cupy is not installed: the torch engine applies `prepare` on the host")
-        return None
-    module: ModuleType = cupy
-    return module

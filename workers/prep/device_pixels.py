@@ -256,7 +256,7 @@ def _nhwc(pixels: Any) -> Any:
     return pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
-def fit_image(image: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
+def fit_on_device(image: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
     """One image's `input_size` square (float32 CHW holding whole pixel values, as the CPU
     path's uint8) and its meta: `{"fit": Letterbox | Squash}`, or `{}` for a crop."""
     fitted, meta = fit_group(image.unsqueeze(0), pre)
@@ -264,7 +264,7 @@ def fit_image(image: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
 
 
 def fit_group(images: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
-    """`fit_image` for an NCHW uint8 stack of images of one size, in one call per pass."""
+    """`fit_on_device` for an NCHW uint8 stack of images of one size, in one call per pass."""
     import torch
 
     size, height, width = pre.input_size, int(images.shape[-2]), int(images.shape[-1])

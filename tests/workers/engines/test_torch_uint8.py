@@ -162,8 +162,7 @@ def gathered_into_the_buffer(plain: Any, batch: np.ndarray) -> dict[str, Any]:
     """A batch gathered into the engine's staging buffer is read where it lies."""
     buffer = plain.host_buffer(batch.shape)
     buffer[:] = batch
-    staging = plain._staging()
-    held = plain._held(staging, plain.inputs[0], buffer)
+    held = plain._transfers.held(plain.inputs[0].name, buffer)
     again = plain.host_buffer(batch.shape)
     return {
         "same_memory": held.data_ptr() == buffer.ctypes.data,

@@ -141,7 +141,7 @@ def run_torch(where: str) -> None:
     report: dict[str, Any] = {"decoded": [list(t.shape) for t in images], "metas": {}}
     for name, fields in listing["specs"].items():
         pre = preprocessing(fields)
-        pixels = torch.stack([di.fit_image(image, pre)[0] for image in images])
+        pixels = torch.stack([di.fit_on_device(image, pre)[0] for image in images])
         batch, metas = di.fit_batch(images, pre)  # grouped by size: one resize per group
         normalise = TorchNormalization(Normalization.of(pre), "cpu", torch.float32)
         np.savez(folder / f"{name}.out.npz", pixels=pixels.to(torch.uint8).permute(0, 2, 3, 1),

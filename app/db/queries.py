@@ -220,12 +220,12 @@ def finished_chunk_items(session: Session, job_id: str, chunk: int) -> list[Item
     )
 
 
-def has_open_items(session: Session, job_id: str) -> bool:
-    return bool(
-        session.scalar(
-            select(exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES)))
-        )
-    )
+def nothing_open(session: Session, job_id: str) -> bool:
+    """No item of the job is open and its source (a bulk job's) is listed to the end: what
+    `finish_job_if_done` asks before it closes the job."""
+    open_items = exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES))
+    listing = exists().where(Ingest.job_id == job_id, Ingest.done.is_(False))
+    return not session.scalar(select(or_(open_items, listing)))
 
 
 def job_chunks(session: Session, job_id: str) -> list[int]:

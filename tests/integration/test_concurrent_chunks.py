@@ -36,14 +36,14 @@ def test_two_chunks_finishing_together_close_the_job(
     # Both chunks commit their results, then meet here before looking for open items (in a
     # transaction of their own): each sees the other's results, and exactly one closes the job.
     meet = threading.Barrier(2, timeout=2)
-    real_check = queries.has_open_items
+    real_check = queries.nothing_open
 
     def check_together(*args: Any) -> bool:
         with contextlib.suppress(threading.BrokenBarrierError):
             meet.wait()
         return real_check(*args)
 
-    monkeypatch.setattr(queries, "has_open_items", check_together)
+    monkeypatch.setattr(queries, "nothing_open", check_together)
     reports: list[Any] = []
     threads = [
         threading.Thread(

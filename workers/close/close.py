@@ -11,13 +11,11 @@ what was left undone. The reconciler closes a job whose last chunk stopped in be
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 from sqlalchemy.orm import Session
 
 from kiln.app import results
-from kiln.app.db import ingest, leases, queries
+from kiln.app.db import leases, queries
 from kiln.app.db.session import unit_of_work
 from kiln.workers.chunk.fallback import job_fallback, shard_fields
 from kiln.workers.chunk.lease import Lease
@@ -29,44 +27,40 @@ from kiln.workers.runtime import WorkerRuntime
 def close_after_chunk(
     runtime: WorkerRuntime, lease: Lease, wrote: bool, fields: list[pa.Field]
 ) -> str | None:
-    """After a chunk's results commit: close the job if nothing is left open (`wrote`: the
-    chunk wrote a shard). Returns the final status if this call closed it."""
+    """After a chunk's results commit: once nothing of the job is left open, its missing
+    shards, its close steps, its status, its manifest (`wrote`: this chunk wrote a shard).
+    A replay of a closed job heals its shards and manifest. Returns the final status if this
+    call closed the job."""
     with runtime.sessions() as session:
-        closing, steps = True, None
+        with unit_of_work(session):  # reads, and shards only a crash left unwritten
+            shards = _shards_once_done(session, lease, wrote, fields)
+        if shards is None:
+            return None  # items still open: whichever chunk commits last closes the job
+        final, steps = None, None
         if lease.was_open:
-            closing, steps = _steps_before_close(runtime, session, lease, fields)
-        final, shards = None, None
-        if closing:
+            job = queries.job_as_now(session, lease.job_id)
+            if job is not None:  # before the status closes: whoever sees it closed finds them
+                steps = close_steps(runtime.store, session, job, lease.model, lease.place)
             with unit_of_work(session):
-                final, shards = _close_if_done(session, lease, wrote, fields)
-        if final is not None or not lease.was_open:
-            closed_now = final is not None
-            ensure_manifest(runtime, session, lease.job_id, lease.model, closed_now, shards, steps)
+                final = queries.finish_job_if_done(session, lease.job_id)
+            if final is None:
+                return None  # another chunk closed it, and writes the manifest
+        closed_now = final is not None
+        ensure_manifest(runtime, session, lease.job_id, lease.model, closed_now, shards, steps)
     return final
 
 
-def _steps_before_close(
-    runtime: WorkerRuntime, session: Session, lease: Lease, fields: list[pa.Field]
-) -> tuple[bool, dict[str, Any] | None]:
-    """Whether nothing is left open, and then the close steps."""
-    with unit_of_work(session):  # reads, and shards only a crash left unwritten
-        if queries.has_open_items(session, lease.job_id) or ingest.listing(session, lease.job_id):
-            return False, None
-        write_missing_shards(session, lease.place, lease.job_id, fields)
-        job = queries.job_as_now(session, lease.job_id)
-    if job is None:
-        return True, None
-    return True, close_steps(runtime.store, session, job, lease.model, lease.place)
-
-
-def _close_if_done(
+def _shards_once_done(
     session: Session, lease: Lease, wrote: bool, fields: list[pa.Field]
-) -> tuple[str | None, list[str] | None]:
-    """Close the job if no item is open: the final status and the shard keys (if known)."""
-    if lease.chunk_count <= 1 and not lease.bulk:  # a bulk job may gain chunks as it lists
-        shards = [results.shard_key(lease.place, lease.chunk)] if wrote else []
-        return queries.finish_job_if_done(session, lease.job_id), shards
-    return close_if_done(session, lease.place, lease.job_id, fields)
+) -> list[str] | None:
+    """None while any item of the job is open (or its source is still listed); else every
+    shard key, after writing those a crash left unwritten."""
+    if not queries.nothing_open(session, lease.job_id):
+        return None
+    shards = write_missing_shards(session, lease.place, lease.job_id, fields)
+    if lease.chunk_count <= 1 and not lease.bulk:  # one chunk: its own shard, if it wrote one
+        return [results.shard_key(lease.place, lease.chunk)] if wrote else []
+    return shards
 
 
 def close_if_done(
@@ -74,7 +68,7 @@ def close_if_done(
 ) -> tuple[str | None, list[str] | None]:
     """Close a job of many chunks once none has open items: its missing shards first, so a
     closed job always has every shard. The final status and the shard keys, or (None, None)."""
-    if queries.has_open_items(session, job_id) or ingest.listing(session, job_id):
+    if not queries.nothing_open(session, job_id):
         return None, None
     shards = write_missing_shards(session, place, job_id, fields)
     return queries.finish_job_if_done(session, job_id), shards

@@ -262,7 +262,7 @@ def test_the_reconciler_closes_a_job_whose_last_chunk_stopped_before_closing(
     finish_chunk(runtime, first, red(first))
     last = take(runtime, job_id, 1, calls[1].item_ids)
     with monkeypatch.context() as patch:
-        patch.setattr(queries, "has_open_items", _die)
+        patch.setattr(queries, "nothing_open", _die)
         with pytest.raises(SystemExit):
             finish_chunk(runtime, last, red(last))
     assert job_row(runtime, job_id).status == JobStatus.RUNNING

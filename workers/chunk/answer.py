@@ -154,7 +154,7 @@ class _Run:
             finally:
                 woken()
                 if self.frame_process is not None:
-                    self.stage.prep.release_frames(self.frame_process)
+                    self.stage.prep.frames.release(self.frame_process)
 
     def _abandon(self) -> None:
         """The run stops early (a transient fault): slots lent to units still in prep, or back
@@ -219,7 +219,7 @@ class _Run:
         one decoding the fewest stretches), then the same for every unit after, so its reader
         decodes on where the last unit stopped. False: none is free yet."""
         if self.frame_process is None:
-            self.frame_process = self.stage.prep.claim_frames(SLOT_WAIT_S if wait else 0)
+            self.frame_process = self.stage.prep.frames.claim(SLOT_WAIT_S if wait else 0)
         return self.frame_process is not None
 
     def _frames(self, unit: np.ndarray) -> bool:

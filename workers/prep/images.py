@@ -58,14 +58,6 @@ def placement_row(placement: Letterbox | Squash) -> tuple[float, float, float, f
     return scale_x, scale_y, placement.width, placement.height
 
 
-def placement_of(row: np.ndarray, fit: str) -> Letterbox | Squash:
-    """A row of meta back into the fit it describes."""
-    scale_x, scale_y, width, height = (float(v) for v in row[:FIT_WIDTH])
-    if fit == "letterbox":
-        return Letterbox(scale_x, int(width), int(height))
-    return Squash(scale_x, scale_y, int(width), int(height))
-
-
 class HeaderPrep:
     """For an engine that decodes the batch on the GPU: what is cheap to check (an image Kiln
     reads, under the pixel cap) without decoding a pixel; the bytes travel on."""

@@ -17,7 +17,6 @@ debugging and the smallest hosts.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import logging
@@ -38,6 +37,7 @@ from typing import Any, Protocol
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import TransientError
 from kiln.workers.prep.fetch import Fetcher
+from kiln.workers.prep.frames import FrameScheduler
 from kiln.workers.prep.process import PrepWorker, serve
 from kiln.workers.prep.units import Prepped, Unit
 
@@ -45,8 +45,6 @@ log = logging.getLogger(__name__)
 
 STUCK_FLOOR_S = 30.0
 TRIES = 2  # prep processes a unit (an item alone) may stop before it is split (failed)
-# Runs of video frames one prep process decodes at once (each keeps a reader of its own).
-FRAME_RUNS = 2
 
 
 def usable_cores() -> int:
@@ -76,23 +74,13 @@ class Preparer(Protocol):
 
     processes: int
     replaced: int  # processes that died and were replaced
+    frames: FrameScheduler  # which process decodes a chunk's run of video frames
 
     def pids(self) -> list[int]:
         """The prep processes' ids (none when prep runs on the chunk's thread)."""
         ...
 
     def submit(self, unit: Unit, prefer: int = -1) -> Future[Prepped]: ...
-
-    def claim_frames(self, timeout: float = 0) -> int | None:
-        """A process for a run of video frames (all its units go there, in order): the one
-        decoding the fewest such runs, while one decodes fewer than FRAME_RUNS; None if none
-        came free within `timeout` (the run waits: a process decoding more stretches than it
-        keeps readers for would decode GOPs twice). -1: any (no processes)."""
-        ...
-
-    def release_frames(self, process: int) -> None:
-        """A run of video frames is done with `process`."""
-        ...
 
     def close(self) -> None: ...
 
@@ -138,7 +126,6 @@ class PrepPool:
         if processes < 1:
             raise ValueError("A prep pool needs at least one process; use InlinePrep for none.")
         self.settings, self.processes = settings, processes
-        self._frame_runs: collections.Counter[int] = collections.Counter()  # process → runs
         # A video decoder's threads in each process: the cores each has to itself (one where
         # there is a process per core, the default: threads on shared cores only contend).
         self.decoder_threads = max(1, usable_cores() // max(1, processes))
@@ -149,9 +136,9 @@ class PrepPool:
         self._ids = itertools.count(1)
         self._units = itertools.count(1)
         self._lock = threading.Lock()
-        self._frames_free = threading.Condition()  # guards `_frame_runs`
         self._closing = False
         self._procs = [self._start() for _ in range(processes)]
+        self.frames = FrameScheduler(self._loads)
         self.replaced = 0  # processes that died and were replaced (a metric)
         self._collector = threading.Thread(target=self._collect, name="kiln-prep-collector")
         self._collector.daemon = True
@@ -183,25 +170,10 @@ class PrepPool:
         self._send(task, prefer)
         return task.future
 
-    def claim_frames(self, timeout: float = 0) -> int | None:
-        deadline = time.monotonic() + timeout
-        with self._frames_free:
-            while True:
-                live = [p for p in self._procs if not p.dead]
-                free = [p for p in live if self._frame_runs[p.id] < FRAME_RUNS]
-                if free:
-                    chosen = min(free, key=lambda p: (self._frame_runs[p.id], len(p.tasks)))
-                    self._frame_runs[chosen.id] += 1
-                    return chosen.id
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closing:
-                    return None
-                self._frames_free.wait(left)
-
-    def release_frames(self, process: int) -> None:
-        with self._frames_free:
-            self._frame_runs[process] = max(0, self._frame_runs[process] - 1)
-            self._frames_free.notify_all()
+    def _loads(self) -> dict[int, int]:
+        """The live processes by id, each with the units it holds, in order (for `frames`)."""
+        with self._lock:
+            return {p.id: len(p.tasks) for p in self._procs if not p.dead}
 
     def _send(self, task: _Task, prefer: int = -1) -> None:
         with self._lock:
@@ -327,6 +299,7 @@ class PrepPool:
                 return
             self._closing = True
             procs = list(self._procs)
+        self.frames.close()
         for proc in procs:
             proc.outbox.put(None)  # after what is queued: the process stops
         self._collector.join(2)  # no answer is taken after this
@@ -369,6 +342,7 @@ class InlinePrep:
         self._worker = PrepWorker(settings, fetcher, decoder_threads=usable_cores())
         self._lock = threading.Lock()  # one worker: its caches are not thread-safe
         self._units = itertools.count(1)
+        self.frames = FrameScheduler(dict)  # no processes: frames go anywhere
 
     def submit(self, unit: Unit, prefer: int = -1) -> Future[Prepped]:
         unit.id = next(self._units)
@@ -379,12 +353,6 @@ class InlinePrep:
 
     def pids(self) -> list[int]:
         return []
-
-    def claim_frames(self, timeout: float = 0) -> int | None:
-        return -1
-
-    def release_frames(self, process: int) -> None:
-        pass
 
     def close(self) -> None:
         self._worker.close()

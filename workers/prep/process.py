@@ -11,34 +11,31 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
-from collections import OrderedDict
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kiln.app.core.config import Settings
-from kiln.app.core.digest import sha256_hex
-from kiln.app.core.errors import InputError, KilnError, TransientError
-from kiln.app.sources import IMAGE_SUFFIXES
-from kiln.app.video import DEFAULT_FPS, HEAD_BYTES, Sampling, VideoLimits, container_of
+from kiln.app.core.errors import TransientError
 from kiln.workers.prep.fetch import Fetcher
+from kiln.workers.prep.handlers import Item, handle
+from kiln.workers.prep.held import HeldBytes
 from kiln.workers.prep.slots import Segment, attach
-from kiln.workers.prep.spec import FramePrep, Prep, PrepSpec, build
+from kiln.workers.prep.spec import Prep, PrepSpec, build
 from kiln.workers.prep.units import Prepped, Unit
-from kiln.workers.prep.video import VideoReaders, decoded_frame, plan
+from kiln.workers.prep.video import VideoReaders
 
 log = logging.getLogger(__name__)
 
-HELD_BYTES = 128 * 2**20  # bytes of read-only units kept for their prepare, at most
 PREP_NICE = 5
 PARENT_CHECK_S = 1.0  # how often an idle prep process checks that its parent lives
 
 
 class PrepWorker:
-    """Runs units; keeps what it built (preps, attached segments) between them."""
+    """A prep process's state, kept between units: its fetcher, video readers, bytes held from
+    read-only units, the preps it built and the slot segments it attached. Each item of a unit
+    goes to the handler of its kind (workers/prep/handlers.py)."""
 
     def __init__(
         self, settings: Settings, fetcher: Fetcher | None = None, decoder_threads: int = 0
@@ -48,8 +45,7 @@ class PrepWorker:
         self._fetcher = fetcher
         self._preps: dict[str, Prep] = {}
         self._segments: dict[str, Segment] = {}
-        self._held: OrderedDict[int, bytes] = OrderedDict()  # item id → bytes (read-only units)
-        self._held_bytes = 0
+        self.held = HeldBytes()
         self.videos = VideoReaders(threads=decoder_threads)
 
     @property
@@ -62,15 +58,14 @@ class PrepWorker:
 
     def run(self, unit: Unit) -> Prepped:
         for item in unit.drop:
-            self._forget(item)
-        n = len(unit)
-        out = Prepped(unit.id, [None] * n, [None] * n)
-        out.seconds = np.zeros((n, 2), dtype=np.float32)
-        if not unit.read_only:
-            out.meta = np.zeros((n, unit.spec.meta_width), dtype=np.float32)
-            out.objects = None if unit.spec.layout is not None else [None] * n
+            self.held.forget(item)
+        out = _blank(unit)
         try:
-            self._run(unit, out)
+            slots = self._slots(unit)
+            prep = None if unit.read_only else self._prep(unit.spec)
+            for i in range(len(unit)):
+                slot = None if slots is None or unit.slots is None else slots[int(unit.slots[i])]
+                handle(self, Item(unit, i, out, prep, slot))
         except TransientError as error:
             out.transient = str(error)
         except Exception as error:  # outside one input (its model's prep would not build):
@@ -78,166 +73,6 @@ class PrepWorker:
             sentence = f"Kiln could not prepare this input: {error}."
             out.errors = [e or sentence for e in out.errors]
         return out
-
-    def _run(self, unit: Unit, out: Prepped) -> None:
-        slots = self._slots(unit)
-        prep = None if unit.read_only else self._prep(unit.spec)
-        assert out.seconds is not None
-        for i in range(len(unit)):
-            started = time.perf_counter()
-            frame = unit.frames[i] if unit.frames is not None else None
-            if frame is not None:  # one moment of a video: decoded by this process's reader
-                if not unit.read_only:
-                    self._frame(unit, i, frame, prep, slots, out)
-                out.seconds[i, 1] = time.perf_counter() - started
-                continue
-            data = self._data(unit, i, out)
-            fetched = time.perf_counter()
-            out.seconds[i, 0] = fetched - started
-            if data is None:
-                continue
-            if isinstance(data, Path) or (isinstance(data, bytes) and is_video(data)):
-                self._video_item(unit, i, data, out)
-            elif unit.read_only:
-                if isinstance(data, bytes):  # a text is in the unit already
-                    self._hold(unit.items[i], data)
-            else:
-                assert prep is not None
-                self._prepare(unit, i, data, prep, slots, out)
-            out.seconds[i, 1] = time.perf_counter() - fetched
-
-    def _prepare(
-        self,
-        unit: Unit,
-        i: int,
-        data: bytes | str,
-        prep: Prep,
-        slots: np.ndarray | None,
-        out: Prepped,
-    ) -> None:
-        assert out.meta is not None
-        slot = None if slots is None or unit.slots is None else slots[int(unit.slots[i])]
-        try:
-            made = prep.prepare(data, slot, out.meta[i])
-        except KilnError as error:
-            out.errors[i] = str(error)
-        except Exception as error:  # a decoder bug fails one item, never the unit
-            log.warning("preparing item %d failed: %r", unit.items[i], error)
-            out.errors[i] = f"The input could not be prepared: {error}."
-        else:
-            if out.objects is not None:
-                out.objects[i] = made
-
-    def _video_item(self, unit: Unit, i: int, data: bytes | Path, out: Prepped) -> None:
-        """A video: planned, never prepared as one input; fetched bytes are kept for the units
-        of its frames."""
-        if isinstance(data, bytes) and unit.sources[i]:
-            self.videos.hold(unit.sources[i] or "", data)
-        if not unit.read_only:
-            self._plan(unit, i, data, out)
-
-    def _plan(self, unit: Unit, i: int, data: bytes | Path, out: Prepped) -> None:
-        """The item is a video: which frames the job samples from it (or why none)."""
-        sampling = unit.sampling or Sampling(DEFAULT_FPS, self._limits())
-        try:
-            made = plan(data, sampling.fps, sampling.limits)
-        except KilnError as error:
-            out.errors[i] = str(error)
-            return
-        except Exception as error:  # FFmpeg's surprises fail the video, never the unit
-            log.warning("planning video item %d failed: %r", unit.items[i], error)
-            out.errors[i] = f"The video could not be read: {error}."
-            return
-        if out.videos is None:
-            out.videos = [None] * len(unit)
-        out.videos[i] = made
-
-    def _frame(
-        self,
-        unit: Unit,
-        i: int,
-        time_s: float,
-        prep: Prep | None,
-        slots: np.ndarray | None,
-        out: Prepped,
-    ) -> None:
-        """One sampled frame, decoded by the reader that is nearest it, into its slot."""
-        assert prep is not None and out.meta is not None
-        source = unit.sources[i] or ""
-        slot = None if slots is None or unit.slots is None else slots[int(unit.slots[i])]
-        try:
-            if not isinstance(prep, FramePrep):
-                raise InputError("This model takes text, not video frames.")
-            reader = self.videos.reader(source, time_s, self._video(source, unit.max_bytes))
-            fps = unit.sampling.fps if unit.sampling is not None else DEFAULT_FPS
-            frame = reader.frame(time_s, fps)
-            want = prep.frame_size(frame.width, frame.height)
-            decoded = decoded_frame(frame, want, getattr(prep, "frame_mode", "RGB"))
-            made = prep.prepare_decoded(decoded, slot, out.meta[i])
-        except TransientError:
-            raise
-        except KilnError as error:
-            out.errors[i] = str(error)
-        except Exception as error:  # a decoder bug fails one frame, never the unit
-            log.warning("frame %.3f s of item %d failed: %r", time_s, unit.items[i], error)
-            out.errors[i] = f"The frame at {time_s:.3f} s could not be prepared: {error}."
-        else:
-            if out.objects is not None:
-                out.objects[i] = made
-
-    def _video(self, source: str, max_bytes: int) -> bytes | Path:
-        """Where a video's bytes are for a reader: its file (kiln run), else fetched once and
-        kept for the units after."""
-        path = self.fetcher.local_path(source)
-        if path is not None:
-            if not path.is_file():
-                raise InputError(f"There is no file at {path}.")
-            return path
-        data = self.videos.held(source)
-        if data is None:
-            data = self.fetcher.fetch(source, max_bytes)
-            self.videos.hold(source, data)
-        return data
-
-    def _limits(self) -> VideoLimits:
-        return VideoLimits(self.settings.max_video_frames, self.settings.max_video_duration_s)
-
-    def _data(self, unit: Unit, i: int, out: Prepped) -> bytes | str | Path | None:
-        """The item's text, or its bytes (held from a read-only unit, or fetched); hashed. A
-        local video is not read here: its path comes back (readers open it where it is)."""
-        text = unit.texts[i]
-        if text is not None:
-            out.sha256[i] = sha256_hex(text)
-            return text
-        path = self.fetcher.local_path(unit.sources[i])
-        if path is not None and _local_video(path):
-            return path
-        data = self._held.pop(unit.items[i], None)
-        if data is not None:
-            self._held_bytes -= len(data)
-        else:
-            try:
-                data = self.fetcher.fetch(unit.sources[i], unit.max_bytes)
-            except TransientError:
-                raise  # the whole unit, and so the chunk, is retried
-            except KilnError as error:
-                out.errors[i] = str(error)
-                return None
-        out.sha256[i] = sha256_hex(data)
-        return data
-
-    def _hold(self, item: int, data: bytes) -> None:
-        self._forget(item)
-        self._held[item] = data
-        self._held_bytes += len(data)
-        while self._held_bytes > HELD_BYTES and len(self._held) > 1:
-            _, old = self._held.popitem(last=False)  # its prepare will fetch it again
-            self._held_bytes -= len(old)
-
-    def _forget(self, item: int) -> None:
-        data = self._held.pop(item, None)
-        if data is not None:
-            self._held_bytes -= len(data)
 
     def _prep(self, spec: PrepSpec) -> Prep:
         prep = self._preps.get(spec.key)
@@ -280,22 +115,15 @@ class PrepWorker:
         self.videos.close()
 
 
-def is_video(data: bytes) -> bool:
-    return container_of(data[:HEAD_BYTES]) is not None
-
-
-def _local_video(path: Path) -> bool:
-    """Whether a local file begins as a video does (a missing file, or one that is not a
-    regular file — a FIFO, whose bytes a peek would take — is left to the fetch). A file named
-    as an image is not opened twice to be sure: a video so named is read whole, then known by
-    its bytes all the same."""
-    if path.suffix.lower() in IMAGE_SUFFIXES or not path.is_file():
-        return False
-    try:
-        with path.open("rb") as file:
-            return container_of(file.read(HEAD_BYTES)) is not None
-    except OSError:
-        return False
+def _blank(unit: Unit) -> Prepped:
+    """The unit's answer before its items are handled: no errors, no hashes, zeros."""
+    n = len(unit)
+    out = Prepped(unit.id, [None] * n, [None] * n)
+    out.seconds = np.zeros((n, 2), dtype=np.float32)
+    if not unit.read_only:
+        out.meta = np.zeros((n, unit.spec.meta_width), dtype=np.float32)
+        out.objects = None if unit.spec.layout is not None else [None] * n
+    return out
 
 
 def serve(conn: Connection, settings: Settings, parent: int, decoder_threads: int = 0) -> None:

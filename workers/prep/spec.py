@@ -35,8 +35,7 @@ class Prep(Protocol):
 
 @runtime_checkable
 class FramePrep(Prep, Protocol):
-    """A prep that also takes video frames, decoded already (the image families). It may say
-    `frame_mode = "L"` when all it reads of a frame is its grey (then nothing else is made)."""
+    """A prep that also takes video frames, decoded already (the image families)."""
 
     def frame_size(self, width: int, height: int) -> tuple[int, int]:
         """The least size a frame of this size may be reduced to before the fit."""
@@ -45,6 +44,15 @@ class FramePrep(Prep, Protocol):
     def prepare_decoded(self, decoded: Decoded, slot: np.ndarray | None, meta: np.ndarray) -> Any:
         """As `prepare`, from an image already decoded."""
         ...
+
+
+@runtime_checkable
+class FrameModePrep(FramePrep, Protocol):
+    """A frame prep that names the mode it reads frames in: "L" when all it reads of a frame
+    is its grey (the decoder's luma is taken as it is, no RGB made). A frame prep that does not
+    say reads "RGB"."""
+
+    frame_mode: str
 
 
 @dataclass(frozen=True)

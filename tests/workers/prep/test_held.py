@@ -1,0 +1,18 @@
+"""Bytes a prep process keeps from a read-only unit for the unit that prepares them."""
+
+from __future__ import annotations
+
+from kiln.workers.prep.held import HELD_BYTES, HeldBytes
+
+
+def test_held_bytes_keep_the_newest_within_the_bound() -> None:
+    held = HeldBytes()
+    half = b"x" * (HELD_BYTES // 2 + 1)
+    held.hold(1, half)
+    held.hold(2, half)  # over the bound: the oldest goes
+    assert held.take(1) is None
+    assert held.take(2) == half
+    assert held.take(2) is None  # taken once
+    held.hold(3, b"y" * (HELD_BYTES + 1))  # alone over the bound: kept all the same
+    held.forget(3)
+    assert held.take(3) is None

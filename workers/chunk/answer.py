@@ -32,12 +32,12 @@ from kiln.app.core.errors import TransientError
 from kiln.app.families.fallback import FAILED, REFUSED
 from kiln.app.video import Sampling
 from kiln.workers.batching import Announcement
-from kiln.workers.chunk.lease import Held
+from kiln.workers.chunk.keeper import Held
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.models.base import Answers, Rows
 from kiln.workers.prep.pool import Preparer
 from kiln.workers.prep.units import UNIT_ROWS, Prepped, Unit
-from kiln.workers.runtime import ModelRunner
+from kiln.workers.runners.runners import ModelRunner
 
 SLOT_WAIT_S = 1.0  # a thread waiting for slots looks at its lease this often
 # Units of video frames in prep at once per chunk: they all go to one prep process, which

@@ -1,7 +1,7 @@
 """CUDA graphs for fixed-shape engines: one graph per batch bucket, replayed.
 
 A ResNet-50 batch of 16 is ~160 kernel launches; launched one by one from Python the GPU waits
-on the host between them (2,700 images/s eager against 11,700 replayed, on an H200). So each
+on the host between them (measured in docs/gpu.md). So each
 batch size is rounded up to a bucket — the powers of two up to the model's batch — and each
 bucket's forward pass is captured once and replayed: the rows past the batch are padding,
 computed and never read.

@@ -13,8 +13,8 @@ On CUDA (docs/gpu.md has the measurements behind each choice):
   ones (OCR's detector, text) run eagerly. `graphs=False` turns graphs off.
 - Outputs come back through pinned buffers without blocking; one synchronisation per batch.
 The converted module is not cached on disk: onnx2fx's graphs call functions local to its
-converters, which neither torch.save nor cloudpickle can write (conversion: 0.76 s for
-ResNet-50 on an H200 host).
+converters, which neither torch.save nor cloudpickle can write (conversion takes under a
+second for ResNet-50: docs/gpu.md).
 
 For a GPU host with torch but neither TensorRT nor ONNX Runtime's CUDA provider. `torch`,
 `onnx2fx` and `cupy` are imported inside functions, so this module imports without them and a

@@ -36,8 +36,7 @@ from kiln.workers.prep.pixels import stack
 from kiln.workers.prep.spec import prep_spec
 
 # Images per detector call on a GPU (only equal input shapes share a tensor). On a CPU one:
-# a batch of large images is no faster per image there and holds all their activations
-# (measured on 1504×736 inputs: 0.25 s/image alone, 0.32 s in fours, ~1 GB more).
+# a batch of large images is no faster per image there and holds all their activations.
 DET_GPU_BATCH = 8
 LINE_MAX_BATCH = 32  # strips per classifier / recogniser call: short, so many fit
 

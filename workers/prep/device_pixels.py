@@ -157,7 +157,7 @@ JpegDecoder = Callable[[list[Any], Any], list[Any]]  # (encoded CPU tensors, dev
 def jpeg_decoder() -> JpegDecoder | None:
     """torchvision's batched nvJPEG op (`image::decode_jpegs_cuda`), loaded from its image
     library without importing the torchvision package: that import costs seconds and pulls
-    torch._dynamo and sympy into the worker (measured on an H200: ~12 s of a ~20 s start).
+    torch._dynamo and sympy into the worker (most of its start-up: docs/gpu.md).
     If the library cannot be loaded alone, the public `decode_jpeg`; None without either."""
     import torch
 

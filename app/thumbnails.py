@@ -2,23 +2,20 @@
 search answers link to). An original never leaves whole: only a thumbnail of at most
 `THUMBNAIL_PX` (on request up to `MAX_PX`) on its longer side.
 
-A video's sampled frame (an item with a `frame_time_s`) is decoded from its video with PyAV:
-from the keyframe before its moment, forward to the frame on screen then — the frame the
-worker gave the model, by the same rule (the last frame whose time from the first frame is at
-most t + 1 µs). A frame that cannot be decoded (past a cut file's end, in a damaged stretch) is
-a 404 with a sentence, never another frame. The video's bytes are kept a few minutes, so a
-strip of its frames reads it once.
+A video's sampled frame (an item with a `frame_time_s`) is decoded by the prep processes' own
+reader (`kiln.app.video.reader`), from the keyframe before its moment forward to the frame on
+screen then — the frame the worker gave the model, by the same rule. A frame the worker fails
+(past a cut file's end, damaged, or decoded from a damaged frame) is a 404 with a sentence,
+never another frame's pixels. The video's bytes are kept a few minutes, so a strip of its
+frames reads it once.
 """
 
 from __future__ import annotations
 
-import bisect
 import io
-import itertools
-import statistics
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +32,13 @@ from kiln.app.db.models import Item
 from kiln.app.results import S3Factory
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.s3 import read_object
+from kiln.app.video.container import reason
+from kiln.app.video.reader import VideoReader
 
 THUMBNAIL_PX = 256  # enough to recognise a picture in a results table, ~10 KB as JPEG
 MAX_PX = 512  # the most a caller may ask for: a preview still, never the original
 JPEG_QUALITY = 80
 ORIENTATION = 0x0112  # the EXIF tag
-EPS = 1e-6  # seconds: the frame shown at t is the last one whose time is at most t + EPS
 VIDEO_CACHE_BYTES = 128 * 2**20  # videos kept for their other frames' thumbnails, at most
 VIDEO_CACHE_S = 300.0  # ... and for this long
 
@@ -179,164 +177,44 @@ def frame_thumbnail(
 
 
 def video_frame(data: bytes | Path, time_s: float, max_pixels: int, name: str) -> Any:
-    """PyAV's frame of the video on screen at `time_s`: seek to the keyframe before it, decode
-    forward to the last frame at or before it. The frame the packets say is on screen then
-    must be the one decoded (a damaged one is not answered with its neighbour)."""
+    """PyAV's frame of the video on screen at `time_s`, read by the worker's reader
+    (`kiln.app.video.reader`) from the packets up to that moment: a frame the worker would fail
+    (past the end, damaged, built on a damaged frame) is refused the same way, never drawn."""
     import av
 
     try:
-        container = av.open(str(data) if isinstance(data, Path) else io.BytesIO(data), "r")
-    except (av.error.FFmpegError, ValueError) as error:
-        raise InputError(f"{name} cannot be read as a video ({_reason(error)}).") from None
+        reader = VideoReader(data, threads=1, until=time_s)  # requests in parallel: a core each
+    except InputError as error:
+        raise InputError(f"{name} cannot be read as a video. {error}") from None
     try:
-        with container:
-            streams = container.streams.video
-            if not streams:
-                raise InputError(f"{name} holds no video stream; it has no frames to show.")
-            stream = streams[0]
-            width, height = stream.codec_context.width, stream.codec_context.height
-            if width * height > max_pixels:
-                raise InputError(f"{name} is {width}×{height} pixels, more than Kiln decodes.")
-            return _frame_at(container, stream, time_s, name)
+        width, height = reader.stream.codec_context.width, reader.stream.codec_context.height
+        if width * height > max_pixels:
+            raise InputError(f"{name} is {width}×{height} pixels, more than Kiln decodes.")
+        return _frame_at(reader, time_s, name)
     except (av.error.FFmpegError, ValueError) as error:  # past the sentences above: FFmpeg's
         raise NotFoundError(
-            f"{name} could not be decoded at {time_s:.3f} s ({_reason(error)})."
+            f"{name} could not be decoded at {time_s:.3f} s ({reason(error)})."
         ) from None
+    finally:
+        reader.close()
 
 
-def _frame_at(container: Any, stream: Any, time_s: float, name: str) -> Any:
-    index = _index(container, stream, time_s)
+def _frame_at(reader: VideoReader, time_s: float, name: str) -> Any:
+    """The reader's frame at `time_s`, its refusals in the thumbnail's sentences (a 404)."""
+    index = reader.index
     if not index.times:
         raise NotFoundError(f"{name} holds no frames (its stream is empty or unreadable).")
-    if index.end_s is not None and time_s >= index.end_s - EPS:
+    if index.ends_before(time_s):
         raise NotFoundError(
             f"{name} ends at {index.end_s:.1f} s; it has no frame at {time_s:.3f} s."
         )
-    target = index.times[max(0, bisect.bisect_right(index.times, time_s + EPS) - 1)]
-    key = index.keyframes[max(0, bisect.bisect_right(index.keyframes, target + EPS) - 1)]
-    base = stream.time_base
-    frame = _decode_to(container, stream, index.start + round(key / base), index, key, target)
-    if frame is _LANDED_LATE:  # a demuxer that seeks by bytes passed the keyframe: from 0
-        frame = _decode_to(container, stream, None, index, 0.0, target)
-    if frame is None or frame is _LANDED_LATE:
-        raise NotFoundError(
-            f"{name} is damaged at {target:.3f} s: the frame shown then could not be decoded."
-        )
-    return frame
-
-
-REORDER = 32  # packets read past the moment: more than any decoder holds back to reorder
-_LANDED_LATE = object()
-
-
-class _Index:
-    """The stream's packets up to a little past the moment, none decoded (as the worker's
-    index, `workers/prep/video.py`): their times from the first frame's, the keyframes among
-    them, and where the video ends when the stream ended before that."""
-
-    def __init__(self) -> None:
-        self.start = 0  # the first frame's timestamp: time 0
-        self.times: list[float] = []
-        self.keyframes: list[float] = []
-        self.end_s: float | None = None
-
-
-def _index(container: Any, stream: Any, time_s: float) -> _Index:
-    import av
-
-    base = float(stream.time_base)
-    stamps: list[int] = []
-    keys: list[int] = []
-    durations: list[float] = []
-    past, ended, low = 0, True, None
     try:
-        for packet in container.demux(stream):
-            pts = packet.pts if packet.pts is not None else packet.dts
-            if pts is None or packet.size == 0:
-                continue
-            stamps.append(pts)
-            low = pts if low is None else min(low, pts)
-            if packet.is_keyframe:
-                keys.append(pts)
-            if packet.duration:
-                durations.append(packet.duration * base)
-            if (pts - low) * base > time_s + EPS:
-                past += 1
-                if past > REORDER:
-                    ended = False
-                    break
-    except av.error.FFmpegError:  # a cut or damaged tail: the packets end here
-        pass
-    index = _Index()
-    if not stamps:
-        return index
-    index.start = start = min(stamps)
-    index.times = sorted((pts - start) * base for pts in stamps)
-    index.keyframes = sorted((pts - start) * base for pts in keys) or index.times[:1]
-    if ended:
-        index.end_s = index.times[-1] + _frame_seconds(stream, durations, index.times)
-    return index
-
-
-def _frame_seconds(stream: Any, durations: list[float], times: list[float]) -> float:
-    """One frame's duration (the last frame is shown this long), as the worker reckons it."""
-    if durations:
-        return float(statistics.median(durations))
-    rate = stream.average_rate or stream.guessed_rate
-    if rate:
-        return 1 / float(rate)
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    return float(statistics.median(gaps)) if gaps else 0.0
-
-
-def _decode_to(
-    container: Any, stream: Any, offset: int | None, index: _Index, key: float, target: float
-) -> Any:
-    """Seek to `offset` (None: the file's start) and decode forward to the frame at `target`:
-    it, None where the stream passes `target` without it, `_LANDED_LATE` where the first frame
-    decoded comes after the keyframe `key` sought."""
-    if offset is None:
-        container.seek(0)
-    else:
-        container.seek(offset, stream=stream, backward=True, any_frame=False)
-    base = stream.time_base
-    first = True
-    for frame in _decoded(container, stream):
-        t = float((frame.pts - index.start) * base)
-        if t < key - EPS:
-            continue  # the demuxer landed on an earlier keyframe
-        if first and t > key + EPS:
-            return _LANDED_LATE
-        first = False
-        if abs(t - target) <= EPS:
-            return frame
-        if t > target + EPS:
-            return None
-    return None
-
-
-def _decoded(container: Any, stream: Any) -> Iterator[Any]:
-    """Frames in presentation order from the container's position. A packet that does not
-    decode is skipped (its frame is missing, as the index tells); a file cut short ends where
-    its packets do."""
-    import av
-
-    packets = container.demux(stream)
-    while True:
-        try:
-            packet = next(packets)
-        except (StopIteration, av.error.FFmpegError):  # the end, or a cut or damaged tail
-            return
-        try:
-            frames = packet.decode()
-        except av.error.FFmpegError:
-            continue
-        yield from (frame for frame in frames if frame.pts is not None)
-
-
-def _reason(error: Exception) -> str:
-    text = getattr(error, "strerror", None) or str(error)
-    return str(text).rstrip(".")
+        return reader.frame(time_s)
+    except InputError:
+        raise NotFoundError(
+            f"{name} is damaged at {index.time_shown_at(time_s):.3f} s: the frame shown then "
+            "could not be decoded."
+        ) from None
 
 
 class _VideoBytes:

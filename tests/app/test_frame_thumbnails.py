@@ -5,6 +5,7 @@ file; past a cut file's end, in a damaged stretch or from no video at all, a sen
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,17 @@ from PIL import Image, ImageChops, ImageStat
 
 from kiln.app.core.errors import InputError, NotFoundError
 from kiln.app.thumbnails import _VideoBytes, frame_thumbnail
-from tests.videos import audio_only, cut, damaged, number_frame, numbered, variable_rate
+from kiln.app.video.reader import VideoReader
+from tests.videos import (
+    audio_only,
+    cut,
+    damaged,
+    grey,
+    number_frame,
+    numbered,
+    plain,
+    variable_rate,
+)
 
 PIXELS = 50_000_000
 SIZE = (320, 240)
@@ -105,11 +116,48 @@ def test_a_damaged_frame_is_a_sentence_never_its_neighbour(clip: Path, tmp_path:
     assert answered and refused
 
 
+@pytest.mark.parametrize("suffix", ["mp4", "mkv"])
+def test_a_frame_the_worker_fails_is_refused_the_same_way(tmp_path: Path, suffix: str) -> None:
+    """The corrupt-frame rule is the worker's: a damaged stretch (noise mid-GOP, as
+    tests/workers/prep/test_video.py) refuses the thumbnail of exactly the frames a prep
+    process's reader fails — those whose packets broke, and those decoded from them, which
+    FFmpeg would show with a neighbour's pixels patched in — and draws every other frame."""
+    source = plain(tmp_path / f"gops.{suffix}", 100, gop=10)
+    path = damaged(source, tmp_path / f"damaged.{suffix}", 0.5, 0.03)
+    data = path.read_bytes()
+    worker = VideoReader(path)  # as a prep process reads every frame, in order
+    failed, refused = set(), set()
+    try:
+        for number in range(100):
+            try:
+                given = grey(worker.frame(number / 10, 0.0))
+            except InputError:
+                failed.add(number)
+            try:
+                thumb = frame_thumbnail(data, number / 10, PIXELS)
+            except NotFoundError as error:
+                assert re.fullmatch(
+                    r"The video is damaged at \d+\.\d{3} s: the frame shown then could not be "
+                    r"decoded\.",
+                    str(error),
+                )
+                refused.add(number)
+            else:  # the frame the worker gave the model, no other
+                assert number not in failed
+                assert abs(ImageStat.Stat(picture(thumb)).mean[0] - given) <= 3, number
+    finally:
+        worker.close()
+    assert failed and refused == failed
+
+
 def test_not_a_video_or_no_picture_in_it_is_a_sentence(tmp_path: Path, clip: Path) -> None:
-    with pytest.raises(InputError, match=r"^Item 'x' cannot be read as a video \("):
+    with pytest.raises(
+        InputError,
+        match=r"^Item 'x' cannot be read as a video\. The file is not a video Kiln can read \(",
+    ):
         frame_thumbnail(b"not a video at all", 0.0, PIXELS, "Item 'x'")
     sound = audio_only(tmp_path / "sound.mp4").read_bytes()
-    with pytest.raises(InputError, match="holds no video stream"):
+    with pytest.raises(InputError, match=r"audio streams but no video stream \(audio only\)"):
         frame_thumbnail(sound, 0.0, PIXELS)
     with pytest.raises(InputError, match=r"is 320×240 pixels, more than Kiln decodes"):
         frame_thumbnail(clip.read_bytes(), 0.0, 10_000)

@@ -17,11 +17,12 @@ import pytest
 
 from kiln.app.core.config import Settings
 from kiln.app.video import Sampling, VideoLimits
+from kiln.app.video.reader import VideoReader
 from kiln.workers.models.phash import PhashPipeline
 from kiln.workers.prep.process import PrepWorker
 from kiln.workers.prep.slots import SlotPool
 from kiln.workers.prep.units import UNIT_ROWS, Unit
-from kiln.workers.prep.video import VideoReader, decoded_frame, plan
+from kiln.workers.prep.video import decoded_frame, plan
 from tests.support import migrated_settings
 from tests.videos import plain
 

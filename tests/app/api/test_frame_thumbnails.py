@@ -120,7 +120,8 @@ def test_a_frame_whose_video_is_not_one_is_a_sentence(
     answer = client.get(f"/v1/jobs/{job_id}/thumbnail", params={"key": "fake.mp4#t=0.000"})
     assert answer.status_code == 422
     assert answer.json()["detail"].startswith(
-        "The video of item 'fake.mp4#t=0.000' cannot be read as a video ("
+        "The video of item 'fake.mp4#t=0.000' cannot be read as a video. The file is not a video "
+        "Kiln can read ("
     )
 
 

@@ -10,43 +10,31 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
 
 import av
 import numpy as np
 import pytest
 
 from kiln.app.core.errors import InputError
-from kiln.app.video import VideoLimits, sample_count
+from kiln.app.video.index import EPS, VideoIndex
+from kiln.app.video.reader import VideoReader
+from kiln.app.video.sampling import VideoLimits, sample_count
 from kiln.workers.prep import video as video_module
-from kiln.workers.prep.video import (
-    FramePlan,
-    VideoIndex,
-    VideoReader,
-    VideoReaders,
-    decoded_frame,
-    open_container,
-    plan,
-    read_index,
-    video_stream,
+from kiln.workers.prep.video import FramePlan, VideoReaders, decoded_frame, plan
+from tests.videos import (
+    audio_only,
+    cut,
+    damaged,
+    grey,
+    level,
+    numbered,
+    plain,
+    shows,
+    variable_rate,
 )
-from tests.videos import audio_only, cut, damaged, numbered, plain, variable_rate
 
 LIMITS = VideoLimits(max_frames=100_000, max_duration_s=24 * 3600.0)
 SUFFIXES = ["mp4", "mov", "mkv", "webm", "avi", "ts"]
-TOLERANCE = 3.0  # grey levels: a frame's neighbours are 7 away
-
-
-def level(number: int) -> int:
-    return (7 * number) % 256
-
-
-def grey(frame: Any) -> float:
-    return float(frame.to_ndarray(format="gray").mean())
-
-
-def shows(frame: Any, number: int) -> bool:
-    return abs(grey(frame) - level(number)) <= TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +97,7 @@ def test_every_frame_is_planned_at_fps_0(clips: dict[str, Path], suffix: str) ->
         got = [grey(reader.frame(t, 0.0)) for t in made.times]
     finally:
         reader.close()
-    assert got == pytest.approx([level(i) for i in range(30)], abs=TOLERANCE)
+    assert got == pytest.approx([level(i) for i in range(30)], abs=3.0)
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
@@ -214,7 +202,7 @@ def test_each_frame_is_planned_at_the_first_moment_it_is_on_screen(fps: float) -
     grid = [k / fps for k in range(sample_count(index.duration_s, fps))]
     first: dict[int, float] = {}
     for t in grid:
-        if t < index.end_s - video_module.EPS:
+        if t < index.end_s - EPS:
             first.setdefault(index.shown_at(t), t)
     made = video_module.frame_plan(index, fps)
     assert made.indices == list(first) and made.times == list(first.values())
@@ -467,50 +455,8 @@ def short_gops(folder: Path) -> Path:
     return plain(folder / "short_gops.mkv", 600, gop=10)
 
 
-def test_the_index_knows_every_frame_and_keyframe(short_gops: Path) -> None:
-    with open_container(short_gops) as container:
-        index = read_index(container, video_stream(container))
-    assert len(index.times) == 600 and index.end_s == pytest.approx(60.0)
-    assert index.keyframes == pytest.approx([k for k in range(60)])
-    assert index.shown_at(12.34) == 123 and index.gop_of(12.34) == 12
+def test_each_frame_is_decoded_from_its_gop_s_keyframe(short_gops: Path) -> None:
     assert plan(short_gops, 0.1, LIMITS).gops == [0, 10, 20, 30, 40, 50]
-
-
-def test_reading_every_frame_in_order_seeks_once(short_gops: Path) -> None:
-    made = plan(short_gops, 0.0, LIMITS)
-    assert len(made.times) == 600
-    reader = VideoReader(short_gops)
-    try:
-        for t, index in zip(made.times, made.indices, strict=True):
-            assert shows(reader.frame(t, 0.0), index)
-        assert reader.seeks == 1
-    finally:
-        reader.close()
-
-
-def test_dense_sampling_decodes_on_past_keyframes(short_gops: Path) -> None:
-    made = plan(short_gops, 2.0, LIMITS)
-    reader = VideoReader(short_gops)
-    try:
-        for t, index in zip(made.times, made.indices, strict=True):
-            assert shows(reader.frame(t, 2.0), index)
-        assert reader.seeks == 1
-    finally:
-        reader.close()
-
-
-def test_sparse_sampling_seeks_to_each_frame_s_keyframe(short_gops: Path) -> None:
-    made = plan(short_gops, 0.1, LIMITS)
-    assert made.times == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
-    reader = VideoReader(short_gops)
-    try:
-        for t, index in zip(made.times, made.indices, strict=True):
-            assert shows(reader.frame(t, 0.1), index)
-        assert reader.seeks == len(made.times)
-        assert shows(reader.frame(55.5, 0.1), 555)  # mid-GOP: from its keyframe, 5 frames on
-        assert reader.seeks == len(made.times) + 1
-    finally:
-        reader.close()
 
 
 # --- the readers a prep process keeps ---------------------------------------------------------
@@ -616,14 +562,3 @@ def test_another_stretch_of_a_video_gets_its_own_reader_sharing_the_index(
         assert third is early and readers.readers_of("a") == 2
     finally:
         readers.close()
-
-
-@pytest.mark.parametrize("suffix", ["ts", "mp4", "mkv"])
-def test_reading_out_of_order_seeks_to_the_right_frames(tmp_path: Path, suffix: str) -> None:
-    """Back and forth over short GOPs: every seek lands where the frame is decoded from (an
-    MPEG-TS demuxer seeks by bytes and may land past the keyframe: then from the start)."""
-    path = plain(tmp_path / f"sparse.{suffix}", 200, fps=10, gop=10)
-    reader = VideoReader(path)
-    for t in (15.0, 3.0, 9.5, 0.0, 19.9, 7.2, 12.1):
-        assert shows(reader.frame(t), reader.index.shown_at(t)), t
-    assert reader.seeks >= 6

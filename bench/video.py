@@ -251,13 +251,14 @@ def peer(args: dict[str, Any]) -> CaseResult:
     import av
 
     from kiln.workers.models.base import Batch
-    from kiln.workers.prep.spec import FramePrep, build
+    from kiln.workers.prep.spec import FrameModePrep, FramePrep, build
     from kiln.workers.prep.video import decoded_frame
 
     started = time.perf_counter()
     model, fps = str(args["model"]), float(args["fps"])
     pipeline = _pipeline(model)
     prep = build(pipeline.prep)
+    mode = prep.frame_mode if isinstance(prep, FrameModePrep) else "RGB"
     assert isinstance(prep, FramePrep)  # the image families take decoded frames
     layout, width = pipeline.prep.layout, pipeline.prep.meta_width
     slots = np.zeros((BATCH, *layout.shape), layout.dtype)
@@ -280,7 +281,7 @@ def peer(args: dict[str, Any]) -> CaseResult:
         for t, frame in sampled(container.decode(video=0), fps, frame_s):
             want = want or prep.frame_size(frame.width, frame.height)
             metas[filled] = 0
-            decoded = decoded_frame(frame, want, getattr(prep, "frame_mode", "RGB"))
+            decoded = decoded_frame(frame, want, mode)
             prep.prepare_decoded(decoded, slots[filled], metas[filled])
             moments.append(t)
             filled += 1

@@ -310,16 +310,8 @@ class _Run:
     def _cancel_unfinished(self, block: _Block, answers: Answers) -> None:
         """A half-answered block after a stop: its rows the engine failed fail, the others
         are cancelled."""
-        for position, (error, refused) in enumerate(
-            zip(answers.error_list(), answers.refused_list(), strict=True)
-        ):
-            row = int(block.rows[position])
-            if self.rows.cancelled[row]:
-                continue
-            if error is None:
-                self.rows.cancelled[row] = True
-            else:
-                self.rows.fail(row, error, REFUSED if refused else FAILED)
+        good = _fail_failed(self.rows, block.rows, answers.error_list(), answers.refused_list())
+        self.rows.cancelled[block.rows[good]] = True
 
     def _cancel_prepared(
         self,
@@ -356,20 +348,27 @@ class _Run:
         if answers.errors is None:  # the usual block: every row answered
             self.rows.answer(Piece(block.rows, answers.columns, self.stage.model))
             return
-        good = []
-        for position, (error, refused) in enumerate(
-            zip(answers.errors, answers.refused_list(), strict=True)
-        ):
-            if self.rows.cancelled[int(block.rows[position])]:
-                continue  # withdrawn before a batch took it
-            if error is None:
-                good.append(position)
-            else:
-                self.rows.fail(int(block.rows[position]), error, REFUSED if refused else FAILED)
-        if good:
-            keep = np.asarray(good)
+        keep = _fail_failed(self.rows, block.rows, answers.errors, answers.refused_list())
+        if len(keep):
             columns = {name: col.take(keep) for name, col in answers.columns.items()}
             self.rows.answer(Piece(block.rows[keep], columns, self.stage.model))
+
+
+def _fail_failed(
+    rows: ChunkRows, block: np.ndarray, errors: list[str | None], refused: list[bool]
+) -> np.ndarray:
+    """Fail a block's rows that have an error (tagged refused or failed); the positions of
+    the rest, less rows already cancelled (withdrawn before a batch took them)."""
+    good = []
+    for position, (error, was_refused) in enumerate(zip(errors, refused, strict=True)):
+        row = int(block[position])
+        if rows.cancelled[row]:
+            continue
+        if error is None:
+            good.append(position)
+        else:
+            rows.fail(row, error, REFUSED if was_refused else FAILED)
+    return np.asarray(good, dtype=np.int64)
 
 
 def _record_prep(rows: ChunkRows, unit: np.ndarray, prepped: Prepped) -> None:

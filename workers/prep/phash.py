@@ -23,9 +23,8 @@ class PhashPrep:
         decoded = decode_image(images_only(data), max_pixels=self.max_pixels, draft_to=DRAFT_SIDE)
         self.prepare_decoded(decoded, slot, meta)
 
-    # A video frame's grey comes from its decoder's luma, no RGB made (`FrameModePrep`): 1 ms
-    # less a 720p frame, hashes within two bits of the RGB path's (mean 0.23 over a 720p H.264
-    # clip).
+    # A video frame's grey comes from its decoder's luma, no RGB made (`FrameModePrep`): less
+    # work per frame, and hashes within two bits of the RGB path's (bench/README.md, Video).
     frame_mode = "L"
 
     def frame_size(self, width: int, height: int) -> tuple[int, int]:

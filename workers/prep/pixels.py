@@ -286,7 +286,7 @@ def normalize(
 ) -> Any:
     """uint8 NHWC RGB → (x·scale − mean) / std in `channel_order`, `layout` and `dtype`, on
     `xp`: one multiply that reads the (transposed) uint8 view and writes the float array, and
-    one add in place — no float temporaries (4× cheaper than the textbook chain on NumPy).
+    one add in place — no float temporaries (far cheaper than the textbook chain on NumPy).
     mean and std are in `channel_order`."""
     if batch.ndim != 4 or batch.shape[-1] != 3:
         raise ValueError(f"Expected an NHWC batch with 3 channels, got shape {batch.shape}.")

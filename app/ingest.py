@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -70,9 +70,12 @@ class Source:
 
 @dataclass(frozen=True)
 class BulkRequest:
+    """A bulk job as asked for: whose, which model, what to list; the rest by name."""
+
     tenant: str
     model: str
     source: Source
+    _: KW_ONLY
     pipeline: str | None = None
     output: str | None = None
     options: dict[str, Any] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """Bulk jobs: a whole `s3://bucket/prefix`, listed by an ingest task, optionally incremental.
 
 Submitting records the job and its ingest state and sends one `ingest` message; the listing,
-the items and the chunks come from the worker side (`workers.ingest`), page by page.
+the items and the chunks come from the worker side (`workers.jobs.ingest`), page by page.
 Submitting is one unit of work (the commit rule: app/__init__.py); `stage_bulk` lends its
 writes to another unit (a schedule's run).
 """

@@ -4,7 +4,8 @@
 - `kiln.app` (what a job is, the API) never imports `kiln.workers` (what does the work), except
   in the CLI, the composition root whose `worker`/`run` commands build both sides;
 - no import circles inside `kiln`, counting imports inside functions and for type checking;
-- Kiln imports neither its tests nor its benchmarks; the benchmarks do not import the tests.
+- Kiln imports neither its tests nor its benchmarks; the benchmarks do not import the tests;
+- `kiln.workers` builds no SQL: it takes only a session's types and errors from SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -117,3 +118,36 @@ def test_what_may_not_be_imported(folders: tuple[str, ...], forbidden: tuple[str
         if name.split(".")[0] in forbidden
     ]
     assert found == []
+
+
+# What `kiln.workers` may take from SQLAlchemy: a session's types for its signatures and the
+# errors it catches. Statements are built in `kiln.app.db` only, so a chunk's stages reach the
+# database through its functions at their boundaries.
+WORKER_SQLALCHEMY = {
+    "sqlalchemy.Engine",
+    "sqlalchemy.exc.OperationalError",
+    "sqlalchemy.exc.SQLAlchemyError",
+    "sqlalchemy.orm.Session",
+    "sqlalchemy.orm.sessionmaker",
+}
+
+
+def test_workers_build_no_sql() -> None:
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((ROOT / "workers").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in _sqlalchemy_names(node)
+        if name not in WORKER_SQLALCHEMY
+    ]
+    assert found == []
+
+
+def _sqlalchemy_names(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "sqlalchemy"]
+    module = node.module or ""
+    if module.split(".")[0] != "sqlalchemy":
+        return []
+    return [f"{module}.{alias.name}" for alias in node.names]

@@ -1,5 +1,5 @@
 """Thin Celery adapters over plain functions: the logic lives in `workers.chunk`,
-`workers.ingest` and `workers.periodic`."""
+`workers.jobs.ingest` and `workers.jobs.periodic`."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from kiln.workers.chunk.fallback import Fallback
 from kiln.workers.chunk.keeper import Held
 from kiln.workers.chunk.lease import Lease
 from kiln.workers.chunk.rows import ChunkRows
-from kiln.workers.chunk.stats import ChunkReport, count
+from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.models.loader import output_fields
 from kiln.workers.runtime import WorkerRuntime
 
@@ -41,7 +41,6 @@ def answer_chunk(
         _fall_back(runtime, lease, lease.fallback, rows, held, urgent, report)
     report.seconds["fetch"] = float(rows.seconds[:, 0].sum())
     report.seconds["decode"] = float(rows.seconds[:, 1].sum())
-    count(rows, report)
     return rows
 
 

@@ -67,8 +67,8 @@ def process_chunk(
                 held.stop(held.cancelled)
             rows = answer_chunk(runtime, lease, held, urgent, report)
             if not held.lost.is_set():
-                rows = expand_videos(runtime, lease, rows, dispatcher)
-                count(rows, report)  # a video item left: its frames are new items
+                rows = expand_videos(runtime, lease, rows, dispatcher)  # videos leave the rows
+            count(rows, report)
             if held.lost.is_set():
                 log.warning("chunk %s/%d: lease lost; another run owns the results", job_id,
                             chunk, extra=where)  # fmt: skip

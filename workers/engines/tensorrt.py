@@ -1,7 +1,7 @@
 """TensorRT engine: ONNX → serialized plan (cached in object storage) → execution contexts.
 
 Built inside the worker process that uses it (after any fork), on the device CUDA sees as 0
-(`workers.device.pin`). `tensorrt` and `cupy` are imported inside functions, so this module
+(`workers.ops.device.pin`). `tensorrt` and `cupy` are imported inside functions, so this module
 imports on hosts without them. The pure parts are in `tensorrt_logic`, the plan cache in
 `engine_cache`; both are tested on a CPU, the CUDA calls here only on a GPU (tests/gpu).
 """

@@ -39,8 +39,8 @@ BUILDS = ["base", "overlays/dev", "overlays/production"]
 K8S_VERSION = "1.30"  # the oldest Kubernetes the manifests promise to apply to
 METRIC_SOURCES = [
     ROOT / "app" / "api" / "metrics.py",
-    ROOT / "workers" / "metrics.py",
-    ROOT / "workers" / "device.py",
+    ROOT / "workers" / "ops" / "metrics.py",
+    ROOT / "workers" / "ops" / "device.py",
 ]
 SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
 

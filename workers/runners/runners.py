@@ -189,7 +189,10 @@ class ModelRunners:
         key = f"batch:{info.ref}"
 
         def wedged(sentence: str | None) -> None:
-            self.health.clear(key) if sentence is None else self.health.fail(key, sentence)
+            if sentence is None:
+                self.health.clear(key)
+            else:
+                self.health.fail(key, sentence)
 
         batcher = model_batcher(
             self.settings, info.ref, info.name, pipeline, max_batch, runners, slots, wedged

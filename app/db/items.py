@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, text
+from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, dialect
@@ -104,22 +104,3 @@ def _insert_sqlite(
     else:
         inserted = session.execute(insert(Item).returning(Item.id, Item.chunk), rows)
     return [(int(a), int(b)) for a, b in inserted]
-
-
-def take_out_leased(
-    session: Session, job_id: str, ids: Sequence[int], owner: str
-) -> dict[int, str | None]:
-    """Delete the items among `ids` that `owner` still leases (a chunk's videos, replaced by
-    their frames); their ETags (a bulk job's), by id."""
-    gone = session.execute(
-        delete(Item)
-        .where(
-            Item.job_id == job_id,
-            Item.id.in_(ids),
-            Item.lease_owner == owner,
-            Item.status == ItemStatus.RUNNING,
-        )
-        .returning(Item.id, Item.etag),
-        execution_options={"synchronize_session": False},
-    )
-    return {int(item_id): etag for item_id, etag in gone}

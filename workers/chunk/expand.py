@@ -1,9 +1,11 @@
 """A video item becomes its sampled frames: one item per frame, in chunks of their own.
 
 When a chunk's prep finds that an item is a video (by its bytes), the item is *planned*, not
-run: one unit of work takes the video item out (only while this run still leases it), adds a
-pending item per sampled frame — keyed `<key>#t=<seconds>`, the video's source, its frame
-index and time — in new chunks, and counts them; after the commit the new chunks are sent.
+run: here its sampled frames are cut into chunks — each frame keyed `<key>#t=<seconds>`, with
+the video's source, its frame index and time —, then one unit of work
+(`app/db/frames.replace_videos`) takes the video item out (only while this run still leases
+it), adds the frames as pending items in new chunks, and counts them; after the commit the new
+chunks are sent.
 A crash before the commit leaves the video item to be planned again; after it, the frames are
 ordinary pending items (the reconciler re-sends a chunk whose message was lost). So every
 sampled moment ends as exactly one item, as every image does.
@@ -21,10 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from kiln.app import video
-from kiln.app.db import counters, ingest, items, queries
+from kiln.app.db import frames
+from kiln.app.db.frames import NotExpanded
 from kiln.app.db.items import NewItem
 from kiln.app.db.leases import LeasedItem
-from kiln.app.db.models import JobStatus
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import queue_for
@@ -50,53 +52,42 @@ def expand_videos(
     videos = [row for row, plan in enumerate(rows.videos) if plan is not None]
     if not videos:
         return rows
-    sent: dict[int, list[int]] = {}
-    queue = ""
-    with runtime.sessions() as session:
-        with unit_of_work(session):
-            job = queries.lock_job(session, lease.job_id)  # job row first, as every writer does
-            if job is None:
-                return rows.without(videos)
-            if job.status != JobStatus.RUNNING and job.status != JobStatus.QUEUED:
-                rows.cancelled[videos] = True  # cancelling: the video ends as one item
-                return rows
-            ids = [rows.items[row].id for row in videos]
-            taken = items.take_out_leased(session, lease.job_id, ids, lease.owner)
-            planned = [
-                (rows.items[row], rows.videos[row]) for row in videos if rows.items[row].id in taken
-            ]
-            count = sum(len(plan.times) for _, plan in planned)
-            spread = CHUNKS_PER_PROCESS * max(1, runtime.prep().processes)
-            size = frame_chunk_size(count, runtime.settings.bulk_chunk_size, spread)
-            new, chunks = [], 0
-            for item, plan in planned:
-                frames, used = chunked(item, taken[item.id], plan, size, job.chunk_count + chunks)
-                new += frames
-                chunks += used
-            sent = items.insert_items(session, job.id, new)
-            job.chunk_count += chunks
-            counters.add(
-                session, job.id, counters.slot_of(lease.chunk), counters.Tally(total=-len(taken))
-            )
-            if lease.pipeline_id is not None:
-                done = [(item.key, taken[item.id]) for item, _ in planned]
-                ingest.mark_videos_done(session, lease.pipeline_id, lease.model.ref, done)
-            if queue_for(count) == BULK:  # a long video: its chunks (and re-sends) go to bulk
-                job.queue = BULK
-            queue = job.queue
-        log.info(
-            "chunk %s/%d: %d video(s) → %d frame items in %d chunks", lease.job_id, lease.chunk,
-            len(taken), sum(len(ids) for ids in sent.values()), len(sent),
-            extra={"job_id": lease.job_id, "chunk": lease.chunk},
-        )  # fmt: skip
-    _send(dispatcher, lease.job_id, sent, queue)
+    asked = _frames(runtime, lease, rows, videos)
+    with runtime.sessions() as session, unit_of_work(session):
+        done = frames.replace_videos(session, asked)
+    if done is NotExpanded.JOB_GONE:
+        return rows.without(videos)
+    if done is NotExpanded.JOB_NOT_RUNNING:
+        rows.cancelled[videos] = True  # cancelling: the video ends as one item
+        return rows
+    log.info(
+        "chunk %s/%d: %d video(s) → %d frame items in %d chunks", lease.job_id, lease.chunk,
+        done.videos, sum(len(ids) for ids in done.chunks.values()), len(done.chunks),
+        extra={"job_id": lease.job_id, "chunk": lease.chunk},
+    )  # fmt: skip
+    _send(dispatcher, lease.job_id, done.chunks, done.queue)
     return rows.without(videos)
 
 
-def frame_chunk_size(frames: int, most: int, spread: int) -> int:
-    """Frames per chunk: a video spreads over `spread` chunks, each at most a bulk chunk and at
-    least MIN_FRAME_CHUNK frames (fewer chunks amortise their writes)."""
-    return max(1, min(most, max(MIN_FRAME_CHUNK, math.ceil(frames / max(1, spread)))))
+def _frames(
+    runtime: WorkerRuntime, lease: Lease, rows: ChunkRows, videos: list[int]
+) -> frames.ChunkVideos:
+    """The frames of these video rows, cut into chunks spread over this worker's prep
+    processes; many frames in all make the job a bulk one."""
+    count = sum(len(rows.videos[row].times) for row in videos)
+    spread = CHUNKS_PER_PROCESS * max(1, runtime.prep().processes)
+    size = frame_chunk_size(count, runtime.settings.bulk_chunk_size, spread)
+    planned = [chunked(rows.items[row], rows.videos[row], size) for row in videos]
+    return frames.ChunkVideos(
+        lease.job_id, lease.chunk, lease.owner, planned, long=queue_for(count) == BULK,
+        pipeline_id=lease.pipeline_id, model=lease.model.ref,
+    )  # fmt: skip
+
+
+def frame_chunk_size(count: int, most: int, spread: int) -> int:
+    """Frames per chunk, of `count` frames: a video spreads over `spread` chunks, each at most a
+    bulk chunk and at least MIN_FRAME_CHUNK frames (fewer chunks amortise their writes)."""
+    return max(1, min(most, max(MIN_FRAME_CHUNK, math.ceil(count / max(1, spread)))))
 
 
 def chunk_starts(gops: Sequence[int], size: int) -> list[int]:
@@ -111,26 +102,24 @@ def chunk_starts(gops: Sequence[int], size: int) -> list[int]:
     return starts
 
 
-def chunked(
-    item: LeasedItem, etag: str | None, plan: FramePlan, size: int, first: int
-) -> tuple[list[NewItem], int]:
-    """One video's frame items, numbered into chunks from `first`; and how many chunks."""
+def chunked(item: LeasedItem, plan: FramePlan, size: int) -> frames.VideoFrames:
+    """One video's frame items, in chunks numbered from 0 (the job's own numbers are given
+    when they are added, under its lock)."""
     starts = chunk_starts(plan.gops, size)
-    chunk_of = np.zeros(len(plan.times), dtype=np.int64)
-    chunk_of[starts[1:]] = 1
-    chunk_of = np.cumsum(chunk_of) + first
+    cut = np.zeros(len(plan.times), dtype=np.int64)
+    cut[starts[1:]] = 1
+    chunk_of = np.cumsum(cut).tolist()
     items = [
         NewItem(
             video.frame_key(item.key, t),
-            int(c),
+            c,
             item.source,
-            etag=etag,
             frame_index=i if i >= 0 else None,  # past a cut: no frame of the video
             frame_time_s=t,
         )
-        for t, i, c in zip(plan.times, plan.indices, chunk_of.tolist(), strict=True)
+        for t, i, c in zip(plan.times, plan.indices, chunk_of, strict=True)
     ]
-    return items, len(starts)
+    return frames.VideoFrames(item.id, item.key, items)
 
 
 def _send(

@@ -12,11 +12,13 @@ from sqlalchemy import func, select, update
 
 from devstack.images import solid
 from kiln.app.db import counters
+from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus
 from kiln.app.dispatch.stub import Enqueued, RecordingDispatcher
 from kiln.app.jobs import JobRequest, Upload, submit_job
-from kiln.workers.chunk.expand import chunk_starts, frame_chunk_size
+from kiln.workers.chunk.expand import chunk_starts, chunked, frame_chunk_size
 from kiln.workers.chunk.run import process_chunk
+from kiln.workers.prep.video import FramePlan
 from kiln.workers.runtime import WorkerRuntime
 from tests import videos
 
@@ -166,6 +168,21 @@ def test_frame_chunks_begin_at_keyframes() -> None:
     assert frame_chunk_size(18_000, 512, 4) == 512
     assert frame_chunk_size(1_800, 512, 4) == 450
     assert frame_chunk_size(3_200, 512, 32) == 100
+
+
+def test_a_videos_frames_are_cut_into_chunks_numbered_from_zero() -> None:
+    """The job's own numbers come under its lock (`app/db/frames.py`), as does the ETag."""
+    item = LeasedItem(7, "job", "clip.mp4", "store:clip", None, chunk=3, attempts=1)
+    plan = FramePlan([0.0, 0.5, 1.0, 1.5], [0, 5, 10, -1], 1.6, [0, 0, 1, -1])
+    video = chunked(item, plan, 2)
+    assert (video.item_id, video.key, video.chunks) == (7, "clip.mp4", 2)
+    assert [(f.key, f.chunk, f.frame_index) for f in video.frames] == [
+        ("clip.mp4#t=0.000", 0, 0),
+        ("clip.mp4#t=0.500", 0, 5),
+        ("clip.mp4#t=1.000", 1, 10),
+        ("clip.mp4#t=1.500", 1, None),  # past a cut: no frame of the video
+    ]
+    assert {(f.source, f.etag) for f in video.frames} == {("store:clip", None)}
 
 
 def test_a_video_of_a_cancelling_job_ends_as_one_cancelled_item(

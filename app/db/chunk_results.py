@@ -1,20 +1,21 @@
 """What a chunk run writes when it is done, in the caller's one unit of work: its rows'
 results (one statement, only for the items its lease still holds), the end of its progress
 row, the content-cache entries it computed and, for an incremental pipeline, the objects it
-finished. Never commits: the caller owns the transaction.
+finished; and what it reads first, for its shard (`earlier_results`). Never commits: the
+caller owns the transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from kiln.app.db import chunk_runs, content_cache, ingest, queries
+from kiln.app.db import chunk_runs, content_cache, ingest, leases, queries
 from kiln.app.db.content_cache import Entry
-from kiln.app.db.models import ItemStatus
+from kiln.app.db.models import Item, ItemStatus
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,22 @@ class ChunkResults:
     cache_ttl_s: float = 0.0
     pipeline_id: int | None = None  # an incremental pipeline's run: remember what succeeded
     model: str = ""  # the job's model ref, with the pipeline's objects
+
+
+def earlier_results(
+    session: Session, job_id: str, chunk: int, owner: str, mine: Collection[str], whole: bool
+) -> list[Item] | None:
+    """Before a run writes its chunk: None when it holds its items no longer (another run took
+    the chunk over; a run with no rows of its own holds none, and is not asked). Else the
+    chunk's items that finished outside the run (a replay's, a cancel's, a run's before a
+    crash), keys not in `mine`, in id order; none is read when the run's rows are the `whole`
+    chunk."""
+    if mine and not leases.holds(session, job_id, owner):
+        return None
+    if whole:
+        return []
+    finished = queries.finished_chunk_items(session, job_id, chunk)
+    return [item for item in finished if item.key not in mine]
 
 
 def record(session: Session, done: ChunkResults) -> None:

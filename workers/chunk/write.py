@@ -12,10 +12,10 @@ import logging
 
 import numpy as np
 import pyarrow as pa
-from sqlalchemy.orm import Session
 
 from kiln.app import results
-from kiln.app.db import chunk_results, leases, queries
+from kiln.app.db import chunk_results
+from kiln.app.db.models import Item
 from kiln.app.db.session import unit_of_work
 from kiln.workers.chunk.content_cache import fresh_entries
 from kiln.workers.chunk.lease import Lease
@@ -37,12 +37,17 @@ def write_chunk(
     chunks). Whether a shard was written; None when another run took the lease over (nothing
     written)."""
     settings = runtime.settings
+    mine = {item.key for item in rows.items}
+    whole = len(rows) == len(lease.item_ids)  # every item of the chunk is among this run's rows
     with runtime.sessions() as session:
         with unit_of_work(session):  # reads only
-            if rows.items and not leases.holds(session, lease.job_id, lease.owner):
-                log.warning("chunk %s/%d: lease taken over; not writing", lease.job_id, lease.chunk)
-                return None
-            shard = _shard(session, lease, rows, fields)
+            earlier = chunk_results.earlier_results(
+                session, lease.job_id, lease.chunk, lease.owner, mine, whole
+            )
+        if earlier is None:
+            log.warning("chunk %s/%d: lease taken over; not writing", lease.job_id, lease.chunk)
+            return None
+        shard = _shard(rows, fields, earlier)
         if shard.num_rows:
             results.write_table(lease.place, lease.chunk, shard)
         cache = (
@@ -59,15 +64,10 @@ def write_chunk(
     return bool(shard.num_rows)
 
 
-def _shard(session: Session, lease: Lease, rows: ChunkRows, fields: list[pa.Field]) -> pa.Table:
+def _shard(rows: ChunkRows, fields: list[pa.Field], earlier: list[Item]) -> pa.Table:
     """This run's rows (its items, less the videos that became frames), plus the chunk's items
-    finished earlier (a replay, a cancel, a run before a crash)."""
+    finished earlier (a replay, a cancel, a run before a crash), in id order."""
     table = rows.table(fields)
-    if len(rows) == len(lease.item_ids):
-        return table
-    mine = {item.key for item in rows.items}
-    chunk = queries.finished_chunk_items(session, lease.job_id, lease.chunk)
-    earlier = [item for item in chunk if item.key not in mine]
     if not earlier:
         return table
     ids = [item.id for item in rows.items] + [item.id for item in earlier]

@@ -3,7 +3,8 @@
 beside every figure, in one run and one process tree.
 
     python -m bench.gpu --workdir DIR --out FILE.json [--markdown FILE.md] [--images 6000]
-        [--seconds 1.5] [--device cuda|cpu] [--skip a,b,...|worker] [--budget 400]
+        [--seconds 1.5] [--device cuda|cpu] [--skip a,b,...] [--budget 520]
+        [--database-url URL --broker-url URL]   (default: KILN_DATABASE_URL, KILN_BROKER_URL)
 
 Parts (ResNet-50 with the bench's seed-0 weights, bench/models.py):
 a. `native`, the limit: the module in plain torch, FP16 + channels_last (cuDNN autotuned),
@@ -13,14 +14,19 @@ b. `engine`: Kiln's torch engine object over the same ResNet-50 exported to ONNX
    CUDA graph for (`cuda_graphs.buckets`: 1, 2, 4, … and the largest batch); at 16/64/256 as
    a worker feeds it (two runner threads gathering into its staging) and without graphs; each
    build (the convert) timed.
-c. `kiln`: `kiln run` from 640×480 JPEG bytes, nvJPEG and CPU decode (bench/gpu_feed.py); a
-   warm `kiln worker` too where Postgres and Redis answer, else a row says why not.
+c. `kiln`: `kiln run` from 640×480 JPEG bytes, nvJPEG and CPU decode (bench/gpu_feed.py).
 d. `peer`: a PyTorch DataLoader feeding the plain-torch module (bench/gpu_feed.py).
 e. `detector`: Kiln's built-in detector, `kiln run --model detector` over the same JPEGs.
+f. `service` (issue 32): Kiln as a service where a database and a broker are named
+   (`KILN_DATABASE_URL`, `KILN_BROKER_URL`: Postgres and Redis): `kiln api` and `kiln worker`
+   (`--devices all` on a GPU: one pinned process per device), ResNet-50 and the detector over
+   the same JPEGs, each size uploaded over HTTP as one job and followed to its close, every
+   item's result checked to be there exactly once; the rate is judged against `kiln run`'s on
+   the same model (bench/gpu_service.py). Without the URLs its rows say why not.
 
 How: a and b time back-to-back calls for `--seconds` after a warm-up (the first call timed
 apart: cuDNN autotuning, graph capture), synchronised at the end: images/s = calls × batch /
-elapsed. c, d and e are marginal rates over two sizes (a third and all of the images), so
+elapsed. c to f are marginal rates over two sizes (a third and all of the images), so
 start-up and model load cancel. While each runs, a thread reads NVML's utilisation every 50 ms
 (the share of time some kernel ran, not SM occupancy); mean and p50 are over the steady part,
 from the first to the last busy sample, so start-up and tear-down with the GPU idle are cut
@@ -55,19 +61,22 @@ from typing import Any
 from bench.gpu_parts import PART_FUNCTIONS, Settings, Sink
 from bench.gpu_report import all_rows, markdown, save
 
-PARTS = {"a": "native", "b": "engine", "c": "kiln", "d": "peer", "e": "detector"}
+PARTS = {"a": "native", "b": "engine", "c": "kiln", "d": "peer", "e": "detector", "f": "service"}
+ALIASES = {"worker": "service"}  # `--skip worker`, from before the service path was a part
 STEPS = ("prepare", *PARTS.values())
-# Seconds per step on a GPU host; `--budget` caps their sum (the session has ~8 minutes).
-TIMEOUT_S = {"prepare": 60, "native": 45, "engine": 120, "kiln": 180, "peer": 45, "detector": 90}
+# Seconds per step on a GPU host; `--budget` caps their sum.
+TIMEOUT_S = {"prepare": 60, "native": 45, "engine": 120, "kiln": 150, "peer": 45, "detector": 90,
+             "service": 150}  # fmt: skip
 MIN_STEP_S = 10  # with less budget left, a step is skipped rather than started and killed
 
 
 def parse_skip(text: str) -> frozenset[str]:
-    """`a,c` or `native,kiln` (and `worker`: the `kiln worker` subject) → step names."""
-    names = {PARTS.get(token.strip(), token.strip()) for token in text.split(",") if token.strip()}
-    unknown = names - {*STEPS, "worker"}
+    """`a,c` or `native,kiln` (and `worker`: the service part) → step names."""
+    tokens = (token.strip() for token in text.split(","))
+    names = {ALIASES.get(t, PARTS.get(t, t)) for t in tokens if t}
+    unknown = names - set(STEPS)
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown parts {sorted(unknown)}; use a-e or names")
+        raise argparse.ArgumentTypeError(f"unknown parts {sorted(unknown)}; use a-f or names")
     return frozenset(names)
 
 
@@ -147,7 +156,8 @@ def drive(
 ) -> int:
     s.workdir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _stop)  # the part in flight goes with this driver
-    report: dict[str, Any] = {"host": host(s.device), "settings": _settings_dict(s), "parts": {}}
+    settings = {**_settings_dict(s), "service": service_urls()}
+    report: dict[str, Any] = {"host": host(s.device), "settings": settings, "parts": {}}
     deadline = time.monotonic() + budget
     for step in STEPS:
         if step in s.skip:
@@ -173,6 +183,15 @@ def _settings_dict(s: Settings) -> dict[str, Any]:
             "skip": sorted(s.skip)}  # fmt: skip
 
 
+def service_urls() -> dict[str, str | None]:
+    """The database and broker the service part runs on (passwords hidden), as the children
+    read them from the environment."""
+    from kiln.app.core.config import redact_url
+
+    return {name: redact_url(os.environ[name]) if os.environ.get(name) else None
+            for name in ("KILN_DATABASE_URL", "KILN_BROKER_URL", "KILN_STORAGE_URL")}  # fmt: skip
+
+
 def parse_timeouts(text: str) -> dict[str, float]:
     """`engine=200,kiln=150` over the defaults."""
     pairs = (item.split("=", 1) for item in text.split(",") if item.strip())
@@ -195,8 +214,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--engine", help="KILN_ENGINE of the kiln runs (torch-cuda; on a CPU onnxruntime-cpu)"
     )
-    p.add_argument("--skip", type=parse_skip, default=frozenset(), help="a-e, names, or worker")
-    p.add_argument("--budget", type=float, default=400, help="seconds for all parts together")
+    p.add_argument("--skip", type=parse_skip, default=frozenset(), help="a-f or names")
+    p.add_argument("--budget", type=float, default=520, help="seconds for all parts together")
+    p.add_argument("--database-url", help="Postgres of the service part (KILN_DATABASE_URL)")
+    p.add_argument("--broker-url", help="Redis of the service part (KILN_BROKER_URL)")
     p.add_argument("--timeouts", type=parse_timeouts, default=dict(TIMEOUT_S), help="native=60,…")
     p.add_argument("--part", choices=STEPS, help=argparse.SUPPRESS)  # a child: one part
     return p
@@ -204,6 +225,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
+    urls = {"KILN_DATABASE_URL": args.database_url, "KILN_BROKER_URL": args.broker_url}
+    for name, given in urls.items():
+        if given:  # the parts' children (and the Kiln processes they start) inherit them
+            os.environ[name] = given
     engine = args.engine or ("torch-cuda" if args.device == "cuda" else "onnxruntime-cpu")
     s = Settings(
         args.workdir, args.device, args.images, args.seconds, args.max_batch, engine, args.skip

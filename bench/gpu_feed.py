@@ -37,6 +37,7 @@ from bench.models import export_resnet, labels
 SIZE = (640, 480)
 SIDE = 224
 PEER_BATCH = 64
+SERVICE_VARS = ("KILN_DATABASE_URL", "KILN_BROKER_URL", "KILN_STORAGE_URL", "KILN_S3_ENDPOINT_URL")
 BUSY_INTERVAL_S = 0.05  # NVML averages over its own period (~1/6 s): finer adds nothing
 
 
@@ -135,8 +136,11 @@ def kiln_run(
     prefix = "kiln" if model == "resnet50" else f"kiln-{model}"
     data = workdir / f"{prefix}-{folder.name}-{tag}"
     shutil.rmtree(data, ignore_errors=True)
-    env = {**os.environ, "KILN_DATA_DIR": str(data), "KILN_CONTENT_CACHE": "false",
-           "KILN_ENGINE": engine, **env_extra}  # fmt: skip
+    # `kiln run` is embedded whatever the service's URLs say, and `models add` must register
+    # into its SQLite too: the URLs of a service (bench.gpu's part f) are not passed on.
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS}
+    env |= {"KILN_DATA_DIR": str(data), "KILN_CONTENT_CACHE": "false", "KILN_ENGINE": engine,
+            **env_extra}  # fmt: skip
     kiln = [sys.executable, "-m", "kiln.app.cli"]
     if onnx is not None:
         names = workdir / "labels.txt"

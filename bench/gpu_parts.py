@@ -1,5 +1,6 @@
 """`bench.gpu`'s parts, each run in a child process of its own by the driver (`bench.gpu`):
-`prepare` (the JPEGs and the ONNX file), then a to e as that module's docstring says. What
+`prepare` (the JPEGs and the ONNX file), then a to f as that module's docstring says (f, the
+service path, in bench/gpu_service.py). What
 crosses: the run's `Settings` in, and a part's rows and facts out through its `Sink` (a JSON
 file rewritten after each row, so a killed part keeps what it measured)."""
 
@@ -20,6 +21,7 @@ from bench.gpu_report import Row, marginal_busy, row, skipped, write_atomic
 from kiln.workers.engines.cuda_graphs import buckets
 
 if TYPE_CHECKING:
+    from bench.gpu_service import Service
     from kiln.workers.engines.torch_engine import TorchEngine
 
 NATIVE_BATCHES = (16, 64, 256)
@@ -236,16 +238,14 @@ def part_kiln(s: Settings, sink: Sink) -> None:
         name = f"kiln run, {decode.upper()} decode"
         run = partial(kiln_subject, name, s.workdir, onnx_path(s.workdir), folders, extra, s.engine)
         attempt(sink, "kiln", name, partial(_add_subject, sink, "kiln", run))
-    name = "kiln worker, CPU decode"
-    reason = "--skip worker" if "worker" in s.skip else services_down()
-    if reason:
-        sink.add(skipped("kiln", name, reason))
-    else:
-        attempt(sink, "kiln", name, lambda: sink.add(worker_row(s, name, folders[1])))
 
 
 def _add_subject(sink: Sink, part: str, measure: Callable[[], Subject]) -> None:
     sink.add(_subject_row(part, measure()))
+
+
+def _add_row(sink: Sink, measure: Callable[[], Row]) -> None:
+    sink.add(measure())
 
 
 def attempt(sink: Sink, part: str, subject: str, measure: Callable[[], None]) -> None:
@@ -255,42 +255,61 @@ def attempt(sink: Sink, part: str, subject: str, measure: Callable[[], None]) ->
         measure()
     except Exception as error:
         traceback.print_exc()
-        sink.add(skipped(part, subject, f"{type(error).__name__}: {error}"[:300], "failed"))
+        sink.add(skipped(part, subject, _sentence(error), "failed"))
 
 
-def worker_row(s: Settings, name: str, large: Path) -> Row:
-    """A warm `kiln worker` fed a bulk job: the `feed-worker` case of bench/cases/feed.py, in a
-    stack of its own (Postgres, Redis, moto, API)."""
-    from bench.cases import feed
-    from bench.context import Context
-    from bench.models import labels
-    from bench.plan import Plan
-    from bench.stack import Registered, kiln_stack
-
-    env = (("KILN_CONTENT_CACHE", "false"), ("KILN_ENGINE", s.engine), ("KILN_GPU_DECODE", "false"))
-    plan, logs = Plan(kiln_env=env), s.workdir / "worker-logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    model = Registered("resnet50", onnx_path(s.workdir), SIDE, labels(1000))
-    with kiln_stack(logs, dict(env)) as stack, Busy() as busy:
-        ctx = Context(plan, s.workdir, logs, images=[], small_images=[], models={}, stack=stack)
-        result = feed._worker(ctx, model, sorted(large.iterdir()))
-    return {**row("kiln", name, None, result.items_per_s, busy.samples), "runs": result.extra}
+def _sentence(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
 
 
-def services_down() -> str | None:
-    """Why a `kiln worker` cannot run here (Postgres or Redis not answering), or None."""
+def service_subjects(device: str) -> list[tuple[str, str, str]]:
+    """The service path's subjects: (row name, model, the `kiln run` row it is judged
+    against). The worker decodes as Kiln does by default (nvJPEG where it is there), so on a GPU
+    its ResNet-50 is set beside `kiln run` with GPU decode; the detector runs with defaults in
+    both."""
+    decode = "GPU" if device == "cuda" else "CPU"
+    return [
+        ("kiln worker, ResNet-50", "resnet50", f"kiln run, {decode} decode"),
+        ("kiln worker, detector", "detector", "detector, kiln run"),
+    ]
+
+
+def part_service(s: Settings, sink: Sink) -> None:
+    """`kiln api` + `kiln worker` on the named Postgres and Redis (bench/gpu_service.py), fed
+    over HTTP; without them, rows that say why not."""
+    from bench.gpu_service import service, why_not
+
+    subjects = service_subjects(s.device)
+    reason = why_not()
+    if reason:
+        for name, _model, _versus in subjects:
+            sink.add(skipped("service", name, reason))
+        return
     try:
-        import psycopg
-        import redis
+        with service(s.workdir, s.device, s.engine, onnx_path(s.workdir), s.images) as svc:
+            for key, value in svc.facts.items():
+                sink.fact(key, value)
+            for name, model, versus in subjects:
+                measure = partial(_service_row, svc, name, model, versus, s.workdir)
+                attempt(sink, "service", name, partial(_add_row, sink, measure))
+    except Exception as error:  # the service did not start (or stop): the rows not yet written
+        traceback.print_exc()
+        done = {r["subject"] for r in sink.rows}
+        for name, _model, _versus in subjects:
+            if name not in done:
+                sink.add(skipped("service", name, _sentence(error), "failed"))
 
-        from devstack.services import PG_ADMIN_URL, REDIS_HOST, REDIS_PORT
 
-        psycopg.connect(PG_ADMIN_URL, connect_timeout=2).close()
-        with redis.Redis(REDIS_HOST, REDIS_PORT, socket_connect_timeout=2) as client:
-            client.ping()
-    except Exception as error:  # any failure means the same: no worker here
-        return f"Postgres or Redis does not answer ({type(error).__name__}: {error})"[:200]
-    return None
+def _service_row(svc: Service, name: str, model: str, versus: str, work: Path) -> Row:
+    from bench.gpu_service import measure
+
+    m = measure(svc, name, model, image_folders(work))
+    small, large = m.subject.small, m.subject.large
+    wall = (large.seconds + m.submit_s["large"]) - (small.seconds + m.submit_s["small"])
+    with_upload = (large.items - small.items) / wall if wall > 0 else 0.0
+    return {**_subject_row("service", m.subject), "versus": versus, "submit_s": m.submit_s,
+            "images_per_s_with_upload": round(with_upload, 1),
+            "results": m.results}  # fmt: skip
 
 
 def part_peer(s: Settings, sink: Sink) -> None:
@@ -323,17 +342,17 @@ def _subject_row(part: str, subject: Subject) -> Row:
 
 
 def part_prepare(s: Settings, sink: Sink) -> None:
-    """The JPEGs and their two folders (what c, d and e read), and the ONNX file (b and c)."""
+    """The JPEGs and their two folders (what c to f read), and the ONNX file (b, c and f)."""
     from bench.inputs import link_folder
     from bench.models import export_resnet
 
-    if {"kiln", "peer", "detector"} - s.skip:
+    if {"kiln", "peer", "detector", "service"} - s.skip:
         paths = images(s.workdir / "images", s.images)
         small, large = image_folders(s.workdir)
         link_folder(small, paths[: len(paths) // 3])
         link_folder(large, paths)
         sink.fact("images", len(paths))
-    if {"engine", "kiln"} - s.skip:
+    if {"engine", "kiln", "service"} - s.skip:
         started = time.perf_counter()
         export_resnet(50, onnx_path(s.workdir))
         sink.fact("export_s", round(time.perf_counter() - started, 1))
@@ -349,5 +368,5 @@ def onnx_path(work: Path) -> Path:
 
 PART_FUNCTIONS: dict[str, Callable[[Settings, Sink], None]] = {
     "prepare": part_prepare, "native": part_native, "engine": part_engine,
-    "kiln": part_kiln, "peer": part_peer, "detector": part_detector,
+    "kiln": part_kiln, "peer": part_peer, "detector": part_detector, "service": part_service,
 }  # fmt: skip

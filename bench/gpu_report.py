@@ -20,6 +20,7 @@ RATIO_TARGET, RATIO_BATCHES = 0.85, (64, 256)
 B16_TARGET = 10_000  # engine, CUDA graphs, batch 16, on an H200
 RUN_TARGET, BUSY_TARGET = 8_000, 80.0
 DETECTOR_TODAY, DETECTOR_GAIN = 375, 5
+SERVICE_TARGET = 0.9  # issue 32: `kiln worker` ≥ 0.9× `kiln run` on the same images
 
 Row = dict[str, Any]
 
@@ -66,13 +67,15 @@ def measured(r: Row) -> bool:
 
 def annotate(rows: list[Row], device: str) -> list[Row]:
     """Each row with its reference and ratio (engine rows: the native module at the same batch;
-    end-to-end rows: the DataLoader peer) and its target, judged only on a GPU."""
+    `kiln run` rows: the DataLoader peer; service rows: the `kiln run` row they name in
+    `versus`) and its target, judged only on a GPU."""
     live = [r for r in rows if measured(r)]
     native = {r["batch"]: r["images_per_s"] for r in live if r["part"] == "native"}
     peer = next((r["images_per_s"] for r in live if r["part"] == "peer"), None)
+    runs = {r["subject"]: r["images_per_s"] for r in live if "note" not in r and r["batch"] is None}
     out = []
     for r in rows:
-        ref, base = _reference(r, native, peer)
+        ref, base = _reference(r, native, peer, runs)
         ratio = r["images_per_s"] / base if base and measured(r) and "note" not in r else None
         target, met = _target({**r, "ratio": ratio})
         out.append({**r, "reference": ref if ratio is not None else None,
@@ -81,11 +84,16 @@ def annotate(rows: list[Row], device: str) -> list[Row]:
     return out
 
 
-def _reference(r: Row, native: dict[int, float], peer: float | None) -> tuple[str, float | None]:
+def _reference(
+    r: Row, native: dict[int, float], peer: float | None, runs: dict[str, float]
+) -> tuple[str, float | None]:
     if r["part"] == "engine":
         return f"native@{r['batch']}", native.get(r["batch"])
     if r["part"] in ("kiln", "detector"):
         return "peer", peer
+    if r["part"] == "service":
+        versus = r.get("versus", "")  # a row not measured names none
+        return versus, runs.get(versus)
     return "", None
 
 
@@ -103,6 +111,9 @@ def _target(r: Row) -> tuple[str | None, bool | None]:
     if r["part"] == "kiln" and r["subject"].startswith("kiln run"):
         met = rate >= RUN_TARGET and (busy or 0) >= BUSY_TARGET
         return f"≥ {RUN_TARGET:,} img/s, SM busy ≥ {BUSY_TARGET:.0f}%", met if live else None
+    if r["part"] == "service":
+        target = f"≥ {SERVICE_TARGET}× kiln run, every item once"
+        return target, (ratio >= SERVICE_TARGET) if ratio is not None else None
     if r["part"] == "detector":
         goal = DETECTOR_TODAY * DETECTOR_GAIN
         return (
@@ -150,7 +161,28 @@ def markdown(report: dict[str, Any]) -> str:
     facts = report["parts"].get("engine", {}).get("facts", {})
     if facts:
         lines.append("Engine: " + " · ".join(f"{k} {v}" for k, v in facts.items()))
+    lines += _service_notes(report)
     return "\n".join(lines) + "\n"
+
+
+def _service_notes(report: dict[str, Any]) -> list[str]:
+    """How the service part ran, and per row what the rate leaves out: the upload before each
+    job's answer (the rate with it) and the results' check."""
+    part = report["parts"].get("service", {})
+    lines = []
+    if part.get("facts"):
+        lines.append("Service: " + " · ".join(f"{k}: {v}" for k, v in part["facts"].items()))
+    for r in part.get("rows", []):
+        if measured(r):
+            results = r["results"]["large"]
+            lines.append(
+                f"{r['subject']}: upload {r['submit_s']['small']:.1f} / "
+                f"{r['submit_s']['large']:.1f} s before each job's answer (small / large), "
+                f"{r['images_per_s_with_upload']:,.1f} images/s with it; results "
+                f"{results['distinct_keys']:,} keys of {results['inputs']:,}, each once, "
+                f"{results['succeeded']:,} succeeded"
+            )
+    return lines
 
 
 def _step_note(name: str, part: dict[str, Any]) -> str:

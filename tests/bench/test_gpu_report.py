@@ -32,10 +32,17 @@ ROWS = [
     _live("engine", "engine graphs=True", 16, 10_500, 90),
     _live("engine", "engine graphs=True", 64, 13_000, 92),
     _live("kiln", "kiln run, GPU decode", None, 9_000, 85),
-    gpu_report.skipped("kiln", "kiln worker, CPU decode", "Postgres or Redis does not answer"),
     _live("peer", "DataLoader peer", None, 3_000, 40),
     _live("detector", "detector, kiln run", None, 1_500, 30),
+    gpu_report.skipped("service", "kiln worker, detector", "no KILN_DATABASE_URL: …"),
 ]
+SERVICE = {
+    **gpu_report.row("service", "kiln worker, ResNet-50", None, 8_280, [80]),
+    "versus": "kiln run, GPU decode",
+    "submit_s": {"small": 0.9, "large": 2.7},
+    "images_per_s_with_upload": 3_120.5,
+    "results": {"large": {"inputs": 6_000, "distinct_keys": 6_000, "succeeded": 6_000}},
+}
 
 
 def test_ratios_and_targets_are_judged_on_a_gpu_only() -> None:
@@ -46,7 +53,7 @@ def test_ratios_and_targets_are_judged_on_a_gpu_only() -> None:
     run = rows["kiln run, GPU decodeNone"]
     assert (run["reference"], run["ratio"], run["met"]) == ("peer", 3.0, True)
     assert rows["detector, kiln runNone"]["met"] is False  # 1,500 < 5 × 375
-    assert rows["kiln worker, CPU decodeNone"]["ratio"] is None
+    assert rows["kiln worker, detectorNone"]["ratio"] is None
     assert all(r["met"] is None for r in gpu_report.annotate(ROWS, "cpu"))
 
 
@@ -65,7 +72,7 @@ def test_markdown_table() -> None:
     )
     assert engine in lines
     assert "| native | 16 | 12,000 | reference | 95 | 95 |  | – |" in lines
-    worker = "| kiln worker, CPU decode | – | skipped: Postgres or Redis does not answer |"
+    worker = "| kiln worker, detector | – | skipped: no KILN_DATABASE_URL: … |"
     assert any(line.startswith(worker) for line in lines)
     assert "Steps: native ok 20 s · engine timeout 120 s" in lines
     assert "Engine: build_s graphs=True 6.1" in lines
@@ -79,3 +86,39 @@ def test_eager_rows_are_the_comparison_and_worker_fed_rows_are_judged_on_the_rat
     judged = gpu_report.annotate([*ROWS[:2], eager, *fed], "cuda")[2:]
     assert [r["target"] for r in judged] == [None, None, "≥ 0.85× native"]
     assert (judged[0]["ratio"], judged[2]["ratio"], judged[2]["met"]) == (0.562, 0.85, True)
+
+
+def test_a_service_row_is_judged_against_the_kiln_run_it_names() -> None:
+    judged = {r["subject"]: r for r in gpu_report.annotate([*ROWS, SERVICE], "cuda")}
+    worker = judged["kiln worker, ResNet-50"]
+    assert (worker["reference"], worker["ratio"], worker["met"]) == (
+        "kiln run, GPU decode",
+        0.92,
+        True,
+    )
+    assert worker["target"] == "≥ 0.9× kiln run, every item once"
+    slow = {**SERVICE, "images_per_s": 8_000}
+    assert gpu_report.annotate([*ROWS, slow], "cuda")[-1]["met"] is False  # 0.89×
+    noisy_run = [{**r, "note": "noise (large run not slower)"} if r["part"] == "kiln" else r
+                 for r in ROWS]  # fmt: skip
+    assert gpu_report.annotate([*noisy_run, SERVICE], "cuda")[-1]["ratio"] is None
+    skipped = judged["kiln worker, detector"]
+    assert (skipped["ratio"], skipped["met"]) == (None, None)
+
+
+def test_markdown_says_how_the_service_ran() -> None:
+    report = {
+        "host": {"gpu": None, "torch": "2.11.0", "cores": 2, "device": "cpu",
+                 "utc": "2026-01-01 00:00 UTC"},
+        "parts": {"kiln": {"status": "ok", "seconds": 20.0, "rows": ROWS[4:5]},
+                  "service": {"status": "ok", "seconds": 60.0, "rows": [SERVICE, ROWS[-1]],
+                              "facts": {"store": "local folder", "workers": "kiln worker"}}},
+    }  # fmt: skip
+    lines = gpu_report.markdown(report).splitlines()
+    row = "| kiln worker, ResNet-50 | – | 8,280 | 0.92× kiln run, GPU decode | 80 | 80 |"
+    assert any(line.startswith(row) for line in lines), lines
+    assert "Service: store: local folder · workers: kiln worker" in lines
+    assert (
+        "kiln worker, ResNet-50: upload 0.9 / 2.7 s before each job's answer (small / large), "
+        "3,120.5 images/s with it; results 6,000 keys of 6,000, each once, 6,000 succeeded"
+    ) in lines

@@ -39,6 +39,9 @@ class Plan:
     builtin_items: int = 200  # per built-in model
     raw_seconds: float = 4.0
     sweep_seconds: float = 1.0
+    # The raw engine's batch sizes, each with and without spinning threads; every one costs a
+    # warm-up call and `sweep_seconds` (at least one call: 32 images of ResNet-18 take seconds).
+    sweep_batches: tuple[int, ...] = (1, 4, 8, 16, 32)
     paired_seconds: float = 3.0
     # KILN_* settings for every Kiln process. The content cache is off: the cases resubmit the same
     # images (warm-up, streaming), and a cache hit would measure a lookup, not the engine.
@@ -85,6 +88,7 @@ PRESETS = {
         builtin_items=4,
         raw_seconds=0.3,
         sweep_seconds=0.1,
+        sweep_batches=(1, 4),  # the same sweep (each setting, the best one taken), smaller
         paired_seconds=0.2,
     ),
 }

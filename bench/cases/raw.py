@@ -35,11 +35,13 @@ def rate(sess: ort.InferenceSession, batch: int, size: int, seconds: float) -> t
     return done, time.perf_counter() - started
 
 
-def sweep(path: str, size: int, seconds: float) -> dict[str, float]:
+def sweep(
+    path: str, size: int, seconds: float, batches: tuple[int, ...] = BATCHES
+) -> dict[str, float]:
     rates = {}
     for spinning in (True, False):
         sess = session(path, spinning)
-        for batch in BATCHES:
+        for batch in batches:
             done, took = rate(sess, batch, size, seconds)
             rates[f"b{batch}-{'spin' if spinning else 'nospin'}"] = round(done / took, 2)
     return rates
@@ -52,7 +54,8 @@ def measure(args: dict[str, Any]) -> CaseResult:
     if "batch" in args:
         batch, spinning = int(args["batch"]), bool(args["spinning"])
     else:
-        rates = sweep(path, size, float(args["sweep_seconds"]))
+        batches = tuple(int(b) for b in args.get("sweep_batches", BATCHES))
+        rates = sweep(path, size, float(args["sweep_seconds"]), batches)
         best = max(rates, key=rates.__getitem__)
         batch, spinning = int(best.split("-")[0][1:]), best.endswith("-spin")
         extra = {
@@ -83,7 +86,11 @@ def run(ctx: Any, model: str, paired: bool = False) -> CaseResult:
         paired_result = run_child("raw", args, ctx.log_dir)
         paired_result.case = "raw-paired"
         return paired_result
-    args |= {"seconds": ctx.plan.raw_seconds, "sweep_seconds": ctx.plan.sweep_seconds}
+    args |= {
+        "seconds": ctx.plan.raw_seconds,
+        "sweep_seconds": ctx.plan.sweep_seconds,
+        "sweep_batches": list(ctx.plan.sweep_batches),
+    }
     result = run_child("raw", args, ctx.log_dir)
     ctx.raw[model] = result
     return result

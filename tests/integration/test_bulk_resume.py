@@ -28,18 +28,28 @@ from kiln.workers.celery.app import make_celery
 from tests.integration.test_bulk import put_objects
 from tests.stack import SOURCE_BUCKET
 
-OBJECTS = 1500
+# 30 list pages of 20 keys, killed after the 8th, as before at 1,500 keys in pages of 50; the
+# backlog a job may hold is scaled alike (24 × 8 = 192 of 600 items, as 64 × 8 of 1,500), so
+# listing is paced by the items' processing as it was.
+OBJECTS = 600
+PAGE = 20
+KILL_AT = 8 * PAGE
 
 
 @pytest.fixture
 def resume_env(own_broker_env: dict[str, str]) -> dict[str, str]:
     return {
         **own_broker_env,
-        "KILN_INGEST_PAGE_SIZE": "50",
+        "KILN_INGEST_PAGE_SIZE": str(PAGE),
+        "KILN_BULK_MAX_CHUNKS": "24",
         "KILN_INGEST_PAGES_PER_STEP": "1",
         "KILN_INGEST_STALE_S": "3",
         "KILN_RECONCILE_INTERVAL_S": "1",
         "KILN_VISIBILITY_TIMEOUT_S": "6",  # chunks held by the killed worker come back
+        # … and so do their items: the killed worker's leases run out in seconds, not the
+        # shipped minute (renewed every 2 s while a chunk runs, as test_stalled's are)
+        "KILN_LEASE_S": "8",
+        "KILN_LEASE_RENEW_S": "2",
     }
 
 
@@ -63,7 +73,7 @@ def test_ingest_resumes_after_its_worker_is_killed(
                 BulkRequest("acme", "phash", Source(f"s3://{SOURCE_BUCKET}/{prefix}")),
             ).job
             job_id = job.id
-        wait_for(lambda: _listed(sessions, job_id) >= 400, 120, "ingest midway")
+        wait_for(lambda: _listed(sessions, job_id) >= KILL_AT, 120, "ingest midway")
         first.kill()
         listed_at_kill = _listed(sessions, job_id)
         assert listed_at_kill < OBJECTS, "the ingest finished before the kill; make it larger"

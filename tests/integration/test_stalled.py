@@ -25,7 +25,7 @@ from devstack.services import service_env as process_env
 from kiln.app.auth import create_key
 from tests.stack import RUNNING
 
-LEASE_S = 20  # short, so the test sees the recovery; stalled after 10 s unrenewed
+LEASE_S = 12  # short, so the test sees the recovery; stalled after 10 s unrenewed (stale_s)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The `kiln` command: run locally, serve, work, administer, and talk to a remote API."""
+"""The `kiln` command's commands (`kiln.app.cli.main` runs them). Each command module imports at
+its top only what `kiln --help` needs; what a command uses it imports when it runs."""
 
 from __future__ import annotations
 
@@ -26,7 +27,3 @@ app.command("cancel")(remote.cancel)
 app.command("search")(search.search)
 app.command("bulk")(bulk.bulk)
 app.command("doctor")(doctor.doctor)
-
-
-def main() -> None:
-    app()

@@ -23,7 +23,7 @@ import pyarrow as pa
 from celery.worker import WorkController
 
 from kiln.app import jobs, results, video
-from kiln.app.catalog import get_model
+from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.migrate import upgrade
@@ -169,15 +169,39 @@ def text_inputs(source: str) -> list[jobs.InputRef]:
     return inputs
 
 
-def _model_input(settings: Settings, model: str) -> str:
+def _model(settings: Settings, model: str, options: dict[str, Any]) -> ModelInfo:
+    """The model, its options checked as the submit will check them: a run refused for either
+    is refused before anything starts loading."""
     engine = make_engine(settings.database_url)
     try:
         with make_session_factory(engine)() as session:
-            return get_model(session, model, LOCAL_TENANT).input
+            info = get_model(session, model, LOCAL_TENANT)
+            jobs.check_options(session, LOCAL_TENANT, info, options)
+            return info
     except NotFoundError as error:
         raise InputError(str(error)) from None
     finally:
         engine.dispose()
+
+
+@contextmanager
+def _warming(runtime: WorkerRuntime, info: ModelInfo) -> Iterator[None]:
+    """The model's engine (on a GPU its build and graph capture) and the prep processes, made on
+    a thread while the folder is walked and the items inserted, rather than once the first
+    chunk asks for them. Waited for on the way out, so nothing loads into a closed runtime."""
+
+    def warm() -> None:
+        try:
+            runtime.models.runner(info)
+        except Exception as error:  # recorded by the runners: the first chunk's items say why
+            log.info("model %s did not load ahead of its job: %s", info.ref, error)
+
+    thread = threading.Thread(target=warm, name="kiln-warm-up", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 @contextmanager
@@ -257,47 +281,51 @@ def run_embedded(
     the job and waits at most CANCEL_WAIT_S for it to close; set before the job is
     submitted, it raises Interrupted instead."""
     settings = settings.embedded()
-    upgrade(settings)
-    reclaim()  # shared memory a killed run on this host could not unlink
-    text = _model_input(settings, model) == "text"
-    inputs = text_inputs(source) if text else image_inputs(source)
-    # A local run reads the files in place, and the API's per-job cap does not apply to it.
-    settings = settings.model_copy(
-        update={
-            "local_inputs": True,
-            "max_files_per_job": max(len(inputs), settings.max_files_per_job),
-        }
-    )
     if cancel is not None and cancel.is_set():
         raise Interrupted
+    upgrade(settings)
+    reclaim()  # shared memory a killed run on this host could not unlink
+    info = _model(settings, model, options or {})
+    text = info.input == "text"
+    # A text model's one file is read now; images are found while the model loads.
+    inputs = text_inputs(source) if text else None
+    _check_exists(source)
+    settings = settings.model_copy(update={"local_inputs": True})  # files are read in place
     app = make_celery(settings)
     store = open_store(settings)
     started = time.monotonic()
     stop = _Stop(cancel)
     with embedded_worker(app, settings.task_threads, drain_s=stop.drain_s):
         runtime = app.runtime()
-        with runtime.sessions() as session:
-            submitted = jobs.submit_job(
-                session,
-                store,
-                CeleryDispatcher(app),
-                settings,
-                jobs.JobRequest(
-                    tenant=LOCAL_TENANT,
-                    model=model,
-                    inputs=inputs,
-                    options=options,
-                    local_files=not text,
-                ),
-            )
-            job_id = submitted.job.id
-        report = _wait(runtime, job_id, on_progress, stop)
-        if not stop.gave_up:
-            # The summary's counts once the tasks running at the close have committed: the
-            # read that saw the job close may come before the last chunk's counters do (on
-            # SQLite its results' UPDATE commits on its own, the counters just after).
-            _wait_done(_in_flight(), timeout=DRAIN_S)
-            report = _read(runtime, job_id)
+        with _warming(runtime, info):
+            if inputs is None:
+                inputs = image_inputs(source)
+            if cancel is not None and cancel.is_set():
+                raise Interrupted
+            # The API's per-job cap does not apply to a local run.
+            cap = max(len(inputs), settings.max_files_per_job)
+            with runtime.sessions() as session:
+                submitted = jobs.submit_job(
+                    session,
+                    store,
+                    CeleryDispatcher(app),
+                    settings.model_copy(update={"max_files_per_job": cap}),
+                    jobs.JobRequest(
+                        tenant=LOCAL_TENANT,
+                        model=model,
+                        inputs=inputs,
+                        options=options,
+                        local_files=not text,
+                    ),
+                )
+                job_id = submitted.job.id
+            report = _wait(runtime, job_id, on_progress, stop)
+            if not stop.gave_up:
+                # The summary's counts once the tasks running at the close have committed: the
+                # read that saw the job close may come before the last chunk's counters do (on
+                # SQLite its results' UPDATE commits on its own, the counters just after).
+                _wait_done(_in_flight(), timeout=DRAIN_S)
+                report = _read(runtime, job_id)
     return RunOutcome(
         job_id,
         report,

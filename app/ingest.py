@@ -24,7 +24,7 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from kiln.app.observability.tracing import traced
-from kiln.app.storage.s3 import parse_s3_uri
+from kiln.app.sources import parse_s3_uri
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 MAX_PATTERNS = 50

@@ -28,9 +28,9 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
 from kiln.app.fallback import check_fallback
 from kiln.app.observability.tracing import annotate, traced
+from kiln.app.sources import parse_s3_uri
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.base import NewObject
-from kiln.app.storage.s3 import parse_s3_uri
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.app.sources import parse_s3_uri
 from kiln.app.storage import ObjectStore
-from kiln.app.storage.s3 import S3Store, parse_s3_uri
 from kiln.app.video import split_key
 
 S3Factory = Callable[[], Any]  # returns a boto3 S3 client, made only when needed
@@ -95,6 +95,8 @@ def place_for(store: ObjectStore, job_id: str, output: str | None, s3: S3Factory
     """Kiln's own `results/<job>/`, or `<output>/<job>/` in the user's bucket."""
     if not output:
         return Place(store, results_prefix(job_id))
+    from kiln.app.storage.s3 import S3Store  # boto3: only for a job whose results go to S3
+
     bucket, prefix = parse_s3_uri(output)
     folder = f"{prefix.strip('/')}/{job_id}/".lstrip("/")
     return Place(S3Store(s3(), bucket), folder)

@@ -33,7 +33,7 @@ from kiln.app.ingest import (
 )
 from kiln.app.jobs import check_options
 from kiln.app.observability.tracing import traced
-from kiln.app.storage.s3 import parse_s3_uri
+from kiln.app.sources import parse_s3_uri
 
 log = logging.getLogger(__name__)
 

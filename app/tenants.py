@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from kiln.app.core.errors import ForbiddenError, InputError, NotFoundError
 from kiln.app.db.models import ApiKey, TenantBucket
 from kiln.app.db.session import unit_of_work
-from kiln.app.storage.s3 import parse_s3_uri
+from kiln.app.sources import parse_s3_uri
 
 # S3's own rule for bucket names (3-63 lowercase letters, digits, '.' and '-'), loosened to 255
 # characters as some S3-compatible stores allow; a name outside it is a typo, not a bucket.

@@ -8,7 +8,16 @@ from dataclasses import dataclass, replace
 # ratio compares two measurements taken seconds apart on the same (noisy, shared) machine.
 MODEL_CASES = ("raw", "loop", "embedded", "services", "naive-celery", "ray", "daft")
 PAIRED = {"loop", "embedded", "services", "naive-celery", "ray", "daft"}
-GLOBAL_CASES = ("ceiling", "ceiling-local", "streaming", "builtin", "bigjob", "feed", "video")
+GLOBAL_CASES = (
+    "startup",
+    "ceiling",
+    "ceiling-local",
+    "streaming",
+    "builtin",
+    "bigjob",
+    "feed",
+    "video",
+)
 ALL_CASES = MODEL_CASES + GLOBAL_CASES
 SERVICE_CASES = {"services", "naive-celery", "ray", "daft", "ceiling", "streaming", "builtin"}
 SERVICE_CASES |= {"ceiling-local", "bigjob", "feed"}  # feed: a local deployment beside the stack
@@ -36,6 +45,12 @@ class Plan:
     detector_every_frame_seconds: float = 60.0
     video_size: tuple[int, int] = (1280, 720)
     idle_samples: int = 30
+    # `startup`: `kiln run --help` and a prep process's start this many times each (medians),
+    # and a `kiln run` of the null model over this many images, once on a new data dir and
+    # `startup_kiln_runs` times after it
+    startup_runs: int = 5
+    startup_images: int = 32
+    startup_kiln_runs: int = 3
     builtin_items: int = 200  # per built-in model
     raw_seconds: float = 4.0
     sweep_seconds: float = 1.0
@@ -67,6 +82,8 @@ PRESETS = {
         video_seconds=20.0,
         detector_every_frame_seconds=10.0,
         idle_samples=15,
+        startup_runs=3,
+        startup_kiln_runs=2,
         builtin_items=60,
         raw_seconds=2.0,
         sweep_seconds=0.4,
@@ -85,6 +102,8 @@ PRESETS = {
         feed_images=16,
         stream_seconds=2.0,
         idle_samples=3,
+        startup_runs=2,
+        startup_kiln_runs=1,
         builtin_items=4,
         raw_seconds=0.3,
         sweep_seconds=0.1,

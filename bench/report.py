@@ -57,7 +57,7 @@ def _row(r: CaseResult) -> list[str]:
         r.model,
         str(r.items),
         f"{r.seconds:.1f}",
-        f"{r.items_per_s:.1f}" if r.case != "idle" else "–",
+        f"{r.items_per_s:.1f}" if r.case not in ("idle", "startup") else "–",
         f"{r.items_per_s / paired:.2f}" if paired else "–",
         cpu or "–",
         f"{per_item:.2f}" if per_item is not None else "–",
@@ -137,7 +137,7 @@ def chart(results: list[CaseResult], path: Path) -> None:
     shown = [
         r
         for r in results
-        if not r.skipped and r.case not in ("idle", "raw-paired") and r.items_per_s > 0
+        if not r.skipped and r.case not in ("idle", "raw-paired", "startup") and r.items_per_s > 0
     ]  # a marginal rate (`feed`) at tiny sizes may not be measurable: no bar on a log scale
     labels = [f"{r.case} · {r.model}" for r in shown]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(shown) + 1.2))

@@ -119,8 +119,9 @@ TARGET_MODELS = ("resnet18", "detector")
 
 
 def targets(results: list[CaseResult], models: list[str], max_batch: int) -> list[Target]:
-    """Issue 15's targets and issue 23's (`feed`), as far as this run measured them: a row
-    that cannot be computed (its case not run, skipped or failed) is left out, never guessed.
+    """Issue 15's targets, issue 23's (`feed`) and issue 32's (`startup`), as far as this run
+    measured them: a row that cannot be computed (its case not run, skipped or failed) is left
+    out, never guessed.
     `models`: the run's models; the per-model rows are for those of TARGET_MODELS, and any
     other case that measured one of them (a detector case added beside the plan's models)."""
     chosen = [m for m in TARGET_MODELS if m in models or any(r.model == m for r in results)]
@@ -131,6 +132,7 @@ def targets(results: list[CaseResult], models: list[str], max_batch: int) -> lis
         *_big_job(results),
         *_feed(results),
         *_video(results),
+        *_startup(results),
     ]
     return [row for row in rows if row.value is not None]
 
@@ -317,3 +319,21 @@ def _video(results: list[CaseResult]) -> list[Target]:
         peer = find(results, "video-peer", kiln.model)
         rows.append(_ratio_row(f"V video {kiln.model}: kiln run ÷ PyAV loop", kiln, peer, 1.2))
     return rows
+
+
+def _startup(results: list[CaseResult]) -> list[Target]:
+    """S (issue 32): start-up a user does not notice (bench/cases/startup.py)."""
+    row = find(results, "startup", "null")
+    if row is None:
+        return []
+    help_s, prep_s = row.extra.get("help_s"), row.extra.get("prep_ready_s")
+    after = row.extra.get("first_result_after_engine_s")
+    return [
+        Target("S startup: kiln run --help s", help_s, "≤ 0.5", _le(help_s, 0.5)),
+        Target("S startup: a prep process ready s", prep_s, "≤ 1", _le(prep_s, 1.0)),
+        Target("S startup: first result after the engine is ready s", after, "≤ 3", _le(after, 3)),
+        _info(f"S startup: kiln run of {row.items} images, wall s", row.seconds),
+        _info(
+            "S startup: first result, s from the command's start", row.extra.get("first_result_s")
+        ),
+    ]

@@ -22,6 +22,7 @@ from bench.cases import (
     raw,
     ray_data,
     services,
+    startup,
     streaming,
     video,
 )
@@ -145,6 +146,8 @@ class Runner:
             produced[0].extra["paired_raw_items_per_s"] = round(pair[0].items_per_s, 2)
 
     def global_cases(self) -> None:
+        if "startup" in self.ctx.plan.cases:
+            self.attempt("startup null", lambda: [startup.run(self.ctx)])
         if "ceiling" in self.ctx.plan.cases:
             self.attempt("ceiling null", lambda: [services.run_ceiling(self.ctx)])
         if "ceiling-local" in self.ctx.plan.cases:
@@ -183,6 +186,13 @@ def _line(result: CaseResult) -> str:
     if result.skipped:
         reason = escape(result.skipped)
         return f"[yellow]– {result.case} {result.model}: skipped ({reason})[/yellow]"
+    if result.case == "startup":
+        x = result.extra
+        return (
+            f"[green]✓[/green] startup: kiln run --help {x['help_s']} s, a prep process ready "
+            f"{x['prep_ready_s']} s, kiln run {result.seconds} s (first result "
+            f"{x['first_result_s']} s, {x['first_result_after_engine_s']} s after the engine)"
+        )
     latency = f", p50 {result.latency_ms['p50']} ms" if result.latency_ms else ""
     return (
         f"[green]✓[/green] {result.case} {result.model}: {result.items_per_s:.1f} items/s{latency}"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import typer
 
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 
 ROOT = Path(__file__).resolve().parent.parent
 # Generated or third-party trees that are not the repository's own documents.

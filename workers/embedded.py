@@ -17,12 +17,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote_from_bytes
 
 import pyarrow as pa
 from celery.worker import WorkController
 
 from kiln.app import jobs, results, video
-from kiln.app.catalog import get_model
+from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.migrate import upgrade
@@ -58,31 +59,66 @@ class RunOutcome:
     cancelled: bool = False  # the run was asked to stop (`cancel`) and cancelled its job
 
 
-def collect_inputs(source: str) -> list[Path]:
-    """A folder (recursively), a single file, or a glob pattern → image and video files,
-    sorted. In a folder, a file of another name that begins as a video does is one too."""
+def collect_inputs(source: str) -> list[str]:
+    """A folder (recursively), a single file, or a glob pattern → image and video files, as
+    resolved paths in pathlib's order (component by component). In a folder, a file of another
+    name that begins as a video does is one too."""
     path = Path(source)
     if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file() and _media(p)]
+        files = _folder_media(os.path.realpath(path))
     elif path.is_file():
-        files = [path]
+        files = [os.path.realpath(path)]
     else:
-        files = [p for p in _glob(path) if p.is_file()]
-    if not files and not path.exists() and not any(c in source for c in "*?["):
-        raise InputError(f"{source!r} does not exist; give a folder, an image file or a glob.")
+        files = [os.path.realpath(p) for p in _glob(path) if p.is_file()]
     if not files:
+        _check_exists(source)
         raise InputError(f"No images or videos found at {source!r}.")
-    return sorted(f.resolve() for f in files)
+    return sorted(files, key=_components)
 
 
-def _media(path: Path) -> bool:
-    suffix = path.suffix.lower()
+def _check_exists(source: str) -> None:
+    """A path that is not there (and no glob) is refused with its own sentence."""
+    if not Path(source).exists() and not any(c in source for c in "*?["):
+        raise InputError(f"{source!r} does not exist; give a folder, an image file or a glob.")
+
+
+def _components(path: str) -> list[str]:
+    """How pathlib orders absolute paths: by their components (`a/b` before `a b/c`)."""
+    return path.split("/")
+
+
+def _folder_media(root: str) -> list[str]:
+    """The media files under the resolved folder `root`, as `Path.rglob` finds them, walked with
+    `os.scandir` (one system call per folder, its entries' types with it: no stat per file for
+    a folder of images). A link to a file counts, as where it points; a linked folder is not
+    entered; a folder that cannot be read is passed over."""
+    found: list[str] = []
+    folders = [root]
+    while folders:
+        try:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir():
+                        if not entry.is_symlink():
+                            folders.append(entry.path)
+                    elif entry.is_file() and _media(entry.name, entry.path):
+                        found.append(
+                            os.path.realpath(entry.path) if entry.is_symlink() else entry.path
+                        )
+        except OSError:
+            continue
+    return found
+
+
+def _media(name: str, path: str) -> bool:
+    dot = name.rfind(".")  # `Path.suffix`: the last dot's, unless it leads or ends the name
+    suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""
     if suffix in IMAGE_SUFFIXES or suffix in VIDEO_SUFFIXES:
         return True
-    if path.name.startswith("."):
+    if name.startswith("."):
         return False
     try:
-        with path.open("rb") as file:
+        with open(path, "rb") as file:  # noqa: PTH123 - a walk's path string, no Path per file
             return video.container_of(file.read(video.HEAD_BYTES)) is not None
     except OSError:
         return False
@@ -101,8 +137,13 @@ def image_inputs(source: str) -> list[jobs.InputRef]:
     """The files where they are (nothing copied, nothing held in memory); item keys are paths
     relative to their common folder (`sub/a.jpg`)."""
     files = collect_inputs(source)
-    root = Path(os.path.commonpath([f.parent for f in files]))
-    return [jobs.InputRef(uri=f.as_uri(), key=f.relative_to(root).as_posix()) for f in files]
+    root = os.path.commonpath([os.path.dirname(f) for f in files])  # noqa: PTH120 - as above
+    start = len(root) if root.endswith("/") else len(root) + 1
+    # `Path.as_uri` and `Path.relative_to(root).as_posix()`, without a Path per file
+    return [
+        jobs.InputRef(uri="file://" + quote_from_bytes(os.fsencode(f)), key=f[start:])
+        for f in files
+    ]
 
 
 def text_inputs(source: str) -> list[jobs.InputRef]:
@@ -128,15 +169,39 @@ def text_inputs(source: str) -> list[jobs.InputRef]:
     return inputs
 
 
-def _model_input(settings: Settings, model: str) -> str:
+def _model(settings: Settings, model: str, options: dict[str, Any]) -> ModelInfo:
+    """The model, its options checked as the submit will check them: a run refused for either
+    is refused before anything starts loading."""
     engine = make_engine(settings.database_url)
     try:
         with make_session_factory(engine)() as session:
-            return get_model(session, model, LOCAL_TENANT).input
+            info = get_model(session, model, LOCAL_TENANT)
+            jobs.check_options(session, LOCAL_TENANT, info, options)
+            return info
     except NotFoundError as error:
         raise InputError(str(error)) from None
     finally:
         engine.dispose()
+
+
+@contextmanager
+def _warming(runtime: WorkerRuntime, info: ModelInfo) -> Iterator[None]:
+    """The model's engine (on a GPU its build and graph capture) and the prep processes, made on
+    a thread while the folder is walked and the items inserted, rather than once the first
+    chunk asks for them. Waited for on the way out, so nothing loads into a closed runtime."""
+
+    def warm() -> None:
+        try:
+            runtime.models.runner(info)
+        except Exception as error:  # recorded by the runners: the first chunk's items say why
+            log.info("model %s did not load ahead of its job: %s", info.ref, error)
+
+    thread = threading.Thread(target=warm, name="kiln-warm-up", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 @contextmanager
@@ -216,47 +281,51 @@ def run_embedded(
     the job and waits at most CANCEL_WAIT_S for it to close; set before the job is
     submitted, it raises Interrupted instead."""
     settings = settings.embedded()
-    upgrade(settings)
-    reclaim()  # shared memory a killed run on this host could not unlink
-    text = _model_input(settings, model) == "text"
-    inputs = text_inputs(source) if text else image_inputs(source)
-    # A local run reads the files in place, and the API's per-job cap does not apply to it.
-    settings = settings.model_copy(
-        update={
-            "local_inputs": True,
-            "max_files_per_job": max(len(inputs), settings.max_files_per_job),
-        }
-    )
     if cancel is not None and cancel.is_set():
         raise Interrupted
+    upgrade(settings)
+    reclaim()  # shared memory a killed run on this host could not unlink
+    info = _model(settings, model, options or {})
+    text = info.input == "text"
+    # A text model's one file is read now; images are found while the model loads.
+    inputs = text_inputs(source) if text else None
+    _check_exists(source)
+    settings = settings.model_copy(update={"local_inputs": True})  # files are read in place
     app = make_celery(settings)
     store = open_store(settings)
     started = time.monotonic()
     stop = _Stop(cancel)
     with embedded_worker(app, settings.task_threads, drain_s=stop.drain_s):
         runtime = app.runtime()
-        with runtime.sessions() as session:
-            submitted = jobs.submit_job(
-                session,
-                store,
-                CeleryDispatcher(app),
-                settings,
-                jobs.JobRequest(
-                    tenant=LOCAL_TENANT,
-                    model=model,
-                    inputs=inputs,
-                    options=options,
-                    local_files=not text,
-                ),
-            )
-            job_id = submitted.job.id
-        report = _wait(runtime, job_id, on_progress, stop)
-        if not stop.gave_up:
-            # The summary's counts once the tasks running at the close have committed: the
-            # read that saw the job close may come before the last chunk's counters do (on
-            # SQLite its results' UPDATE commits on its own, the counters just after).
-            _wait_done(_in_flight(), timeout=DRAIN_S)
-            report = _read(runtime, job_id)
+        with _warming(runtime, info):
+            if inputs is None:
+                inputs = image_inputs(source)
+            if cancel is not None and cancel.is_set():
+                raise Interrupted
+            # The API's per-job cap does not apply to a local run.
+            cap = max(len(inputs), settings.max_files_per_job)
+            with runtime.sessions() as session:
+                submitted = jobs.submit_job(
+                    session,
+                    store,
+                    CeleryDispatcher(app),
+                    settings.model_copy(update={"max_files_per_job": cap}),
+                    jobs.JobRequest(
+                        tenant=LOCAL_TENANT,
+                        model=model,
+                        inputs=inputs,
+                        options=options,
+                        local_files=not text,
+                    ),
+                )
+                job_id = submitted.job.id
+            report = _wait(runtime, job_id, on_progress, stop)
+            if not stop.gave_up:
+                # The summary's counts once the tasks running at the close have committed: the
+                # read that saw the job close may come before the last chunk's counters do (on
+                # SQLite its results' UPDATE commits on its own, the counters just after).
+                _wait_done(_in_flight(), timeout=DRAIN_S)
+                report = _read(runtime, job_id)
     return RunOutcome(
         job_id,
         report,

@@ -25,6 +25,7 @@ from kiln.workers.chunk.stats import ChunkStats, ChunkTotals
 from kiln.workers.ops.health import EngineHealth, Health
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.pool import InlinePrep, Preparer, PrepPool, usable_cores
+from kiln.workers.prep.settings import PrepSettings
 from kiln.workers.runners.memory import rss_bytes
 from kiln.workers.runners.runners import ModelRunners
 
@@ -38,7 +39,7 @@ class WorkerRuntime:
         self.db = engine_for(settings)
         self.sessions: sessionmaker[Session] = make_session_factory(self.db)
         self.store: ObjectStore = open_store(settings)
-        self.fetcher = Fetcher(settings, self.store)
+        self.fetcher = Fetcher(PrepSettings.of(settings), self.store)
         self.chunk_stats = ChunkStats()  # items and stage seconds per model, chunks finished
         self.health = Health()
         self.models = ModelRunners(

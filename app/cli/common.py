@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from kiln.app.core.config import Settings, get_settings
+if TYPE_CHECKING:
+    from kiln.app.core.config import Settings
 
 console = Console()
 errors = Console(stderr=True)
@@ -63,6 +64,8 @@ def job_options(pairs: list[str] | None, fps: float | None) -> dict[str, Any]:
 
 
 def settings() -> Settings:
+    from kiln.app.core.config import get_settings  # pydantic: when a command runs, not for --help
+
     return get_settings()
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -26,8 +26,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
-from kiln.app.core.config import Settings, redact_url
 from kiln.app.core.errors import InputError, KilnError
+
+if TYPE_CHECKING:
+    from kiln.app.core.config import Settings
 
 INTERRUPTED = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
 
@@ -75,6 +77,8 @@ def run(
 
 def mode_line(given: Settings, here: Settings) -> str:
     """Where this run runs, and the service it leaves alone when the environment names one."""
+    from kiln.app.core.config import redact_url
+
     line = f"Running here, embedded (SQLite and files under {_shown(here.data_dir)})"
     names = ("database_url", "broker_url", "storage_url")
     service = [

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, text
+from sqlalchemy import TextClause, bindparam, text
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, dialect
-from kiln.app.db.models import Item, ItemStatus, utcnow
+from kiln.app.db.models import Item, utcnow
 
 
 @dataclass(frozen=True)
@@ -89,18 +89,35 @@ def _insert_postgres(
     return [(int(a), int(b)) for a, b in session.execute(statement, params)]
 
 
+# SQLite likewise, through json_each: one statement and one bound string however many items
+# (no per-row parameters for SQLAlchemy to process), inserted in the array's order.
+_FROM_JSON_SQLITE = """
+    SELECT :job_id, v.value ->> 'key', v.value ->> 'source', v.value ->> 'text',
+           v.value ->> 'etag', v.value ->> 'chunk', v.value ->> 'frame_index',
+           v.value ->> 'frame_time_s', 'pending', 0, :now
+    FROM json_each(:items) AS v WHERE true ORDER BY v.key
+"""
+
+
+def _sqlite_insert(on_conflict: str) -> TextClause:
+    return text(
+        f"INSERT INTO items {_COLUMNS} {_FROM_JSON_SQLITE} {on_conflict} RETURNING id, chunk"
+    ).bindparams(bindparam("now", type_=Item.__table__.c.queued_at.type))
+
+
+_INSERT_SQLITE = _sqlite_insert("")
+_INSERT_NEW_SQLITE = _sqlite_insert("ON CONFLICT (job_id, key) DO NOTHING")
+
+
 def _insert_sqlite(
     session: Session, job_id: str, items: Sequence[NewItem], skip_existing: bool
 ) -> list[tuple[int, int]]:
-    now = utcnow()
-    rows: list[dict[str, Any]] = [
-        {"job_id": job_id, **_values(i), "status": ItemStatus.PENDING, "attempts": 0,
-         "queued_at": now}
-        for i in items
-    ]  # fmt: skip
-    if skip_existing:
-        statement = dialect.insert(session, Item).values(rows).on_conflict_do_nothing()
-        inserted = session.execute(statement.returning(Item.id, Item.chunk))
-    else:
-        inserted = session.execute(insert(Item).returning(Item.id, Item.chunk), rows)
-    return [(int(a), int(b)) for a, b in inserted]
+    # not ASCII-escaped: a name Python cannot encode fails here, as a bound string would
+    params = {
+        "job_id": job_id,
+        "now": utcnow(),
+        "items": json.dumps([_values(i) for i in items], ensure_ascii=False),
+    }
+    statement = _INSERT_NEW_SQLITE if skip_existing else _INSERT_SQLITE
+    return [(int(a), int(b)) for a, b in session.execute(statement, params)]
+

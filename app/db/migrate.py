@@ -1,25 +1,32 @@
-"""Run Alembic migrations programmatically: `kiln db upgrade` is the only caller in production."""
+"""Run Alembic migrations programmatically: `kiln db upgrade` is the only caller in production.
+
+Alembic is imported by the functions that use it: `upgrade` of a database already at this
+release's head (`kiln run`, every run after its first) reads its revision with one query and
+imports none of it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect, text
 
 from kiln import migrations
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError
 from kiln.app.db.session import make_engine
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 
 def _config() -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(Path(migrations.__file__).parent))
     return config
@@ -34,6 +41,8 @@ def alembic_config(settings: Settings) -> Config:
 @cache
 def scripts() -> ScriptDirectory:
     """This release's migrations (read once: they do not change while Kiln runs)."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_config())
 
 
@@ -45,6 +54,8 @@ def head() -> str:
 
 
 def known(revision: str) -> bool:
+    from alembic.util import CommandError
+
     try:
         return scripts().get_revision(revision) is not None
     except CommandError:
@@ -65,6 +76,8 @@ def describe(revision: str | None) -> str:
 
 def current_revision(connection: Connection) -> str | None:
     """The database's revision; None where it has no Kiln tables yet."""
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(connection).get_current_revision()
 
 
@@ -99,10 +112,14 @@ def _ensure_sqlite_folder(settings: Settings) -> None:
 
 
 def _revision_of(settings: Settings) -> str | None:
+    """The database's revision as Alembic stamps it (its one-row table), read without Alembic."""
     engine = make_engine(settings.database_url)
     try:
         with engine.connect() as connection:
-            return current_revision(connection)
+            if not inspect(connection).has_table("alembic_version"):
+                return None
+            stamped = connection.scalar(text("SELECT version_num FROM alembic_version"))
+            return None if stamped is None else str(stamped)
     finally:
         engine.dispose()
 
@@ -110,6 +127,10 @@ def _revision_of(settings: Settings) -> str | None:
 def upgrade(settings: Settings, revision: str = "head") -> Upgraded:
     _ensure_sqlite_folder(settings)
     before = _revision_of(settings)
+    if revision == "head" and before == migrations.HEAD:
+        return Upgraded(before, before, 0)  # nothing to do: no Alembic to import
+    from alembic import command
+
     if before is not None and not known(before):
         raise ConflictError(
             f"The database is at revision {before}, which this Kiln does not know: a newer "
@@ -123,5 +144,7 @@ def upgrade(settings: Settings, revision: str = "head") -> Upgraded:
 
 
 def revision(settings: Settings, message: str) -> None:
+    from alembic import command
+
     _ensure_sqlite_folder(settings)
     command.revision(alembic_config(settings), message=message, autogenerate=True)

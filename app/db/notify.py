@@ -12,7 +12,6 @@ import logging
 import threading
 from collections import defaultdict
 
-import psycopg
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
@@ -92,6 +91,8 @@ class JobWaiters:
             loop.call_soon_threadsafe(event.set)
 
     def _listen(self) -> None:
+        import psycopg  # a listener's own connection: on Postgres only (SQLite never imports it)
+
         assert self._dsn is not None
         while not self._stop.is_set():
             try:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from kiln.app.core.config import Settings
-from kiln.app.storage.base import ObjectStore
+from kiln.app.storage.base import ObjectStore, StoreSettings
 
-__all__ = ["ObjectStore", "open_store"]
+__all__ = ["ObjectStore", "StoreSettings", "open_store"]
 
 
-def open_store(settings: Settings) -> ObjectStore:
+def open_store(settings: StoreSettings) -> ObjectStore:
     """Open the store named by `KILN_STORAGE_URL`."""
     url = settings.storage_url
     scheme = urlparse(url).scheme

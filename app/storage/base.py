@@ -12,6 +12,20 @@ class NewObject(NamedTuple):
     content_type: str | None = None
 
 
+class StoreSettings(Protocol):
+    """What opening a store reads of the settings: `Settings`, or the plain copy a prep process
+    gets (`kiln.workers.prep.settings`), which imports no pydantic."""
+
+    @property
+    def storage_url(self) -> str: ...
+
+    @property
+    def s3_endpoint_url(self) -> str | None: ...
+
+    @property
+    def s3_region(self) -> str: ...
+
+
 class ObjectStore(Protocol):
     """Keys are `/`-separated paths relative to the store's root."""
 

@@ -5,24 +5,24 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from kiln.app.core.errors import InputError, NotFoundError, SetupError, TransientError
+from kiln.app.sources import parse_s3_uri
 from kiln.app.storage.base import NewObject, check_key
 
 if TYPE_CHECKING:
-    from kiln.app.core.config import Settings
+    from kiln.app.storage.base import StoreSettings
 
 PUT_CONCURRENCY = 8  # boto3 clients are thread-safe; S3 answers each PUT in its own time
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "AllAccessDisabled"}
 
 
-def make_s3_client(settings: Settings) -> Any:
+def make_s3_client(settings: StoreSettings) -> Any:
     """A client with adaptive retries: throttling and 5xx back off inside botocore."""
     config = Config(
         retries={"max_attempts": 8, "mode": "adaptive"},
@@ -35,13 +35,6 @@ def make_s3_client(settings: Settings) -> Any:
         region_name=settings.s3_region,
         config=config,
     )
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise InputError(f"{uri!r} is not an S3 URI like s3://bucket/key.")
-    return parsed.netloc, parsed.path.lstrip("/")
 
 
 def _code(error: ClientError) -> str:

@@ -19,7 +19,7 @@ EXPECTED = {
     "raw", "raw-paired", "loop", "embedded", "services", "naive-celery", "ray", "ceiling",
     "streaming-capacity", "streaming-50", "streaming-100", "idle", "builtin",
 }  # fmt: skip
-EXPECTED |= {"ceiling-local", "bigjob", "daft"}
+EXPECTED |= {"ceiling-local", "bigjob", "daft", "startup"}
 FEED_MARGINAL = {"feed-embedded", "feed-embedded-1prep", "feed-worker", "feed-peer"}
 EXPECTED |= FEED_MARGINAL | {"feed-decode-fit"}
 PEERS = {"ray": "ray", "daft": "daft"}  # case → the package it needs (the bench extra)
@@ -76,6 +76,10 @@ def test_smoke_run_covers_every_case(tmp_path: Path) -> None:
     assert "moto" in by_case["ceiling"]["cpu_seconds"]  # moto's CPU apart from Postgres+Redis
     assert "moto" not in by_case["ceiling-local"]["cpu_seconds"]
     assert by_case["bigjob"]["extra"]["job_items"] == 2000
+    startup = by_case["startup"]["extra"]  # kiln run --help, a prep process, a small kiln run
+    assert startup["help_s"] > 0 and startup["prep_ready_s"] > 0
+    assert not startup["prep_imports_pydantic"]
+    assert 0 < startup["engine_ready_s"] < startup["first_result_s"] < by_case["startup"]["seconds"]
     assert by_case["bigjob"]["latency_ms"]["p99"] > 0  # GET /v1/jobs/{id} was timed
     assert by_case["bigjob"]["extra"]["download_rows"] == 2000  # the results streamed back
     assert by_case["bigjob"]["extra"]["api_rss_peak_mb"] > 0

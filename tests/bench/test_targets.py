@@ -115,3 +115,17 @@ def test_feed_rows_without_a_marginal_rate_are_left_out() -> None:
     ]
     names = {t.name for t in targets(results, ["resnet18"], 16)}
     assert names == {"F feed: feed-peer items/s (marginal)"}
+
+
+def test_startup_rows() -> None:
+    startup = _case(
+        "startup", "null", 32, 4.0,
+        extra={"help_s": 0.3, "prep_ready_s": 1.2, "first_result_after_engine_s": 0.8,
+               "first_result_s": 2.5},
+    )  # fmt: skip
+    rows = {t.name: t for t in targets([startup], ["resnet18"], 16)}
+    assert rows["S startup: kiln run --help s"].met is True
+    assert rows["S startup: a prep process ready s"].met is False
+    assert rows["S startup: first result after the engine is ready s"].met is True
+    assert rows["S startup: kiln run of 32 images, wall s"].value == 4.0
+    assert rows["S startup: first result, s from the command's start"].informational

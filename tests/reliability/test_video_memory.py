@@ -20,6 +20,7 @@ from kiln.app.video import Sampling, VideoLimits
 from kiln.app.video.reader import VideoReader
 from kiln.workers.models.phash import PhashPipeline
 from kiln.workers.prep.process import PrepWorker
+from kiln.workers.prep.settings import PrepSettings
 from kiln.workers.prep.slots import SlotPool
 from kiln.workers.prep.units import UNIT_ROWS, Unit
 from kiln.workers.prep.video import decoded_frame, plan
@@ -83,7 +84,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 @pytest.fixture
 def worker(settings: Settings) -> Iterator[PrepWorker]:
-    worker = PrepWorker(settings)
+    worker = PrepWorker(PrepSettings.of(settings))
     yield worker
     worker.close()
 

@@ -8,9 +8,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from kiln.app import sources
-from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.storage import ObjectStore
+from kiln.workers.prep.settings import PrepSettings
 
 
 def _read_local(uri: str, max_bytes: int) -> bytes:
@@ -32,7 +32,7 @@ class Fetcher:
     reads this machine's files, only where `local_inputs` is set (`kiln run`). The forms are
     `kiln.app.sources`."""
 
-    def __init__(self, settings: Settings, store: ObjectStore) -> None:
+    def __init__(self, settings: PrepSettings, store: ObjectStore) -> None:
         self.settings = settings
         self.store = store
         self._s3: Any = None

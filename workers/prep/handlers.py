@@ -19,13 +19,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import InputError, KilnError, TransientError
 from kiln.app.sources import IMAGE_SUFFIXES
 from kiln.app.video import DEFAULT_FPS, HEAD_BYTES, Sampling, VideoLimits, container_of
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.held import HeldBytes
+from kiln.workers.prep.settings import PrepSettings
 from kiln.workers.prep.spec import FrameModePrep, FramePrep, Prep
 from kiln.workers.prep.units import Prepped, Unit
 from kiln.workers.prep.video import VideoReaders, decoded_frame, plan
@@ -38,7 +38,7 @@ Data = bytes | str | Path | None  # what reading an item gave (None: a frame, re
 class Process(Protocol):
     """What handlers use of their prep process's state (`PrepWorker`), kept between units."""
 
-    settings: Settings
+    settings: PrepSettings
     videos: VideoReaders  # open readers and fetched videos' bytes
     held: HeldBytes  # bytes of read-only units' items
 
@@ -245,7 +245,7 @@ def _video(process: Process, source: str, unit: Unit) -> bytes | Path:
     return data
 
 
-def _limits(settings: Settings) -> VideoLimits:
+def _limits(settings: PrepSettings) -> VideoLimits:
     return VideoLimits(settings.max_video_frames, settings.max_video_duration_s)
 
 

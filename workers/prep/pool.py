@@ -39,6 +39,7 @@ from kiln.app.core.errors import TransientError
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.frames import FrameScheduler
 from kiln.workers.prep.process import PrepWorker, serve
+from kiln.workers.prep.settings import PrepSettings
 from kiln.workers.prep.units import Prepped, Unit
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class PrepPool:
         if processes < 1:
             raise ValueError("A prep pool needs at least one process; use InlinePrep for none.")
         self.settings, self.processes = settings, processes
+        self.prep_settings = PrepSettings.of(settings)  # what crosses into the processes
         # A video decoder's threads in each process: the cores each has to itself (one where
         # there is a process per core, the default: threads on shared cores only contend).
         self.decoder_threads = max(1, usable_cores() // max(1, processes))
@@ -148,7 +150,7 @@ class PrepPool:
         ours, theirs = self._context.Pipe()
         number = next(self._ids)
         process = self._context.Process(
-            target=serve, args=(theirs, self.settings, os.getpid(), self.decoder_threads),
+            target=serve, args=(theirs, self.prep_settings, os.getpid(), self.decoder_threads),
             name=f"kiln-prep-{number}", daemon=True,
         )  # fmt: skip
         process.start()
@@ -339,7 +341,9 @@ class InlinePrep:
     replaced = 0
 
     def __init__(self, settings: Settings, fetcher: Fetcher | None = None) -> None:
-        self._worker = PrepWorker(settings, fetcher, decoder_threads=usable_cores())
+        self._worker = PrepWorker(
+            PrepSettings.of(settings), fetcher, decoder_threads=usable_cores()
+        )
         self._lock = threading.Lock()  # one worker: its caches are not thread-safe
         self._units = itertools.count(1)
         self.frames = FrameScheduler(dict)  # no processes: frames go anywhere

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from kiln.app.core.config import Settings
 from kiln.app.core.errors import TransientError
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.handlers import Item, handle
 from kiln.workers.prep.held import HeldBytes
+from kiln.workers.prep.settings import PrepSettings
 from kiln.workers.prep.slots import Segment, attach
 from kiln.workers.prep.spec import Prep, PrepSpec, build
 from kiln.workers.prep.units import Prepped, Unit
@@ -38,7 +38,7 @@ class PrepWorker:
     goes to the handler of its kind (workers/prep/handlers.py)."""
 
     def __init__(
-        self, settings: Settings, fetcher: Fetcher | None = None, decoder_threads: int = 0
+        self, settings: PrepSettings, fetcher: Fetcher | None = None, decoder_threads: int = 0
     ) -> None:
         """`decoder_threads`: a video decoder's (0: FFmpeg's pick, about one per core)."""
         self.settings = settings
@@ -126,7 +126,7 @@ def _blank(unit: Unit) -> Prepped:
     return out
 
 
-def serve(conn: Connection, settings: Settings, parent: int, decoder_threads: int = 0) -> None:
+def serve(conn: Connection, settings: PrepSettings, parent: int, decoder_threads: int = 0) -> None:
     """A prep process's life: units in, answers out, until told to stop or orphaned."""
     # Ctrl-C and a SIGTERM to the group reach us too: the worker decides when its prep
     # processes stop (after its in-flight chunks have drained), or we notice it is gone.

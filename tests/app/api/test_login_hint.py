@@ -9,7 +9,7 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 from tests.app.api.conftest import TestClient
 from tests.app.api.test_console import sign_in

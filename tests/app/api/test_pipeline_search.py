@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from devstack.images import photo
-from kiln.app.cli import app as cli
+from kiln.app.cli.commands import app as cli
 from kiln.app.db.models import Item, Job, JobStatus, Pipeline, utcnow
 from kiln.app.results import library_place, place_for, write_manifest
 from kiln.app.sources import in_store

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from devstack.images import solid
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 from tests import videos
 from tests.app.api.conftest import TestClient

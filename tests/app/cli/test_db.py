@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from devstack.images import solid
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 from kiln.app.db import counters
 from kiln.app.db.models import JobCounter

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import get_settings
 from kiln.app.db import migrate
 from kiln.app.db.session import make_engine

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 
 
 def test_doctor_json_on_a_cpu_host() -> None:

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from devstack.images import solid
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 
 BAR = "━"  # what the progress bar is drawn with

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from kiln.app.catalog import get_model
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 from tests.models import colour_classifier
 from tests.workers.models.yolo import tiny_yolo

@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kiln.app.cli import app
 from kiln.app.cli import remote as remote_cli
+from kiln.app.cli.commands import app
 from kiln.app.cli.common import parse_options
 
 

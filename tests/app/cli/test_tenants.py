@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 from kiln.app.db.models import ApiKey
 from kiln.app.tenants import allowed_buckets

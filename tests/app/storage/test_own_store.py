@@ -13,7 +13,7 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 from typer.testing import CliRunner
 
-from kiln.app.cli import app
+from kiln.app.cli.commands import app
 from kiln.app.core.config import get_settings
 from kiln.app.core.errors import InputError, SetupError, TransientError
 from kiln.app.storage import open_store

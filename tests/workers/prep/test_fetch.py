@@ -10,6 +10,7 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
 from kiln.workers.prep.fetch import Fetcher
+from kiln.workers.prep.settings import PrepSettings
 from tests.support import migrated_settings
 
 
@@ -20,7 +21,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 def fetcher(settings: Settings, **overrides: object) -> Fetcher:
     settings = settings.model_copy(update=overrides)
-    return Fetcher(settings, LocalStore.from_url(settings.storage_url))
+    return Fetcher(PrepSettings.of(settings), LocalStore.from_url(settings.storage_url))
 
 
 def test_store_objects(settings: Settings) -> None:

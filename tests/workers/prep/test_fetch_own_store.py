@@ -15,6 +15,7 @@ from kiln.app.core.config import get_settings
 from kiln.app.core.errors import InputError, SetupError, TransientError
 from kiln.app.storage import open_store
 from kiln.workers.prep.fetch import Fetcher
+from kiln.workers.prep.settings import PrepSettings
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def fetcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fetcher
         monkeypatch.setenv(name, value)
     with mock_aws():
         settings = get_settings(data_dir=tmp_path, storage_url="s3://kiln-trial/kiln")
-        yield Fetcher(settings, open_store(settings))
+        yield Fetcher(PrepSettings.of(settings), open_store(settings))
 
 
 def test_kilns_missing_bucket_is_retried_not_the_items_fault(fetcher: Fetcher) -> None:

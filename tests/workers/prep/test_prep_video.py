@@ -21,6 +21,7 @@ from kiln.app.video import Sampling, VideoLimits
 from kiln.workers.models.phash import PhashPipeline
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.process import PrepWorker
+from kiln.workers.prep.settings import PrepSettings
 from kiln.workers.prep.slots import SlotPool
 from kiln.workers.prep.spec import PrepSpec, prep_spec
 from kiln.workers.prep.units import Prepped, Unit
@@ -44,7 +45,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 @pytest.fixture
 def worker(settings: Settings) -> Iterator[PrepWorker]:
-    worker = PrepWorker(settings)
+    worker = PrepWorker(PrepSettings.of(settings))
     yield worker
     worker.close()
 
@@ -263,7 +264,7 @@ def store(settings: Settings) -> LocalStore:
 
 
 def store_worker(settings: Settings, store: LocalStore) -> PrepWorker:
-    return PrepWorker(settings, Fetcher(settings, store))
+    return PrepWorker(PrepSettings.of(settings), Fetcher(PrepSettings.of(settings), store))
 
 
 def test_a_stored_video_over_the_upload_limit_fails_with_a_sentence(

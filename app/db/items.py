@@ -120,4 +120,3 @@ def _insert_sqlite(
     }
     statement = _INSERT_NEW_SQLITE if skip_existing else _INSERT_SQLITE
     return [(int(a), int(b)) for a, b in session.execute(statement, params)]
-

@@ -172,6 +172,9 @@ build_decoder() {
     find "$codec" -maxdepth 1 -name 'nvimgcodec_impl.cpython-*' \
         ! -name "nvimgcodec_impl.cpython-${py/./}-*" -delete
     rm -rf "$codec"/extensions/lib{nvjpeg2k,nvtiff}_ext.* "$codec/include"
+    # nvimgcodec's wheel makes `nvidia` a regular package; ahead of the image's on PYTHONPATH it
+    # would hide the image's nvidia.* (CUDA's libraries for torch and CuPy): keep it a namespace.
+    rm -f "$stage/decoder/site/nvidia/__init__.py"
 }
 
 for part in "${parts[@]}"; do

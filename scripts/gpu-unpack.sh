@@ -161,12 +161,15 @@ pythonpath=$w/core/kiln:$w/core/site
 for part in $PARTS; do
     [ "$part" != core ] && [ -d "$w/$part/site" ] && pythonpath+=:$w/$part/site
 done
-# `kiln` works from any shell, exports or not: the worker's children inherit its PYTHONPATH.
+# `kiln` works from any shell, exports or not (the worker's children inherit its PYTHONPATH),
+# and from any folder (-P: a `kiln` in the current one is not imported instead).
 # shellcheck disable=SC2016 # $PYTHONPATH and "$@" are the launcher's, expanded when it runs
-printf '#!/bin/sh\nPYTHONPATH=%s${PYTHONPATH:+:$PYTHONPATH} exec %s -m kiln.app.cli "$@"\n' \
+printf '#!/bin/sh\nPYTHONPATH=%s${PYTHONPATH:+:$PYTHONPATH} exec %s -P -m kiln.app.cli "$@"\n' \
     "$pythonpath" "$py" >"$w/bin/kiln"
 chmod +x "$w/bin/kiln"
-ln -sf "$py" "$w/bin/python"
+# `python` for scripts that name it: a wrapper, not a link, so a virtual environment's stays one
+printf '#!/bin/sh\nexec %s "$@"\n' "$py" >"$w/bin/python"
+chmod +x "$w/bin/python"
 
 # What core counts on the image for: say what is missing, if anything (Kiln will fail where
 # it imports it). One of OpenCV's four wheels will do.

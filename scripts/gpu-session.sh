@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One short session on a lent GPU host that has CUDA torch but no package index (docs/gpu.md,
 # "The offline bundle"): unpack the bundle (scripts/gpu-bundle.sh), start PostgreSQL and Redis
-# when its services part is there (so bench.gpu's `kiln worker` row runs), then `kiln doctor`,
-# tests/gpu and the GPU bench (bench/gpu.py: the native torch module, Kiln's engine per batch
-# bucket, kiln run with GPU and CPU decode, kiln worker, the DataLoader peer and the detector,
-# NVML's busy share beside each), each under its own time limit so one stuck step cannot spend
-# the session; bench.gpu also limits each of its parts within GPU_BUDGET_S. Every output lands
-# in $OUT (gpu.json, gpu.md, the parts' logs).
+# when its services part is there (so bench.gpu's part f, the service path, runs), then `kiln
+# doctor`, tests/gpu and the GPU bench (bench/gpu.py: the native torch module, Kiln's engine per
+# batch bucket, kiln run with GPU and CPU decode, the DataLoader peer, the detector, kiln api +
+# kiln worker; NVML's busy share beside each), each under its own time limit so one stuck step
+# cannot spend the session; bench.gpu also limits each of its parts within GPU_BUDGET_S. Every
+# output lands in $OUT (gpu.json, gpu.md, the parts' logs); the services stop at the end.
 #   bash scripts/gpu-bundle.sh .gpu services                 (here, before the session)
 #   bash scripts/gpu-session.sh .gpu                          (there; the device tool sets $OUT)
 # GPU_ARGS adds arguments to bench.gpu (`--skip native,peer`; `--device cpu` tries it all on a
@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/kiln-gpu-out}
 mkdir -p "$OUT"
 services=()
 [ -f "$bundle/services.tar.xz" ] && services=(--services)
-# exports PYTHONPATH/PATH (and KILN_TEST_PG/KILN_TEST_REDIS with --services), cd into the tree
+# exports PYTHONPATH/PATH (and KILN_DATABASE_URL/KILN_BROKER_URL with --services), cd into the tree
 exports=$(bash "$bundle/gpu-unpack.sh" "${services[@]}" "$bundle" 2>"$OUT/unpack.txt")
 unpacked=$?
 cat "$OUT/unpack.txt"
@@ -42,4 +42,4 @@ timeout "${GPU_S:-430}" python3 -m bench.gpu --workdir /tmp/kiln-gpu-bench \
 echo "bench.gpu: $?"
 cat "$OUT/gpu.md" 2>/dev/null || tail -n 20 "$OUT/gpu.log"
 cp /tmp/kiln-gpu-bench/*.log "$OUT/" 2>/dev/null
-cp -r /tmp/kiln-gpu-bench/worker-logs "$OUT/" 2>/dev/null || true
+cp -r /tmp/kiln-gpu-bench/service-logs "$OUT/" 2>/dev/null || true

@@ -203,7 +203,7 @@ if [ $services = 1 ]; then
     start_postgres
     start_redis
 elif [ -f "$bundle/services.tar.xz" ] && ! pg_up; then
-    say "the services part is here: --services starts PostgreSQL and Redis (kiln worker, bench.gpu's worker row)"
+    say "the services part is here: --services starts PostgreSQL and Redis (kiln worker, bench.gpu's part f)"
 fi
 
 # --- the exports ----------------------------------------------------------------------------
@@ -220,18 +220,9 @@ export_var PYTHONPATH "$pythonpath${old:+:$old}"
 export_var PATH "$w/bin:$(keep "$PATH")"
 export_var PYTHONUNBUFFERED 1
 if pg_up && redis_up; then
-    pg_port=$(cat "$run/postgres/port") redis_port=$(cat "$run/redis/port")
-    # Where the tests' and the bench's stacks find them (devstack/services.py): each makes its
-    # own database and Redis index there, with its own KILN_* settings.
-    export_var KILN_TEST_PG "postgresql://postgres@127.0.0.1:$pg_port/postgres"
-    export_var KILN_TEST_REDIS "redis://127.0.0.1:$redis_port"
-    # Kiln's own settings (app/core/config.py) for `kiln api` / `kiln worker` by hand go to a
-    # file, not to this shell: exported, they would point every other `kiln` command here too
-    # (bench.gpu's `kiln models add` before its embedded `kiln run`, for one).
-    {
-        export_var KILN_DATABASE_URL "postgresql+psycopg://postgres@127.0.0.1:$pg_port/kiln"
-        export_var KILN_BROKER_URL "redis://127.0.0.1:$redis_port/0"
-    } >"$run/kiln.env"
-    say "kiln api / kiln worker on these services: . $run/kiln.env (KILN_DATABASE_URL, KILN_BROKER_URL)"
+    # Kiln's own settings (app/core/config.py): `kiln api`, `kiln worker` and bench.gpu's part f
+    # (the service path) use them; `kiln run` is embedded whatever they say.
+    export_var KILN_DATABASE_URL "postgresql+psycopg://postgres@127.0.0.1:$(cat "$run/postgres/port")/kiln"
+    export_var KILN_BROKER_URL "redis://127.0.0.1:$(cat "$run/redis/port")/0"
 fi
 printf 'cd %q\n' "$w/core/kiln"

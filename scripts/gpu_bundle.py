@@ -84,13 +84,8 @@ def parts() -> dict[str, Part]:
             # the detector's 320n.onnx; the PyTorch backend's ONNX converter (constraints/test.txt)
             nodeps=("nudenet>=3.4", "onnx2fx==0.0.1"),
         ),
-        "services": Part(
-            "PostgreSQL and Redis (binaries, started by gpu-unpack.sh --services) and moto's S3 "
-            "server: `kiln worker`, bench.gpu's worker row",
-            # moto's standalone server (devstack/services.py starts it), without the `server`
-            # extra's dependencies for other AWS services
-            deps=("moto>=5.0", "flask", "flask-cors"),
-        ),
+        # PostgreSQL and Redis binaries (gpu-bundle.sh takes them: no Python package here)
+        "services": Part("PostgreSQL and Redis: `kiln api`, `kiln worker`, bench.gpu's part f"),
         "video": Part("PyAV and its FFmpeg libraries: video inputs", deps=_named(core, "av")),
         "ocr": Part(
             "the built-in OCR model: PP-OCRv4's ONNX files and post-processing",

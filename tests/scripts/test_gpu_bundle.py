@@ -57,11 +57,10 @@ def test_selection_leaves_out_the_image_the_dropped_and_what_core_carries(tmp_pa
         "celery",
         "SQLAlchemy",
     ]
-    services = wheels("moto", "boto3", "celery", "requests", "cryptography")
-    assert [w.name.split("-")[0] for w in gpu_bundle.carried("services", services, core)] == [
-        "moto",
+    video = wheels("av", "celery", "numpy", "boto3")
+    assert [w.name.split("-")[0] for w in gpu_bundle.carried("video", video, core)] == [
+        "av",
         "boto3",
-        "cryptography",
     ]
     decoder = wheels("nvidia_nvimgcodec_cu13", "nvidia_nvjpeg")  # CUDA libraries of its own
     assert gpu_bundle.carried("decoder", decoder, core) == decoder

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import sys
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,19 +136,25 @@ def carried(part: str, wheels: list[Path], core_wheels: list[Path] | None = None
     return keep
 
 
+def _lines(items: Iterable[str]) -> None:
+    """One a line, and nothing at all for none (the shell reads an empty line as an item)."""
+    for item in items:
+        print(item)
+
+
 def main(argv: list[str]) -> int:
     match argv:
         case ["parts"]:
             print(" ".join(parts()))
         case ["requirements", part, "deps" | "nodeps" as kind]:
-            print("\n".join(getattr(parts()[part], kind)))
+            _lines(getattr(parts()[part], kind))
         case ["select", part, folder, *core]:
             wheels = sorted(Path(folder).glob("*.whl"))
             core_wheels = sorted(Path(core[0]).glob("*.whl")) if core else []
-            print("\n".join(str(w) for w in carried(part, wheels, core_wheels)))
+            _lines(str(w) for w in carried(part, wheels, core_wheels))
         case ["present", folder]:
             names = {wheel_name(w) for w in Path(folder).glob("*.whl")}
-            print("\n".join(sorted(names & PRESENT)))
+            _lines(sorted(names & PRESENT))
         case _:
             print(__doc__, file=sys.stderr)
             return 2

@@ -66,6 +66,13 @@ def test_selection_leaves_out_the_image_the_dropped_and_what_core_carries(tmp_pa
     assert gpu_bundle.carried("decoder", decoder, core) == decoder
 
 
+def test_a_part_without_python_packages_asks_pip_for_nothing(tmp_path: Path) -> None:
+    helper = [sys.executable, str(ROOT / "scripts" / "gpu_bundle.py")]
+    for command in (["requirements", "services", "deps"], ["select", "services", str(tmp_path)]):
+        out = subprocess.run([*helper, *command], capture_output=True, text=True, check=True)
+        assert out.stdout == "", command  # not one empty line: the shell would read an item
+
+
 def _imported_modules(folder: Path) -> set[str]:
     found = set()
     for path in folder.rglob("*.py"):

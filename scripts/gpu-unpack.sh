@@ -12,12 +12,13 @@
 # changed since is kept, so a second call (--services after a plain one) takes seconds.
 # The services are throwaway: PostgreSQL trusts local connections and does not fsync, Redis
 # keeps nothing on disk; each listens on 127.0.0.1 on a free port (KILN_GPU_PG_PORT,
-# KILN_GPU_REDIS_PORT to choose). Only the exports go to stdout; the rest goes to stderr.
+# KILN_GPU_REDIS_PORT to choose), exported as KILN_DATABASE_URL and KILN_BROKER_URL while they
+# run. Only the exports go to stdout; the rest goes to stderr.
 set -euo pipefail
 
 say() { printf 'gpu-unpack: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 services=0 stop=0 bundle=
 while [ $# -gt 0 ]; do

@@ -1,7 +1,7 @@
 """`feed` on a GPU host (issue 23): `kiln run` with ResNet-50 on the PyTorch CUDA engine against a
 PyTorch DataLoader peer, over the same 640×480 JPEGs, with the GPU's busy share sampled by NVML
 while each runs. No Postgres or Redis: the embedded `kiln run` and an in-process peer only, so it
-runs on a bare GPU host from the offline bundle (../shared/gpu/README.md, docs/gpu.md).
+runs on a bare GPU host from the offline bundle (docs/gpu.md, "The offline bundle").
 
     python -m bench.gpu_feed --workdir DIR --out FILE.json [--images 6000] [--decode gpu,cpu]
 

@@ -93,13 +93,13 @@ def test_every_relative_link_resolves_inside_the_repository(path: Path) -> None:
 
 def test_the_checker_finds_what_it_should() -> None:
     text = (
-        "[ok](https://example.com) [out](../shared/DESIGN.md) `[code](nowhere.md)`\n"
+        "[ok](https://example.com) [out](../outside/DESIGN.md) `[code](nowhere.md)`\n"
         "```\n[fenced](nowhere.md)\n```\n[ref]: missing.md\n![img](pic.png 'title')\n"
     )
-    found = ["https://example.com", "../shared/DESIGN.md", "pic.png", "missing.md"]
+    found = ["https://example.com", "../outside/DESIGN.md", "pic.png", "missing.md"]
     assert list(links(text)) == found
-    assert broken(ROOT / "README.md", "../shared/DESIGN.md") == (
-        "../shared/DESIGN.md leaves the repository"
+    assert broken(ROOT / "README.md", "../outside/DESIGN.md") == (
+        "../outside/DESIGN.md leaves the repository"
     )
     assert broken(ROOT / "README.md", "docs/no-such-page.md") == (
         "docs/no-such-page.md does not exist"

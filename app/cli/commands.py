@@ -7,23 +7,33 @@ import typer
 
 from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve, storage
 
-app = typer.Typer(help="Kiln: batch inference on GPUs.", no_args_is_help=True)
-app.add_typer(admin.db_app, name="db")
-app.add_typer(admin.keys_app, name="keys")
-app.add_typer(admin.tenants_app, name="tenants")
-app.add_typer(admin.models_app, name="models")
-app.add_typer(admin.engines_app, name="engines")
-app.add_typer(storage.storage_app, name="storage")
-app.add_typer(bulk.schedule_app, name="schedule")
-app.command("api")(serve.api)
-app.command("worker")(serve.worker)
-app.command("flower")(serve.flower)
-app.command("beat")(serve.beat)
-app.command("run")(local.run)
-app.command("submit")(remote.submit)
-app.command("status")(remote.status)
-app.command("results")(remote.results_cmd)
-app.command("cancel")(remote.cancel)
-app.command("search")(search.search)
-app.command("bulk")(bulk.bulk)
-app.command("doctor")(doctor.doctor)
+app = typer.Typer(
+    help="Kiln: batch inference on GPUs.", no_args_is_help=True, rich_markup_mode="markdown"
+)
+GROUPS = {
+    "db": admin.db_app,
+    "keys": admin.keys_app,
+    "tenants": admin.tenants_app,
+    "models": admin.models_app,
+    "engines": admin.engines_app,
+    "storage": storage.storage_app,
+    "schedule": bulk.schedule_app,
+}
+COMMANDS = {
+    "api": serve.api,
+    "worker": serve.worker,
+    "flower": serve.flower,
+    "beat": serve.beat,
+    "run": local.run,
+    "submit": remote.submit,
+    "status": remote.status,
+    "results": remote.results_cmd,
+    "cancel": remote.cancel,
+    "search": search.search,
+    "bulk": bulk.bulk,
+    "doctor": doctor.doctor,
+}
+for name, group in GROUPS.items():
+    app.add_typer(group, name=name)
+for name, command in COMMANDS.items():
+    app.command(name)(command)

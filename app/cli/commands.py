@@ -3,6 +3,9 @@ its top only what `kiln --help` needs; what a command uses it imports when it ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
 from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve, storage
@@ -19,7 +22,7 @@ GROUPS = {
     "storage": storage.storage_app,
     "schedule": bulk.schedule_app,
 }
-COMMANDS = {
+COMMANDS: dict[str, Callable[..., Any]] = {
     "api": serve.api,
     "worker": serve.worker,
     "flower": serve.flower,

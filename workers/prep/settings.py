@@ -6,7 +6,7 @@ crosses into it in place of `Settings`, so it imports neither pydantic nor the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,11 +24,5 @@ class PrepSettings:
 
     @classmethod
     def of(cls, settings: Settings) -> PrepSettings:
-        return cls(
-            storage_url=settings.storage_url,
-            s3_endpoint_url=settings.s3_endpoint_url,
-            s3_region=settings.s3_region,
-            local_inputs=settings.local_inputs,
-            max_video_frames=settings.max_video_frames,
-            max_video_duration_s=settings.max_video_duration_s,
-        )
+        """The same-named values of `settings` (every field here is one of its fields)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})

@@ -39,8 +39,12 @@ browser:
 	bash scripts/ensure-browser.sh
 
 ## test: install dev dependencies, start services, install the browser, run the whole suite
+# Two test processes (pytest-xdist): most of the suite's time is spent waiting on workers and
+# services, so two halve it on a 2-core machine; each process has its own database, Redis index
+# and S3 server (tests/stack.py). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.dev services browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=15
 
 unit: $(VENV)/.dev
 	$(BIN)/python -m pytest tests/app tests/workers

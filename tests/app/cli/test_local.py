@@ -19,6 +19,7 @@ BAR = "━"  # what the progress bar is drawn with
 def kiln(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     """The `kiln` command on the test's data dir (`settings` cleared every other KILN_*)."""
     monkeypatch.setenv("KILN_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("COLUMNS", "1000")  # Rich wraps at the width, a long path at its "/"
     return CliRunner()
 
 

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from devstack.images import solid
+from kiln.app.cli import common
 from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 
@@ -19,7 +20,9 @@ BAR = "━"  # what the progress bar is drawn with
 def kiln(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     """The `kiln` command on the test's data dir (`settings` cleared every other KILN_*)."""
     monkeypatch.setenv("KILN_DATA_DIR", str(settings.data_dir))
-    monkeypatch.setenv("COLUMNS", "1000")  # Rich wraps at the width, a long path at its "/"
+    # Rich wraps at the console's width, a long path at its "/" (and under xdist the width is
+    # fixed at 80 when the module imports): the sentences are read unwrapped
+    monkeypatch.setattr(common.errors, "soft_wrap", True)
     return CliRunner()
 
 

@@ -41,10 +41,10 @@ import httpx
 
 from bench.gpu_feed import SIDE, Busy, Run, Subject
 from bench.models import labels
+from devstack.jobs import wait_closed
 
 URL_VARS = ("KILN_DATABASE_URL", "KILN_BROKER_URL")
 TENANT = "gpu-bench"
-CLOSED = ("completed", "failed", "cancelled")
 READY_S = 180  # a GPU worker imports torch and probes the device before it answers
 JOB_S = 1800
 
@@ -225,21 +225,12 @@ def run_job(svc: Service, model: str, paths: Sequence[Path]) -> tuple[Run, float
     job_id = str(response.json()["id"])
     cpu0 = sum(tree_cpu_s(w.pid) for w in svc.workers)
     with Busy() as busy:
-        job = _closed(svc.http, job_id)
+        job = wait_closed(svc.http, job_id, timeout=JOB_S, poll_s=30)
         seconds = time.perf_counter() - answered
     cpu = sum(tree_cpu_s(w.pid) for w in svc.workers) - cpu0
     check = exactly_once(svc.http, job, [p.name for p in paths])
     run = Run(len(paths), round(seconds, 3), round(cpu, 2), busy.samples)
     return run, round(answered - started, 3), check
-
-
-def _closed(http: httpx.Client, job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + JOB_S
-    while time.monotonic() < deadline:
-        job: dict[str, Any] = http.get(f"/v1/jobs/{job_id}", params={"wait": 30}).json()
-        if job["status"] in CLOSED:
-            return job
-    raise TimeoutError(f"job {job_id} did not close within {JOB_S} s")
 
 
 def exactly_once(http: httpx.Client, job: dict[str, Any], keys: Sequence[str]) -> dict[str, int]:

@@ -19,11 +19,10 @@ from PIL import Image
 from sqlalchemy import func, select
 
 from devstack.images import photo
+from devstack.jobs import wait_closed
 from kiln.app.db.models import Item
 from kiln.app.tenants import allow_bucket
 from tests.stack import BUCKET, SOURCE_BUCKET
-
-CLOSED = ("completed", "failed", "cancelled")
 
 
 def put_objects(s3: Any, keys: list[str], seed: int = 0) -> None:
@@ -37,15 +36,6 @@ def put_objects(s3: Any, keys: list[str], seed: int = 0) -> None:
         list(pool.map(put, enumerate(keys)))
 
 
-def wait_job(client: httpx.Client, job_id: str, timeout: float = 600) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", params={"wait": 10}).json()
-        if job["status"] in CLOSED:
-            return job
-    raise TimeoutError(f"job {job_id} did not finish in {timeout:.0f} s")
-
-
 def run_pipeline(client: httpx.Client, prefix: str, name: str) -> dict[str, Any]:
     body = {
         "model": "phash",
@@ -56,7 +46,7 @@ def run_pipeline(client: httpx.Client, prefix: str, name: str) -> dict[str, Any]
     assert response.status_code == 202, response.text
     job = response.json()
     assert job["source"]["s3"] == body["source"]["s3"] and job["listing"] is True
-    return wait_job(client, job["id"])
+    return wait_closed(client, job["id"], timeout=600)
 
 
 def result_keys(client: httpx.Client, job_id: str) -> list[str]:
@@ -196,7 +186,7 @@ def test_a_pipeline_name_is_bound_to_its_source(client: httpx.Client) -> None:
     body = {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/elsewhere/"}}
     first = client.post("/v1/jobs", json={**body, "pipeline": "bound"})
     assert first.status_code == 202
-    wait_job(client, first.json()["id"])
+    wait_closed(client, first.json()["id"], timeout=600)
     other = {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/other/"}}
     clash = client.post("/v1/jobs", json={**other, "pipeline": "bound"})
     assert clash.status_code == 409
@@ -211,7 +201,7 @@ def test_a_missing_bucket_fails_the_job_with_a_sentence(client: httpx.Client, se
         "/v1/jobs", json={"model": "phash", "source": {"s3": "s3://no-such-bucket/photos/"}}
     )
     assert response.status_code == 202, response.text
-    job = wait_job(client, response.json()["id"], timeout=120)
+    job = wait_closed(client, response.json()["id"], timeout=120)
     assert job["status"] == "failed"
     assert job["error"] == "The bucket 'no-such-bucket' does not exist."
 
@@ -249,7 +239,7 @@ def test_interactive_work_goes_ahead_of_a_bulk_backlog(client: httpx.Client, s3:
             data={"model": "detector"},
             files=[("files", ("x.jpg", image, "image/jpeg"))],
         )
-        job = wait_job(client, response.json()["id"], timeout=120)
+        job = wait_closed(client, response.json()["id"], timeout=120)
         assert job["counts"]["succeeded"] == 1, job
         return time.perf_counter() - started
 
@@ -263,7 +253,7 @@ def test_interactive_work_goes_ahead_of_a_bulk_backlog(client: httpx.Client, s3:
     progress = client.get(f"/v1/jobs/{bulk['id']}").json()
     batch_s = 8 / max(progress["items_per_second"] or 1.0, 1.0)  # max_batch 8 in these tests
     client.post(f"/v1/jobs/{bulk['id']}/cancel")
-    wait_job(client, bulk["id"], timeout=300)
+    wait_closed(client, bulk["id"], timeout=300)
     print(
         f"one image: idle {idle:.3f} s, under bulk {[round(s, 3) for s in loaded]} s; "
         f"batch {batch_s:.3f} s; backlog {backlog} items"

@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 from sqlalchemy import update
 
 from devstack.images import solid
+from devstack.jobs import wait_closed
 from tests import videos
-from tests.integration.test_bulk import manifest_of, stored, wait_job
+from tests.integration.test_bulk import manifest_of, stored
 from tests.integration.test_http_jobs import wait_done
 from tests.stack import SOURCE_BUCKET
 
@@ -180,7 +181,7 @@ def _pipeline(client: httpx.Client, prefix: str) -> dict[str, Any]:
     }
     response = client.post("/v1/jobs", json=body)
     assert response.status_code == 202, response.text
-    return wait_job(client, response.json()["id"], timeout=300)
+    return wait_closed(client, response.json()["id"], timeout=300)
 
 
 def test_a_pipeline_of_videos_is_incremental(

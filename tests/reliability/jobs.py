@@ -1,15 +1,13 @@
-"""Submitting and awaiting jobs over HTTP, shared by the reliability tests."""
+"""Submitting jobs and reading their items over HTTP, shared by the reliability tests (awaiting
+one: devstack.jobs)."""
 
 from __future__ import annotations
 
 import mimetypes
 import re
-import time
 from typing import Any
 
 import httpx
-
-CLOSED = {"completed", "failed", "cancelled"}
 
 
 def upload(client: httpx.Client, files: dict[str, bytes], model: str = "phash") -> httpx.Response:
@@ -18,19 +16,6 @@ def upload(client: httpx.Client, files: dict[str, bytes], model: str = "phash") 
         for name, data in files.items()
     ]
     return client.post("/v1/jobs", data={"model": model}, files=parts)
-
-
-def wait_closed(client: httpx.Client, job_id: str, timeout: float = 180) -> dict[str, Any]:
-    """The job once it is closed, waiting on the API's long poll; fails after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    job: dict[str, Any] = {}
-    while (remaining := deadline - time.monotonic()) > 0:
-        response = client.get(f"/v1/jobs/{job_id}", params={"wait": min(remaining, 10.0)})
-        assert response.status_code == 200, response.text
-        job = response.json()
-        if job["status"] in CLOSED:
-            return job
-    raise AssertionError(f"job {job_id} is still {job.get('status')} after {timeout:.0f} s: {job}")
 
 
 def items_by_key(client: httpx.Client, job_id: str) -> dict[str, dict[str, Any]]:

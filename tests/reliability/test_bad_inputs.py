@@ -11,9 +11,10 @@ import imagehash
 import pytest
 
 from devstack.images import photo
+from devstack.jobs import wait_closed
 from devstack.services import Process
 from tests.reliability.corpus import BAD, ODD
-from tests.reliability.jobs import items_by_key, sentence_problem, upload, wait_closed
+from tests.reliability.jobs import items_by_key, sentence_problem, upload
 
 NOT_READABLE = "The file is neither an image nor a video Kiln can read."
 

@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import func, select
 
 from devstack.images import photo
+from devstack.jobs import wait_closed
 from devstack.services import (
     Process,
     ServiceUnavailableError,
@@ -44,7 +45,7 @@ from kiln.workers.prep.slots import PREFIX, shm_dir
 from tests import videos
 from tests.models import oom_embedder
 from tests.reliability.faults import PrivatePostgres, PrivateRedis, TcpProxy
-from tests.reliability.jobs import items_by_key, upload, wait_closed
+from tests.reliability.jobs import items_by_key, upload
 from tests.stack import BUCKET, RUNNING, unavailable
 
 IMAGES = 320  # detector: ~10-20 s of work for two workers on two cores

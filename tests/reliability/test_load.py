@@ -21,8 +21,8 @@ import httpx
 import pytest
 from PIL import Image
 
+from devstack.jobs import CLOSED
 from devstack.services import Process
-from tests.reliability.jobs import CLOSED
 from tests.stack import _key
 
 CLIENTS = 50

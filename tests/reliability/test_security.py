@@ -14,21 +14,13 @@ import httpx
 import pytest
 
 from devstack.images import photo
+from devstack.jobs import wait_closed
 from devstack.services import AWS_ENV
 from kiln.app.auth import revoke_key
 from tests.sigv4 import s3_would_accept
 from tests.stack import _key, run_kiln
 
 PRIVATE = "kiln-private"  # exists in S3, but no test tenant is allowed to read it
-CLOSED = ("completed", "failed", "cancelled")
-
-
-def wait(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    for _ in range(30):
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", params={"wait": 10}).json()
-        if job["status"] in CLOSED:
-            return job
-    raise TimeoutError(f"job {job_id} did not finish")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +29,7 @@ def finished_job(client: httpx.Client) -> str:
     files = [("files", ("a.jpg", photo(seed=7), "image/jpeg"))]
     response = client.post("/v1/jobs", data={"model": "phash"}, files=files)
     assert response.status_code == 202, response.text
-    assert wait(client, response.json()["id"])["status"] == "completed"
+    assert wait_closed(client, response.json()["id"], timeout=300)["status"] == "completed"
     return str(response.json()["id"])
 
 
@@ -91,7 +83,8 @@ def test_a_bucket_off_the_list_is_403_until_an_operator_allows_it(
     try:
         accepted = client.post("/v1/jobs", json=body)
         assert accepted.status_code == 202, accepted.text
-        assert wait(client, accepted.json()["id"])["status"] == "completed"  # an empty prefix
+        job = wait_closed(client, accepted.json()["id"], timeout=300)
+        assert job["status"] == "completed"  # an empty prefix
     finally:
         denied = run_kiln(service_env, "tenants", "deny-bucket", "acme", private_bucket)
         assert denied.returncode == 0, denied.stderr

@@ -23,6 +23,12 @@ f. `service` (issue 32): Kiln as a service where a database and a broker are nam
    the same JPEGs, each size uploaded over HTTP as one job and followed to its close, every
    item's result checked to be there exactly once; the rate is judged against `kiln run`'s on
    the same model (bench/gpu_service.py). Without the URLs its rows say why not.
+g. `decoders` (issue 33): each GPU JPEG decoder (nvImageCodec, torchvision's nvJPEG) at 1, 2
+   and 4 threads, decode alone and decode + fit, and every core decoding as prep does
+   (bench/gpu_decoders.py).
+Issue 33's rows beside them: `kiln run` with the staged device pipeline (the default) and with
+`KILN_DEVICE_PIPELINE=serial` (before it), and the engine fed by the staged host pipeline with
+each stage's busy/starved/blocked seconds.
 
 How: a and b time back-to-back calls for `--seconds` after a warm-up (the first call timed
 apart: cuDNN autotuning, graph capture), synchronised at the end: images/s = calls × batch /
@@ -61,12 +67,13 @@ from typing import Any
 from bench.gpu_parts import PART_FUNCTIONS, Settings, Sink
 from bench.gpu_report import all_rows, markdown, save
 
-PARTS = {"a": "native", "b": "engine", "c": "kiln", "d": "peer", "e": "detector", "f": "service"}
+PARTS = {"a": "native", "b": "engine", "c": "kiln", "d": "peer", "e": "detector", "f": "service",
+         "g": "decoders"}  # fmt: skip
 ALIASES = {"worker": "service"}  # `--skip worker`, from before the service path was a part
 STEPS = ("prepare", *PARTS.values())
 # Seconds per step on a GPU host; `--budget` caps their sum.
-TIMEOUT_S = {"prepare": 60, "native": 45, "engine": 120, "kiln": 150, "peer": 45, "detector": 90,
-             "service": 150}  # fmt: skip
+TIMEOUT_S = {"prepare": 60, "native": 45, "engine": 150, "kiln": 200, "peer": 45, "detector": 90,
+             "service": 180, "decoders": 90}  # fmt: skip
 MIN_STEP_S = 10  # with less budget left, a step is skipped rather than started and killed
 
 

@@ -163,6 +163,7 @@ def _engine_rows(s: Settings, sink: Sink, graphs: bool, batches: Iterable[int]) 
 
 
 WORKER_FED = "engine as a worker feeds it (2 runners, gathered into staging)"
+STAGED_FED = "engine as a worker feeds it, staged (upload, forward, outputs overlapped)"
 
 
 def _worker_fed_rows(s: Settings, sink: Sink) -> None:
@@ -205,6 +206,51 @@ def _worker_fed_rows(s: Settings, sink: Sink) -> None:
                   "first_call_s": round(first, 3)})  # fmt: skip
 
 
+def _staged_fed_rows(s: Settings, sink: Sink) -> None:
+    """The engine as a worker with the staged pipeline drives it (issue 33): as many caller
+    threads as the pipeline holds batches, each gathering into its own staging buffer and
+    running it through upload → forward → outputs (`device_stages.HostStages`)."""
+    import threading
+
+    import numpy as np
+
+    from kiln.workers.models.device_stages import HostStages
+
+    engine, _seconds = build_engine(s, True, runners=1)
+    name = engine.inputs[0].name
+    stages = HostStages("bench", engine, name)
+    callers = stages.pipeline.in_flight
+    slots = np.random.default_rng(0).integers(0, 256, (512, SIDE, SIDE, 3), np.uint8)
+    for batch in native_batches(s.max_batch):
+        counts = [0] * callers
+
+        def run(i: int, until: float, batch: int = batch, counts: list[int] = counts) -> None:
+            picks = np.random.default_rng(i).choice(len(slots), batch, replace=False)
+            while counts[i] == 0 or time.perf_counter() < until:
+                buffer = engine.host_buffer((batch, SIDE, SIDE, 3))
+                np.take(slots, picks, axis=0, out=buffer)
+                stages.pipeline.run(buffer)
+                counts[i] += 1
+
+        first = time.perf_counter()
+        run(0, 0.0)  # warm: the caller's staging, each stage's stream
+        first = time.perf_counter() - first
+        counts[0] = 0
+        with Busy(interval=0.05) as busy:
+            started = time.perf_counter()
+            until = started + s.seconds
+            threads = [threading.Thread(target=run, args=(i, until)) for i in range(callers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            elapsed = time.perf_counter() - started
+        rate = sum(counts) * batch / elapsed
+        sink.add({**row("engine", STAGED_FED, batch, rate, busy.samples), "callers": callers,
+                  "first_call_s": round(first, 3), "stages": stages.pipeline.stats()})  # fmt: skip
+    stages.close()
+
+
 def part_engine(s: Settings, sink: Sink) -> None:
     """Every bucket the engine replays a graph for, the engine as a worker feeds it, and the
     same engine without CUDA graphs (the comparison) at the native batches."""
@@ -212,6 +258,8 @@ def part_engine(s: Settings, sink: Sink) -> None:
     attempt(sink, "engine", "engine graphs=True", replayed)
     _release(s.device)
     attempt(sink, "engine", WORKER_FED, lambda: _worker_fed_rows(s, sink))
+    _release(s.device)
+    attempt(sink, "engine", STAGED_FED, lambda: _staged_fed_rows(s, sink))
     _release(s.device)
     eager = partial(_engine_rows, s, sink, False, native_batches(s.max_batch))
     attempt(sink, "engine", "engine graphs=False", eager)
@@ -228,14 +276,21 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+# `kiln run`'s subjects: name → settings. The staged device pipeline (issue 33) is the default;
+# `serial` is how every batch ran before it, measured beside it in the same session.
+KILN_SUBJECTS = {
+    "kiln run, GPU decode": {"KILN_GPU_DECODE": "true"},
+    "kiln run, GPU decode, serial": {"KILN_GPU_DECODE": "true", "KILN_DEVICE_PIPELINE": "serial"},
+    "kiln run, CPU decode": {"KILN_GPU_DECODE": "false"},
+}
+
+
 def part_kiln(s: Settings, sink: Sink) -> None:
     folders = image_folders(s.workdir)
-    decodes = ("gpu", "cpu") if s.device == "cuda" else ("cpu",)
-    if s.device != "cuda":
-        sink.add(skipped("kiln", "kiln run, GPU decode", "no GPU (nvJPEG needs CUDA)"))
-    for decode in decodes:
-        extra = {"KILN_GPU_DECODE": "true" if decode == "gpu" else "false"}
-        name = f"kiln run, {decode.upper()} decode"
+    for name, extra in KILN_SUBJECTS.items():
+        if s.device != "cuda" and extra["KILN_GPU_DECODE"] == "true":
+            sink.add(skipped("kiln", name, "no GPU (its JPEG decoders need CUDA)"))
+            continue
         run = partial(kiln_subject, name, s.workdir, onnx_path(s.workdir), folders, extra, s.engine)
         attempt(sink, "kiln", name, partial(_add_subject, sink, "kiln", run))
 
@@ -312,6 +367,15 @@ def _service_row(svc: Service, name: str, model: str, versus: str, work: Path) -
             "results": m.results}  # fmt: skip
 
 
+def part_decoders(s: Settings, sink: Sink) -> None:
+    """Each GPU JPEG decoder's rate at 1, 2 and 4 threads, and the CPU's (bench/gpu_decoders.py)."""
+    from bench.gpu_decoders import measure
+
+    paths = sorted(image_folders(s.workdir)[0].iterdir())
+    for new in measure(paths, s.device, s.seconds):
+        sink.add(new)
+
+
 def part_peer(s: Settings, sink: Sink) -> None:
     paths = sorted(image_folders(s.workdir)[1].iterdir())
     subject = peer_subject(paths, os.cpu_count() or 1, s.device)
@@ -346,7 +410,7 @@ def part_prepare(s: Settings, sink: Sink) -> None:
     from bench.inputs import link_folder
     from bench.models import export_resnet
 
-    if {"kiln", "peer", "detector", "service"} - s.skip:
+    if {"kiln", "peer", "detector", "service", "decoders"} - s.skip:
         paths = images(s.workdir / "images", s.images)
         small, large = image_folders(s.workdir)
         link_folder(small, paths[: len(paths) // 3])
@@ -369,4 +433,5 @@ def onnx_path(work: Path) -> Path:
 PART_FUNCTIONS: dict[str, Callable[[Settings, Sink], None]] = {
     "prepare": part_prepare, "native": part_native, "engine": part_engine,
     "kiln": part_kiln, "peer": part_peer, "detector": part_detector, "service": part_service,
+    "decoders": part_decoders,
 }  # fmt: skip

@@ -133,6 +133,20 @@ class EngineSettings(BaseModel):
         "time; false: the prep processes decode on the CPU; auto: the GPU wherever nvJPEG is "
         "there (why: docs/gpu.md).",
     )
+    jpeg_decoder: Literal["auto", "nvimgcodec", "torchvision"] = Field(
+        "auto",
+        description="The GPU's JPEG decoder: nvimgcodec (nvImageCodec, a decoder per thread), "
+        "torchvision (its nvJPEG, one per process); auto: the first that works, in that order.",
+    )
+    device_pipeline: Literal["staged", "serial"] = Field(
+        "staged",
+        description="Where images decode on the GPU: staged runs decode, fit, forward and the "
+        "copy back as overlapped stages (docs/gpu.md); serial runs them one after another on "
+        "each runner thread.",
+    )
+    decode_threads: int = Field(
+        2, ge=1, le=16, description="Decode stage threads (for a decoder with per-thread state)."
+    )
     precision: Literal["auto", "fp16", "fp32"] = Field(
         "auto", description="TensorRT and torch precision; auto = FP16 where the GPU does it fast."
     )

@@ -106,6 +106,16 @@ class DeviceFeeds(Protocol):
         """`infer` for device tensors made inside `on_stream()`: host arrays out."""
         ...
 
+    def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
+        """The forward half of `infer_tensors`, queued on the current stream, nothing waited
+        for: device outputs of the batch's rows (a staged pipeline's forward stage)."""
+        ...
+
+    def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
+        """The other half: `forward_tensors`' outputs copied back on the current stream, and
+        waited for (a staged pipeline's last stage)."""
+        ...
+
 
 @runtime_checkable
 class Closable(Protocol):

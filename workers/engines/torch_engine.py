@@ -325,6 +325,30 @@ class TorchEngine:
             ready = [tensors[s.name].to(self._device) for s in self.inputs]
             return self._run(ready, int(ready[0].shape[0]))
 
+    def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
+        """Device feeds → device outputs, queued on the current stream (a staged pipeline's
+        forward stage; its outputs stage calls `outputs_to_host`). A replayed graph's outputs
+        are copied out of its static buffers, so its set goes back to the next batch at once."""
+        check_names([s.name for s in self.inputs], tensors)
+        ready = [tensors[s.name] for s in self.inputs]
+        rows = int(ready[0].shape[0])
+        with self._torch.inference_mode():
+            graphs = self.graphs
+            if graphs is not None and rows <= graphs.sizes[-1]:
+                with graphs.lend() as graph_set:
+                    graph = self._graph(graph_set, bucket_for(rows, graphs.sizes))
+                    if graph is not None:
+                        for static, tensor in zip(graph.inputs, ready, strict=True):
+                            static[:rows].copy_(tensor, non_blocking=True)
+                        graph.replay()
+                        return [value[:rows].clone() for value in graph.outputs]
+            return [value[:rows] for value in self._forward(ready)]
+
+    def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
+        """`forward_tensors`' outputs on the host: copied on the current stream into this
+        thread's pinned buffers, then waited for."""
+        return self._host(values, rows)
+
     def host_buffer(self, shape: Sequence[int], dtype: str = "uint8") -> np.ndarray:
         """This thread's staging buffer for the first input as a NumPy array: a batch gathered
         into it is not copied again before it goes to the device."""

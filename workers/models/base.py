@@ -26,6 +26,14 @@ class Refusal(InputError):
     model takes refusals (`fallback.on`), which is why it is told apart from other failures."""
 
 
+@runtime_checkable
+class Staged(Protocol):
+    """A pipeline whose batches go through overlapped stages (`device_stages`): `in_flight`
+    batches keep every stage busy (0: it runs batches one after another)."""
+
+    in_flight: int
+
+
 @dataclass
 class Rows:
     """A block of one model's prepared rows, as the prep processes left them: slot indices

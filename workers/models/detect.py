@@ -18,6 +18,7 @@ import pyarrow as pa
 from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, row_errors
+from kiln.workers.models.device_stages import DEFAULT_OPTIONS, DeviceOptions
 from kiln.workers.models.image_model import ImageModelPipeline
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Placement
@@ -244,11 +245,15 @@ class DetectorPipeline(YoloPipeline):
         *,
         max_pixels: int,
         gpu_decode: bool = True,
+        device_options: DeviceOptions = DEFAULT_OPTIONS,
         size: int = 320,
         score_threshold: float = 0.25,
         iou_threshold: float = 0.45,
     ) -> None:
         spec = self.spec(size)
-        super().__init__("detector", engine, spec, max_pixels=max_pixels, gpu_decode=gpu_decode)
+        super().__init__(
+            "detector", engine, spec, max_pixels=max_pixels, gpu_decode=gpu_decode,
+            device_options=device_options,
+        )  # fmt: skip
         # NudeNet's answer keeps every box NMS keeps.
         self.detection = Detection(score_threshold, iou_threshold, max_boxes=None)

@@ -6,9 +6,9 @@ how it reads that row.
 
 The prep processes decode and fit each image into the model's slot (`workers/prep/images.py`);
 a batch arrives here as uint8 pixels and is normalised where the engine keeps it. On the
-PyTorch CUDA engine with nvJPEG, images are decoded, fitted and normalised on the GPU for the
-whole batch (`device_pixels`): prep only checks the header, and an image that fails to decode
-fails its own row."""
+PyTorch CUDA engine with a GPU JPEG decoder, images are decoded, fitted and normalised on the
+GPU for the whole batch (`device_pixels`), as overlapped stages (`device_stages`): prep only
+checks the header, and an image that fails to decode fails its own row."""
 
 from __future__ import annotations
 
@@ -16,12 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.engines.base import Closable, DeviceFeeds, Engine, HostStaging
 from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models.base import Answers, Batch
-from kiln.workers.prep import device_pixels
+from kiln.workers.models.device_stages import (
+    DEFAULT_OPTIONS,
+    DeviceAnswer,
+    DeviceOptions,
+    HostStages,
+    ImageStages,
+    answer,
+    decode_rows,
+)
+from kiln.workers.prep import decoders, device_pixels
 from kiln.workers.prep.images import FIT_WIDTH, placement_row
 from kiln.workers.prep.slots import SlotLayout
 from kiln.workers.prep.spec import PrepSpec, prep_spec
@@ -42,6 +50,7 @@ class ImageModelPipeline:
         *,
         max_pixels: int,
         gpu_decode: bool = True,
+        device_options: DeviceOptions = DEFAULT_OPTIONS,
     ) -> None:
         self.name = name
         self.engine = engine
@@ -58,7 +67,21 @@ class ImageModelPipeline:
         # A GPU engine given the normalisation takes uint8 pixels and normalises them itself.
         self.engine_normalizes = engine.inputs[0].dtype == "uint8"
         # None: the prep processes decode on the CPU
-        self.device = device_decoding(engine, self.pre) if gpu_decode else None
+        self.options = device_options
+        self.device = device_decoding(engine, self.pre, device_options) if gpu_decode else None
+        self.stages: ImageStages | None = None
+        if self.device is not None and device_options.staged:
+            assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` takes
+            self.stages = ImageStages(
+                name, engine, self.input_name, self.pre, max_pixels, device_options
+            )
+        self.host_stages: HostStages | None = None
+        if self.device is None and device_options.staged and _staged_host(engine):
+            assert isinstance(engine, DeviceFeeds)
+            self.host_stages = HostStages(name, engine, self.input_name)
+        # Batches worth having in flight at once: every stage busy, its queue filled.
+        staged = self.stages or self.host_stages
+        self.in_flight = staged.pipeline.in_flight if staged is not None else 0
         self.prep = self._prep_spec()
 
     def _prep_spec(self) -> PrepSpec:
@@ -85,6 +108,8 @@ class ImageModelPipeline:
         if self.device is not None:
             return self._output_on_device(batch)
         assert batch.pixels is not None  # uint8: 4x less to copy to a GPU than floats
+        if self.host_stages is not None:
+            return self.host_stages.pipeline.run(batch.pixels), {}
         steps = {} if self.engine_normalizes else {self.input_name: self._normalize}
         outputs = self.engine.infer({self.input_name: batch.pixels}, steps)
         return next(iter(outputs.values())), {}
@@ -98,31 +123,26 @@ class ImageModelPipeline:
         return None
 
     def _output_on_device(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
-        """Decode and fit the batch on the engine's device, on its runner's stream (where the
-        engine then normalises and runs it); the rows that failed to decode, apart."""
+        """Decode, fit and run the batch on the engine's device (staged, or one step after
+        another on this runner's stream); the rows that failed to decode, apart."""
         rows = batch.objects or []
-        engine = self.engine
-        assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` chooses
-        with engine.on_stream():
-            images = device_pixels.decode_batch(
-                [data for data, _header in rows], self.device, max_pixels=self.max_pixels,
-                headers=[h for _d, h in rows],
-            )  # fmt: skip
-            failed: dict[int, Exception] = {
-                i: image for i, image in enumerate(images) if isinstance(image, InputError)
-            }
-            good = [i for i in range(len(images)) if i not in failed]
-            if not good:  # nothing to run: the Batcher splits the batch, each row its error
-                raise failed[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
-            pixels, metas = device_pixels.fit_batch([images[i] for i in good], self.pre)
-            output = next(iter(engine.infer_tensors({self.input_name: pixels}).values()))
-        full = np.zeros((len(rows), *output.shape[1:]), dtype=output.dtype)
-        full[good] = output
+        done = self.stages.pipeline.run(rows) if self.stages is not None else self._serial(rows)
         if batch.meta is not None:  # the fits the device made, as the CPU path records them
-            for i, meta in zip(good, metas, strict=True):
+            for i, meta in zip(done.good, done.metas, strict=True):
                 if "fit" in meta:
                     batch.meta[i] = placement_row(meta["fit"])
-        return full, failed
+        return done.output, done.failed
+
+    def _serial(self, rows: list[tuple[Any, Any]]) -> DeviceAnswer:
+        """`KILN_DEVICE_PIPELINE=serial`: each step in turn on this runner's stream."""
+        engine = self.engine
+        assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` takes
+        decoder = decoders.jpeg_decoder(self.options.decoder, str(self.device))
+        with engine.on_stream():
+            images, failed, good = decode_rows(rows, self.device, self.max_pixels, decoder)
+            pixels, metas = device_pixels.fit_batch(images, self.pre)
+            output = next(iter(engine.infer_tensors({self.input_name: pixels}).values()))
+        return answer(len(rows), output, failed, good, metas)
 
     def _run(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
         """The engine's first output, one flat row per image, and the rows that failed."""
@@ -133,18 +153,35 @@ class ImageModelPipeline:
         return answers  # everything was answered per batch
 
     def close(self) -> None:
-        """The engine's device memory (a torch engine's CUDA graphs first, then its module)."""
+        """The stages' threads, then the engine's device memory (a torch engine's CUDA graphs
+        first, then its module)."""
+        for staged in (self.stages, self.host_stages):
+            if staged is not None:
+                staged.close()
         if isinstance(self.engine, Closable):
             self.engine.close()
 
 
-def device_decoding(engine: Engine, pre: Preprocessing) -> Any | None:
+def _staged_host(engine: Engine) -> bool:
+    """A CUDA torch engine fed uint8 pixels the prep processes made: worth staging."""
+    return (
+        engine.backend.startswith("torch:cuda")
+        and engine.inputs[0].dtype == "uint8"
+        and isinstance(engine, DeviceFeeds)
+    )
+
+
+def device_decoding(
+    engine: Engine, pre: Preprocessing, options: DeviceOptions = DEFAULT_OPTIONS
+) -> Any | None:
     """The torch device to decode and fit images on, or None: only with the PyTorch CUDA
-    engine, where torchvision decodes JPEGs with nvJPEG, and a resize filter torch has."""
+    engine, where a GPU JPEG decoder works (`options.decoder`), and a resize filter torch
+    has."""
     if not engine.backend.startswith("torch:cuda") or not device_pixels.supports(pre):
         return None
     if engine.inputs[0].dtype != "uint8":  # the engine normalises what the device fits
         return None
     if not isinstance(engine, DeviceFeeds):
         return None
-    return engine.device if device_pixels.nvjpeg_available(str(engine.device)) else None
+    available = device_pixels.nvjpeg_available(str(engine.device), options.decoder)
+    return engine.device if available else None

@@ -16,6 +16,7 @@ from kiln.workers.engines.select import EngineFactory
 from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed, vector_groups
 from kiln.workers.models.base import JobClosed, Pipeline
+from kiln.workers.models.device_stages import DeviceOptions
 
 # Registered families: an ONNX file from Kiln's store, fed as its spec declares.
 _REGISTERED: dict[str, Callable[..., Pipeline]] = {
@@ -28,12 +29,16 @@ _REGISTERED: dict[str, Callable[..., Pipeline]] = {
 def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
     settings, store = engines.settings, engines.store
     gpu_decode = settings.decode_on_gpu()
+    options = DeviceOptions(
+        settings.device_pipeline == "staged", settings.jpeg_decoder, settings.decode_threads
+    )
     if info.kind == "detect" and info.builtin:
         norm = Normalization.of(detect.DetectorPipeline.preprocessing())
         engine = engines.build(info.name, detect.model_path(), engines.batch_cap, (), norm)
         return detect.DetectorPipeline(
-            engine, max_pixels=settings.max_image_pixels, gpu_decode=gpu_decode
-        )
+            engine, max_pixels=settings.max_image_pixels, gpu_decode=gpu_decode,
+            device_options=options,
+        )  # fmt: skip
     if info.kind == "ocr":
         return ocr.OcrPipeline(engines, max_pixels=settings.max_image_pixels)
     if info.kind == "text-embed":
@@ -48,7 +53,7 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
         engine = engines.build(info.ref, onnx_path, max_batch, (), Normalization.of(pre))
         return family(
             info.ref, engine, info.spec, max_pixels=settings.max_image_pixels,
-            gpu_decode=gpu_decode,
+            gpu_decode=gpu_decode, device_options=options,
         )  # fmt: skip
     raise ValueError(f"Model {info.name!r} has kind {info.kind!r}, which this worker cannot run.")
 

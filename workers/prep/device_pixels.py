@@ -1,10 +1,11 @@
 """Decode, fit and normalise a batch of images on the torch engine's device.
 
-The device twin of `pixels`: on CUDA, JPEGs decode in one batched nvJPEG call
-(`torchvision.io.decode_jpeg(device="cuda")`); every other image (PNG, a JPEG nvJPEG refuses,
-a host without torchvision) decodes on the CPU with Kiln's own `decode_image` (its pixel cap,
-EXIF orientation and mode handling) and is uploaded. Resizing and normalising then run as torch
-ops on whatever device the images are on, so the same code runs on the CPU in the tests.
+The device twin of `pixels`: on CUDA, JPEGs decode in one batched call of the GPU's JPEG
+decoder (`decoders`: nvImageCodec or torchvision's nvJPEG); every other image (PNG, a JPEG the
+decoder refuses, a host without one) decodes on the CPU with Kiln's own `decode_image` (its
+pixel cap, EXIF orientation and mode handling) and is uploaded. Resizing and normalising then
+run as torch ops on whatever device the images are on, so the same code runs on the CPU in the
+tests.
 
 A bad image is reported per image (an `InputError` in its place), never by failing the batch:
 a pipeline fails that item alone. `torch` and `torchvision` are imported inside functions, so
@@ -13,19 +14,18 @@ this module imports without them and a process that never calls it stays torch-f
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-from PIL import Image, JpegImagePlugin
+from PIL import JpegImagePlugin
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
+from kiln.workers.prep import decoders
+from kiln.workers.prep.decoders import JpegDecoder
 from kiln.workers.prep.pixels import (
     Letterbox,
     Squash,
@@ -43,8 +43,6 @@ DEVICE_FILTERS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "near
 # Modes nvJPEG turns into RGB as libjpeg does; CMYK/YCCK JPEGs go through Pillow.
 _NVJPEG_MODES = {"RGB", "L"}
 _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
-# What torchvision's decoders raise (TORCH_CHECK: RuntimeError; TORCH_CHECK_VALUE: ValueError).
-_NVJPEG_ERRORS = (RuntimeError, ValueError)
 
 
 def supports(pre: Preprocessing) -> bool:
@@ -90,11 +88,13 @@ def decode_batch(
     max_pixels: int,
     nvjpeg: bool | None = None,
     headers: Sequence[Header] | None = None,
+    decoder: JpegDecoder | None = None,
 ) -> list[Any]:
     """Each image as an upright CHW uint8 RGB tensor on `device`, or the `InputError` that
     says why it could not be decoded, in the order given. `nvjpeg` (default: on a CUDA
-    device) sends JPEGs through torchvision's `decode_jpeg` on `device`. `headers`: read
-    already (by the prep processes), so not read again."""
+    device) sends JPEGs through `decoder` (default: `decoders.jpeg_decoder()`, the GPU's best)
+    on the current stream. `headers`: read already (by the prep processes), so not read
+    again."""
     import torch
 
     where = torch.device(device)
@@ -108,11 +108,14 @@ def decode_batch(
             results[i] = torch.from_numpy(data).to(where, non_blocking=True).permute(2, 0, 1)
     on_device = [i for i, h in enumerate(read) if isinstance(h, Header) and h.nvjpeg]
     if (where.type == "cuda" if nvjpeg is None else nvjpeg) and on_device:
-        decoded = _nvjpeg([cast(bytes, datas[i]) for i in on_device], where)
+        if decoder is None:
+            decoder = decoders.jpeg_decoder("auto", str(where))
+        jpegs = [cast(bytes, datas[i]) for i in on_device]
+        decoded = decoder.decode(jpegs, where) if decoder is not None else [None] * len(jpegs)
         for i, tensor in zip(on_device, decoded, strict=True):
             header = read[i]
             if tensor is not None and isinstance(header, Header):
-                results[i] = orient(tensor, header.orientation)  # decode_jpeg leaves EXIF be
+                results[i] = orient(tensor, header.orientation)  # decoders leave EXIF be
     for i, result in enumerate(results):
         if isinstance(result, Header):  # not decoded on the device: Pillow, then upload
             results[i] = _on_cpu(cast(bytes, datas[i]), where, max_pixels)
@@ -124,64 +127,6 @@ def _header_or_error(data: bytes, max_pixels: int) -> Header | InputError:
         return read_header(data, max_pixels=max_pixels)
     except InputError as error:
         return error
-
-
-def _nvjpeg(datas: list[bytes], device: Any) -> list[Any]:
-    """One batched nvJPEG call; it gives no partial results, so after a failure each image is
-    tried alone and those nvJPEG refuses come back None (for Pillow)."""
-    import torch
-
-    decode = jpeg_decoder()
-    if decode is None:  # no torchvision, or one built without its image library
-        return [None] * len(datas)
-    encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
-    try:
-        return list(decode(encoded, device))
-    except _NVJPEG_ERRORS:
-        pass
-    alone: list[Any] = []
-    for tensor in encoded:
-        try:
-            alone.append(decode([tensor], device)[0])
-        except _NVJPEG_ERRORS:
-            alone.append(None)
-    return alone
-
-
-# torchvision's ImageReadMode.RGB, as its image library's ops take it
-RGB = 3
-JpegDecoder = Callable[[list[Any], Any], list[Any]]  # (encoded CPU tensors, device) -> CHW
-
-
-@functools.cache
-def jpeg_decoder() -> JpegDecoder | None:
-    """torchvision's batched nvJPEG op (`image::decode_jpegs_cuda`), loaded from its image
-    library without importing the torchvision package: that import costs seconds and pulls
-    torch._dynamo and sympy into the worker (most of its start-up: docs/gpu.md).
-    If the library cannot be loaded alone, the public `decode_jpeg`; None without either."""
-    import torch
-
-    try:
-        spec = importlib.util.find_spec("torchvision")
-    except (ImportError, ValueError):  # a stand-in module without a spec
-        spec = None
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for library in sorted(p for f in folders for p in Path(f).glob("image*.so")):
-        try:
-            torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
-            op = torch.ops.image.decode_jpegs_cuda
-        except (OSError, RuntimeError, AttributeError):
-            break
-        return lambda encoded, device: list(op(encoded, RGB, torch.device(device)))
-    return _public_decoder()
-
-
-def _public_decoder() -> JpegDecoder | None:
-    try:
-        from torchvision.io import ImageReadMode, decode_jpeg
-    except (ImportError, OSError):  # no torchvision, or one built without its image library
-        return None
-    return lambda encoded, device: list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device))
 
 
 def _on_cpu(data: bytes, device: Any, max_pixels: int) -> Any:
@@ -313,22 +258,7 @@ def _pass(pixels: Any, height: int, width: int, filter_name: str) -> Any:
 # --- availability -------------------------------------------------------------------------
 
 
-def nvjpeg_available(device: str = "cuda") -> bool:
-    """Whether torchvision decodes JPEGs on `device` here: a tiny JPEG through nvJPEG."""
-    import io
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return False
-    decode = jpeg_decoder()
-    if decode is None:
-        return False
-    buffer = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 100, 50)).save(buffer, "JPEG")
-    encoded = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-    try:
-        decoded = decode([encoded], device)
-    except _NVJPEG_ERRORS:
-        return False
-    return bool(decoded[0].shape == (3, 8, 8))
+def nvjpeg_available(device: str = "cuda", choice: str = "auto") -> bool:
+    """Whether a GPU JPEG decoder (`choice`: auto, nvimgcodec, torchvision) works on
+    `device` here (`decoders.jpeg_decoder` tries a tiny JPEG)."""
+    return decoders.jpeg_decoder(choice, device) is not None

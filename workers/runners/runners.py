@@ -183,7 +183,7 @@ class ModelRunners:
     ) -> ModelRunner:
         """The loaded pipeline's batch size, slots and Batcher."""
         max_batch = sizing.batch_size(self.settings, info, pipeline, engines)
-        runners = min(self.engines().runners, pipeline.max_runners)
+        runners = sizing.batch_runners(self.engines().runners, pipeline)
         lender = sizing.lender(info, pipeline, max_batch, runners, self._prep_processes())
         slots = lender if isinstance(lender, SlotPool) else None
         key = f"batch:{info.ref}"

@@ -12,7 +12,7 @@ from kiln.app.core.config import Settings
 from kiln.workers.batching import QUEUED_BATCHES
 from kiln.workers.engines.batch_size import choose_batch
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.base import Pipeline
+from kiln.workers.models.base import Pipeline, Staged
 from kiln.workers.prep.slots import Lender, SlotPool, shm_free
 from kiln.workers.prep.units import UNIT_ROWS
 
@@ -33,6 +33,16 @@ def batch_size(
     if len(engines.built) != 1 or not gpu:  # a CPU engine, or several (OCR's own sizes)
         return min(settings.batch_cap(on_gpu=bool(gpu)), cap)
     return choose_batch(gpu[0], cap, name=info.ref)
+
+
+def batch_runners(engine_runners: int, pipeline: Pipeline) -> int:
+    """The model's Batcher threads: one per engine runner, or for a staged device pipeline
+    (`device_stages`) as many batches as its stages and queues hold, so every stage has work
+    while the others do theirs (each thread waits on its batch's trip)."""
+    runners = min(engine_runners, pipeline.max_runners)
+    if isinstance(pipeline, Staged) and pipeline.in_flight:
+        return max(runners, pipeline.in_flight)
+    return runners
 
 
 def lender(

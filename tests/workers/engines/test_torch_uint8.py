@@ -190,6 +190,7 @@ def replayed(path: Path, pixels: dict[str, np.ndarray], eager: dict[str, Any]) -
         np.abs(r["logits"] - eager[n]).max() < 1e-5
         for r, n in zip(results, ["b5", "b3"] * 4, strict=True)
     )
+    halves = staged_halves(engine(path, graphs=True, capture=EagerCapture()), pixels, eager)
     assert graphed.graphs is not None
     counted = graphed.graphs.captured()
     graphed.close()
@@ -197,8 +198,23 @@ def replayed(path: Path, pixels: dict[str, np.ndarray], eager: dict[str, Any]) -
     warmed.warm()  # what build_torch_engine does on a GPU: every bucket, every set, at load
     assert warmed.graphs is not None
     return {"max_diff": same, "captured": sorted(capture.captured), "counted": counted,
-            "threaded": threaded, "closed": graphed.graphs is None,
+            "threaded": threaded, "closed": graphed.graphs is None, "halves": halves,
             "warmed": warmed.graphs.captured(), "warm_reason": warmed.reason}  # fmt: skip
+
+
+def staged_halves(
+    graphed: Any, pixels: dict[str, np.ndarray], eager: dict[str, Any]
+) -> dict[str, float]:
+    """A staged pipeline's forward and outputs stages (`forward_tensors`, `outputs_to_host`):
+    through the graphs, each batch's logits are the eager ones, a later batch not seen."""
+    import torch
+
+    worst = {}
+    for name in ("b8", "b3", "b1", "b5"):
+        values = graphed.forward_tensors({"images": torch.from_numpy(pixels[name])})
+        out = graphed.outputs_to_host(values, len(pixels[name]))["logits"]
+        worst[name] = float(np.abs(out - eager[name]).max())
+    return worst
 
 
 def capture_fails(path: Path, batch: np.ndarray) -> dict[str, Any]:
@@ -290,6 +306,7 @@ def test_graphs_replay_padded_batches_per_bucket(torch_run: tuple[Path, dict[str
     found = torch_run[1]["graphs"]
     assert max(found["max_diff"].values()) < 1e-5
     assert found["threaded"]
+    assert max(found["halves"].values()) < 1e-5
     # one set captured 8, 1, 4 (sequential calls), the second set what the threads needed
     assert found["counted"]["8"] >= 1 and found["counted"]["4"] >= 1 and found["counted"]["1"] == 1
     assert set(found["captured"]) == {1, 4, 8}

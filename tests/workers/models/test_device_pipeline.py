@@ -29,7 +29,7 @@ IMAGES = {"wide": photo(1, (640, 480), "PNG"), "tall": photo(2, (300, 500), "PNG
 BAD = {"truncated": truncated_jpeg(3)}  # its header reads; its pixels do not
 ATOL = 1.0  # measured 2026-11-24: boxes 0.54 and 0.011 model pixels, scores 3e-4 and 2e-5
 
-CHILD = """
+CHILD = """  # noqa: E501
 import json, sys
 from pathlib import Path
 import numpy as np
@@ -40,11 +40,12 @@ from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import image_model
 from kiln.workers.models.base import Batch
 from kiln.workers.models.detect import DetectorPipeline, model_path
+from kiln.workers.models.device_stages import DeviceOptions
 from kiln.workers.models.direct import run_direct
 from kiln.workers.prep.spec import build
 
 folder = Path(sys.argv[1])
-image_model.device_decoding = lambda engine, pre: torch.device("cpu")  # nvJPEG needs CUDA
+image_model.device_decoding = lambda *_: torch.device("cpu")  # a GPU decoder needs CUDA
 norm = Normalization.of(DetectorPipeline.preprocessing())  # as the loader builds it
 engine = build_torch_engine(EngineRequest("detector", model_path(), 8, (), norm), "cpu", 1)
 pipeline = DetectorPipeline(engine, max_pixels=50_000_000)
@@ -70,6 +71,12 @@ for i, (name, outcome) in enumerate(zip(names, run_direct(pipeline, datas))):
     else:
         report[name] = {"error": type(outcome).__name__ + ": " + str(outcome),
                         "failed": type(failed[i]).__name__ + ": " + str(failed[i])}
+# The same batch one step after another (KILN_DEVICE_PIPELINE=serial) gives the same outputs.
+serial = DetectorPipeline(engine, max_pixels=50_000_000, device_options=DeviceOptions(staged=False))
+again, _ = serial._output(Batch(None, np.stack(metas), objects))
+report["_ways"] = {"staged": pipeline.stages is not None, "serial": serial.stages is None,
+                   "same": bool(np.array_equal(raws, again))}
+pipeline.close()
 (folder / "report.json").write_text(json.dumps(report))
 """
 
@@ -91,6 +98,7 @@ def test_the_device_path_matches_the_cpu_path(device_run: Path) -> None:
     assert not failed
     expected = outputs(cpu, list(IMAGES.values()))
     report = json.loads((device_run / "report.json").read_text())
+    assert report["_ways"] == {"staged": True, "serial": True, "same": True}
     for name, row, raw, answer in zip(IMAGES, rows, raws, expected, strict=True):
         ours = np.load(device_run / f"{name}.raw.npy")
         worst = float(np.abs(ours - raw).max())

@@ -29,6 +29,8 @@ from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.classify import ClassifyPipeline
 from kiln.workers.models.detect import YoloPipeline
 from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.prep import decoders
+from kiln.workers.prep.decoders import TorchvisionJpeg
 from kiln.workers.prep.device_pixels import Header, read_header, supports
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Decoded, Letterbox, Squash, decode_image, fit_image, fit_size
@@ -157,8 +159,7 @@ def run_torch(where: str) -> None:
     report["frame"] = a_decoded_frame_travels_as_pixels(folder)
     # Where torchvision does not import, nvJPEG declines every image (they go to Pillow).
     sys.modules["torchvision"] = None  # type: ignore[assignment]
-    di.jpeg_decoder.cache_clear()
-    report["no_torchvision"] = di._nvjpeg([datas[0]], torch.device("cpu")) == [None]
+    report["no_torchvision"] = decoders.torchvision_op() is None
     (folder / "report.json").write_text(json.dumps(report))
 
 
@@ -235,11 +236,8 @@ def routed_through_a_stand_in(folder: Path) -> dict[str, Any]:
 
     names = ["jpeg-down", "png-up", "exif-jpeg", "not-an-image", "jpeg-up", "grey-png"]
     batch = [(folder / f"{name}.img").read_bytes() for name in names]
-    real, di.jpeg_decoder = di.jpeg_decoder, lambda: decode_jpegs  # type: ignore[assignment]
-    try:
-        routed = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS, nvjpeg=True)
-    finally:
-        di.jpeg_decoder = real  # type: ignore[method-assign]
+    stand_in = TorchvisionJpeg(decode_jpegs)
+    routed = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS, nvjpeg=True, decoder=stand_in)
     pillow = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
     same = [
         str(a) == str(b) if isinstance(a, InputError) else bool(torch.equal(a, b))

@@ -1,0 +1,123 @@
+"""Issue 33 on a real NVIDIA GPU: the GPU JPEG decoders agree with each other and with Pillow,
+and the staged device pipelines (decode → fit → forward → outputs; upload → forward →
+outputs), each stage on its own CUDA stream with events between them, give the serial path's
+answers with many batches in flight.
+
+Skipped, with the reason, where no GPU or no CUDA torch is present (KILN_REQUIRE_GPU=1 makes
+that an error, as in test_torch_cuda.py). On the CPU the same stages run behind stand-ins:
+tests/workers/engines/test_stages.py and tests/workers/models/test_device_stages.py.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from devstack.images import photo
+from tests.gpu.test_torch_cuda import MISSING, _engine, _pixels
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+MAX_PIXELS = 50_000_000
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.workers.engines.test_torch_uint8 import export
+
+    return export(tmp_path_factory.mktemp("stages") / "classifier.onnx")
+
+
+def _decoders() -> dict[str, Any]:
+    from kiln.workers.prep import decoders
+
+    found = {name: decoders.jpeg_decoder(name, "cuda") for name in decoders.DECODERS}
+    return {name: d for name, d in found.items() if d is not None}
+
+
+def test_the_gpu_decoders_agree_with_each_other_and_with_pillow() -> None:
+    import torch
+
+    from kiln.workers.prep.pixels import decode_image
+
+    found = _decoders()
+    print(f"\nGPU JPEG decoders here: {sorted(found)}")
+    if not found:
+        pytest.skip("no GPU JPEG decoder works here")
+    datas = [photo(s, (640, 480)) for s in range(4)] + [photo(9, (300, 500))]
+    pillow = [np.asarray(decode_image(d, max_pixels=MAX_PIXELS).image) for d in datas]
+    decoded = {}
+    for name, decoder in found.items():
+        with torch.cuda.stream(torch.cuda.Stream()):
+            images = decoder.decode(datas, torch.device("cuda"))
+            torch.cuda.current_stream().synchronize()
+        decoded[name] = [image.permute(1, 2, 0).cpu().numpy() for image in images]
+        for i, (ours, theirs) in enumerate(zip(decoded[name], pillow, strict=True)):
+            assert ours.shape == theirs.shape, (name, i)
+            diff = np.abs(ours.astype(int) - theirs.astype(int)).mean()
+            assert diff < 2.0, f"{name} image {i}: mean |GPU - Pillow| = {diff:.2f}"
+    if len(decoded) == 2:
+        for a, b in zip(*decoded.values(), strict=True):
+            assert np.abs(a.astype(int) - b.astype(int)).mean() < 2.0
+
+
+def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: Path) -> None:
+    """24 batches of 5 JPEGs (one of them not decodable) through the four stages from as many
+    callers as the pipeline holds: each batch's logits are the serial path's."""
+    from devstack.images import truncated_jpeg
+    from kiln.app.model_spec import Preprocessing
+    from kiln.workers.models.device_stages import DeviceOptions, ImageStages, answer, decode_rows
+    from kiln.workers.prep import device_pixels
+    from kiln.workers.prep.device_pixels import read_header
+
+    if not _decoders():
+        pytest.skip("no GPU JPEG decoder works here")
+    engine = _engine(classifier, runners=1)
+    pre = Preprocessing(input_size=32)
+    stages = ImageStages("t", engine, "images", pre, MAX_PIXELS, DeviceOptions())
+    batches = []
+    for b in range(8):
+        datas = [photo(10 * b + i, (160 + 16 * i, 120)) for i in range(5)]
+        if b == 3:
+            datas[2] = truncated_jpeg(1)
+        batches.append([(d, read_header(d, max_pixels=MAX_PIXELS)) for d in datas])
+
+    def serial(rows: list[Any]) -> np.ndarray:
+        with engine.on_stream():
+            images, failed, good = decode_rows(rows, engine.device, MAX_PIXELS, stages.decoder)
+            pixels, metas = device_pixels.fit_batch(images, pre)
+            out = next(iter(engine.infer_tensors({"images": pixels}).values()))
+        return answer(len(rows), out, failed, good, metas).output
+
+    with ThreadPoolExecutor(stages.pipeline.in_flight) as callers:
+        staged = list(callers.map(stages.pipeline.run, batches * 3))
+    for i, (done, rows) in enumerate(zip(staged, batches * 3, strict=True)):
+        np.testing.assert_allclose(done.output, serial(rows), atol=1e-3, err_msg=str(i))
+    assert list(staged[3].failed) == [2] and not staged[3].output[2].any()
+    stats = stages.pipeline.stats()
+    print(f"\nstages ({stages.decoder_name}): {stats}")
+    assert all(s["batches"] == 24 for s in stats.values())
+    stages.close()
+
+
+def test_staged_upload_forward_outputs_give_infers_answers(classifier: Path) -> None:
+    from kiln.workers.models.device_stages import HostStages
+
+    engine = _engine(classifier, runners=1)
+    stages = HostStages("t", engine, "images")
+    batches = [_pixels(rows, rows) for rows in (5, 12, 33, 1, 64, 7)]
+    expected = [engine.infer({"images": b})["logits"] for b in batches]
+
+    def run(pixels: np.ndarray) -> Any:
+        buffer = engine.host_buffer(pixels.shape)  # as a worker gathers: the caller's staging
+        buffer[:] = pixels
+        return stages.pipeline.run(buffer)
+
+    with ThreadPoolExecutor(stages.pipeline.in_flight) as callers:
+        for _ in range(3):
+            for ours, theirs in zip(callers.map(run, batches), expected, strict=True):
+                np.testing.assert_allclose(ours, theirs, atol=1e-3)
+    stages.close()

@@ -1,0 +1,177 @@
+"""The staged device pipeline (`engines/stages.py`) on the CPU, behind stand-in stages: batches
+overlap across stages, queues bound what is in flight, a stage's failure is its batch's alone,
+device work is ordered by events and handed over between streams (a recording stand-in for
+CUDA's), and `close` finishes what was submitted. What only a GPU shows (real streams and
+events, the stages' device work overlapping) is in tests/gpu and bench.gpu."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from kiln.workers.engines.stages import CpuStreams, Stage, StagedPipeline, Work
+
+STEP_S = 0.03
+
+
+def sleeper(name: str, seconds: float = STEP_S) -> Stage:
+    def run(work: Work) -> None:
+        time.sleep(seconds)
+        work.values.setdefault("trail", []).append(name)
+        work.result = (work.payload, list(work.values["trail"]))
+
+    return Stage(name, run)
+
+
+def four() -> list[Stage]:
+    return [sleeper(name) for name in ("decode", "fit", "forward", "outputs")]
+
+
+def test_batches_overlap_across_stages() -> None:
+    """16 batches through 4 stages of 30 ms: one after another would take 1.9 s; staged, each
+    stage works on one batch while the others work on theirs (~0.6 s)."""
+    pipeline = StagedPipeline("test", four(), CpuStreams())
+    started = time.perf_counter()
+    with ThreadPoolExecutor(pipeline.in_flight) as callers:
+        results = list(callers.map(pipeline.run, range(16)))
+    took = time.perf_counter() - started
+    pipeline.close()
+    assert results == [(i, ["decode", "fit", "forward", "outputs"]) for i in range(16)]
+    serial = 16 * 4 * STEP_S
+    assert took < 0.6 * serial, f"{took:.2f} s staged against {serial:.2f} s one by one"
+    stats = pipeline.stats()
+    assert [stats[name]["batches"] for name in ("decode", "fit", "forward", "outputs")] == [16] * 4
+    assert stats["forward"]["busy_s"] >= 16 * STEP_S * 0.9
+
+
+def test_queues_bound_the_batches_in_flight() -> None:
+    """A slow last stage: callers are held at the first queue, never more batches inside than
+    its threads and queues hold."""
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def enter(work: Work) -> None:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+
+    def leave(work: Work) -> None:
+        time.sleep(0.05)
+        with lock:
+            inside[0] -= 1
+
+    pipeline = StagedPipeline("test", [Stage("in", enter), Stage("out", leave)], CpuStreams())
+    assert pipeline.in_flight == 2 + 2 * 2  # a thread per stage, two batches before each
+    with ThreadPoolExecutor(20) as callers:
+        list(callers.map(pipeline.run, range(20)))
+    pipeline.close()
+    assert most[0] <= pipeline.in_flight - 1  # the first stage's queue holds batches not yet in
+
+
+def test_a_failing_stage_fails_its_batch_alone() -> None:
+    seen: list[int] = []
+
+    def picky(work: Work) -> None:
+        if work.payload == 3:
+            raise ValueError("batch 3 is bad")
+
+    def last(work: Work) -> None:
+        seen.append(work.payload)
+        work.result = work.payload
+
+    pipeline = StagedPipeline("test", [Stage("picky", picky), Stage("last", last)], CpuStreams())
+    futures = [pipeline.submit(i) for i in range(6)]
+    with pytest.raises(ValueError, match="batch 3 is bad"):
+        futures[3].result(5)
+    assert [f.result(5) for i, f in enumerate(futures) if i != 3] == [0, 1, 2, 4, 5]
+    pipeline.close()
+    assert 3 not in seen
+
+
+def test_a_stage_may_run_on_several_threads() -> None:
+    """A decoder with per-thread state: two decode threads at once, each batch still its own."""
+    running, most, lock = [0], [0], threading.Lock()
+
+    def decode(work: Work) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.03)
+        with lock:
+            running[0] -= 1
+        work.values["decoded"] = work.payload * 10
+
+    def out(work: Work) -> None:
+        work.result = work.values["decoded"]
+
+    stages = [Stage("decode", decode, threads=2), Stage("out", out)]
+    pipeline = StagedPipeline("test", stages, CpuStreams())
+    with ThreadPoolExecutor(pipeline.in_flight) as callers:
+        assert list(callers.map(pipeline.run, range(12))) == [i * 10 for i in range(12)]
+    pipeline.close()
+    assert most[0] == 2
+
+
+def test_close_finishes_what_was_submitted_then_refuses() -> None:
+    pipeline = StagedPipeline("test", four(), CpuStreams())
+    futures = [pipeline.submit(i) for i in range(3)]
+    pipeline.close()
+    assert [f.result(0) for f in futures] == [(i, ["decode", "fit", "forward", "outputs"])
+                                              for i in range(3)]  # fmt: skip
+    assert not any(t.is_alive() for t in pipeline._threads)
+    with pytest.raises(RuntimeError, match="closed"):
+        pipeline.submit(9)
+
+
+class RecordingStreams:
+    """CUDA's part as calls: which stream each stage waits on for which event, and what
+    crosses to it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, Any]] = []
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def new(self) -> Any:
+        with self._lock:
+            self._count += 1
+            return f"stream-{self._count}"
+
+    def using(self, stream: Any) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def record(self, stream: Any) -> Any:
+        return f"event-on-{stream}"
+
+    def wait(self, stream: Any, event: Any) -> None:
+        with self._lock:
+            self.calls.append(("wait", stream, event))
+
+    def hand_over(self, value: Any, stream: Any) -> None:
+        with self._lock:
+            self.calls.append(("hand_over", stream, sorted(value)))
+
+
+def test_each_stage_waits_for_the_previous_stages_event_on_its_own_stream() -> None:
+    def make(work: Work) -> None:
+        work.values["pixels"] = "tensor"
+
+    def use(work: Work) -> None:
+        work.result = work.values["pixels"]
+
+    streams = RecordingStreams()
+    pipeline = StagedPipeline("test", [Stage("make", make), Stage("use", use)], streams)
+    assert pipeline.run(1) == "tensor"
+    pipeline.close()
+    waits = [c for c in streams.calls if c[0] == "wait"]
+    handed = [c for c in streams.calls if c[0] == "hand_over"]
+    first, second = waits[0][1], waits[1][1]
+    assert first != second  # each stage its own stream
+    assert waits[0][2] is None  # nothing before the first stage
+    assert waits[1][2] == f"event-on-{first}"  # the second waits for the first's work
+    assert handed[1] == ("hand_over", second, ["pixels"])  # what crosses is handed over

@@ -1,0 +1,103 @@
+"""An image model's four device stages (`models/device_stages.py`) on torch's CPU, in a child
+process (this one stays torch-free, as a worker does): Pillow stands in for the GPU decoder
+and a stand-in engine for the forward pass. The staged answer is the serial one, image for
+image, with many batches in flight from many callers; an image that does not decode gets a row
+of zeros and its error; a batch none of whose images decode fails whole. On a GPU the same
+stages run on CUDA streams (tests/gpu, bench.gpu)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.support import run_torch_child
+
+CHILD = """
+import sys
+from tests.workers.models.test_device_stages import run_torch
+run_torch(sys.argv[1])
+"""
+MAX_PIXELS = 50_000_000
+
+
+class StandInEngine:
+    """The forward pass as a mean per image (its input is what the fit stage made), and the
+    copy back as `.numpy()`."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.device = torch.device("cpu")
+
+    def forward_tensors(self, tensors: dict[str, Any]) -> list[Any]:
+        pixels = tensors["images"]
+        return [pixels.float().mean(dim=(1, 2)).reshape(len(pixels), 3)]
+
+    def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
+        return {"out": values[0][:rows].numpy().copy()}
+
+
+def run_torch(where: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from devstack.images import photo, truncated_jpeg
+    from kiln.app.model_spec import Preprocessing
+    from kiln.workers.models.device_stages import DeviceOptions, ImageStages, decode_rows
+    from kiln.workers.prep import device_pixels
+    from kiln.workers.prep.device_pixels import read_header
+
+    pre = Preprocessing(input_size=64, fit="letterbox")
+    engine = StandInEngine()
+    stages = ImageStages("test", engine, "images", pre, MAX_PIXELS, DeviceOptions())  # type: ignore[arg-type]
+    batches = []
+    for b in range(8):
+        datas = [photo(10 * b + i, (64 + 16 * i, 48 + 8 * b)) for i in range(5)]
+        if b == 2:
+            datas[1] = truncated_jpeg(3)  # its header reads; Pillow refuses its pixels
+        batches.append([(d, read_header(d, max_pixels=MAX_PIXELS)) for d in datas])
+
+    def serial(rows: list[Any]) -> np.ndarray:
+        images, _failed, good = decode_rows(rows, engine.device, MAX_PIXELS, None)
+        pixels, _metas = device_pixels.fit_batch(images, pre)
+        out = engine.outputs_to_host(engine.forward_tensors({"images": pixels}), len(good))
+        full = np.zeros((len(rows), 3), dtype=np.float32)
+        full[good] = out["out"]
+        return full
+
+    with ThreadPoolExecutor(stages.pipeline.in_flight) as callers:
+        staged = list(callers.map(stages.pipeline.run, batches * 3))
+    report: dict[str, Any] = {
+        "same": [bool(np.array_equal(a.output, serial(rows)))
+                 for a, rows in zip(staged, batches * 3, strict=True)],
+        "failed": {str(k): str(v) for k, v in staged[2].failed.items()},
+        "zero_row": staged[2].output[1].tolist(),
+        "good": staged[2].good,
+        "fits": [sorted(m) for m in staged[0].metas],
+        "decoder": stages.decoder_name,
+        "stats": stages.pipeline.stats(),
+    }  # fmt: skip
+    bad = [(truncated_jpeg(4), read_header(truncated_jpeg(4), max_pixels=MAX_PIXELS))] * 2
+    try:
+        stages.pipeline.run(bad)
+        report["all_bad"] = "ran"
+    except Exception as error:
+        report["all_bad"] = f"{type(error).__name__}: {error}"
+    stages.close()
+    (Path(where) / "report.json").write_text(json.dumps(report))
+
+
+def test_staged_answers_are_the_serial_ones(tmp_path: Path) -> None:
+    run_torch_child(CHILD, tmp_path)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["decoder"] == "pillow"  # no GPU decoder on the CPU
+    assert all(report["same"]) and len(report["same"]) == 24
+    assert list(report["failed"]) == ["1"] and "image" in report["failed"]["1"].lower()
+    assert report["zero_row"] == [0.0, 0.0, 0.0]
+    assert report["good"] == [0, 2, 3, 4]
+    assert report["fits"][0] == ["fit"]  # letterbox: each image's placement, as the CPU path
+    assert report["all_bad"] == "InputError: No image of the batch decoded."
+    stats = report["stats"]
+    assert stats["decode"]["batches"] == stats["outputs"]["batches"] == 24

@@ -1,0 +1,258 @@
+"""A staged device pipeline: each batch goes through stages (decode → fit → forward → outputs)
+joined by bounded queues, each stage on its own thread(s) and its own CUDA stream, with an
+event between one stage's device work and the next's, so batch N+1 decodes while N runs
+forward and N−1's outputs come back.
+
+Why stages and not more of the same runner: a runner that decodes, fits, runs and waits for
+its outputs in turn leaves the GPU idle while it does host work and its host idle while it
+waits (issue 33: 26% busy). Here each stage's host work overlaps the others' device work, the
+device work of different batches overlaps on different streams, and only the last stage waits
+on the host (for its own copy back). Queues hold `depth` batches between stages: enough that a
+stage never starves while the one before it is busy, few enough to bound device memory.
+
+Device memory crossing stages is handed over (`Streams.hand_over`: torch's `record_stream`),
+so the caching allocator does not reuse a block the next stage's stream still reads.
+
+`Streams` is the only CUDA here: `CpuStreams` (no streams, no events) runs the same pipeline
+on the CPU in the tests, with stand-in stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+DEPTH = 2  # batches waiting between two stages
+
+
+class Streams(Protocol):
+    """Streams and events of one device, or nothing on the CPU."""
+
+    def new(self) -> Any: ...
+
+    def using(self, stream: Any) -> contextlib.AbstractContextManager[None]: ...
+
+    def record(self, stream: Any) -> Any: ...
+
+    def wait(self, stream: Any, event: Any) -> None: ...
+
+    def hand_over(self, value: Any, stream: Any) -> None: ...
+
+
+class CpuStreams:
+    """The CPU: work is done when its call returns, so there is nothing to order."""
+
+    def new(self) -> Any:
+        return None
+
+    def using(self, stream: Any) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def record(self, stream: Any) -> Any:
+        return None
+
+    def wait(self, stream: Any, event: Any) -> None:
+        return None
+
+    def hand_over(self, value: Any, stream: Any) -> None:
+        return None
+
+
+class CudaStreams:
+    """One CUDA device's streams (torch's), events between them, and `record_stream` for the
+    tensors one stage leaves to the next."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self._torch = torch
+        self._device = torch.device(device)
+
+    def new(self) -> Any:
+        return self._torch.cuda.Stream(device=self._device)
+
+    @contextlib.contextmanager
+    def using(self, stream: Any) -> Iterator[None]:
+        # the device as the default too: tensors a stage makes land beside its inputs
+        with self._device, self._torch.cuda.stream(stream):
+            yield
+
+    def record(self, stream: Any) -> Any:
+        return stream.record_event()
+
+    def wait(self, stream: Any, event: Any) -> None:
+        if event is not None:
+            stream.wait_event(event)
+
+    def hand_over(self, value: Any, stream: Any) -> None:
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                self.hand_over(item, stream)
+        elif isinstance(value, dict):
+            for item in value.values():
+                self.hand_over(item, stream)
+        elif getattr(value, "is_cuda", False):
+            value.record_stream(stream)
+
+
+@dataclass
+class Work:
+    """One batch on its way: what it came with, what each stage leaves for the next
+    (`values`), its device work so far (`event`, on the last stage's stream), its answer."""
+
+    payload: Any
+    future: Future[Any] = field(default_factory=Future)
+    values: dict[str, Any] = field(default_factory=dict)
+    event: Any = None
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A step of the trip: `run` reads and writes the work's values on this stage's stream
+    (the last stage sets `result`); `threads` run it at once (a decoder whose state is per
+    thread may have several)."""
+
+    name: str
+    run: Callable[[Work], None]
+    threads: int = 1
+
+
+@dataclass
+class StageStats:
+    """A stage's totals: batches done, seconds running them, seconds waiting for a batch
+    (starved: the stage before was the slower), seconds waiting to hand one on (blocked:
+    the stage after was)."""
+
+    batches: int = 0
+    busy_s: float = 0.0
+    starved_s: float = 0.0
+    blocked_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        seconds = {"busy_s": self.busy_s, "starved_s": self.starved_s, "blocked_s": self.blocked_s}
+        return {"batches": self.batches, **{k: round(v, 3) for k, v in seconds.items()}}
+
+
+_STOP = object()  # a stage thread's signal to end
+
+
+class StagedPipeline:
+    """`stages` run as a pipeline over submitted batches; `run(payload)` is one batch's trip
+    (it blocks while the first queue is full: the caller is back-pressured, not queued up)."""
+
+    def __init__(
+        self, name: str, stages: Sequence[Stage], streams: Streams, depth: int = DEPTH
+    ) -> None:
+        if not stages:
+            raise ValueError("A staged pipeline needs at least one stage.")
+        self.name = name
+        self.stages = list(stages)
+        self._streams = streams
+        self._queues: list[queue.Queue[Any]] = [queue.Queue(depth) for _ in self.stages]
+        self._stats = {stage.name: StageStats() for stage in self.stages}
+        self._lock = threading.Lock()
+        self._left = [stage.threads for stage in self.stages]  # threads still running
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._loop, args=(i,), daemon=True,
+                             name=f"{name}-{stage.name}-{n}")
+            for i, stage in enumerate(self.stages) for n in range(stage.threads)
+        ]  # fmt: skip
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def in_flight(self) -> int:
+        """Batches a caller may usefully have submitted at once: one running in each stage
+        thread and `depth` waiting before each stage."""
+        return sum(s.threads for s in self.stages) + sum(q.maxsize for q in self._queues)
+
+    def submit(self, payload: Any) -> Future[Any]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"The {self.name} pipeline is closed.")
+        work = Work(payload)
+        self._queues[0].put(work)
+        return work.future
+
+    def run(self, payload: Any) -> Any:
+        return self.submit(payload).result()
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {name: stats.as_dict() for name, stats in self._stats.items()}
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Finish the batches submitted, then stop every stage thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in range(self.stages[0].threads):
+            self._queues[0].put(_STOP)
+        for thread in self._threads:
+            thread.join(timeout)
+        # where the time went: the stage with the most busy seconds was the bottleneck
+        log.info("%s pipeline closed; per stage: %s", self.name, self.stats())
+
+    # --- a stage thread ----------------------------------------------------------------
+
+    def _loop(self, index: int) -> None:
+        stage, inbox = self.stages[index], self._queues[index]
+        stream = self._streams.new()
+        stats = self._stats[stage.name]
+        while True:
+            waited = time.perf_counter()
+            work = inbox.get()
+            got = time.perf_counter()
+            if work is _STOP:
+                self._stopped(index)
+                return
+            failed = self._step(stage, stream, work)
+            done = time.perf_counter()
+            if not failed:
+                self._pass_on(index, work)
+            with self._lock:
+                stats.batches += 1
+                stats.starved_s += got - waited
+                stats.busy_s += done - got
+                stats.blocked_s += time.perf_counter() - done
+
+    def _step(self, stage: Stage, stream: Any, work: Work) -> bool:
+        """Run `stage` on `work` on this thread's stream; True when it failed (its caller
+        hears of it, and the batch goes no further)."""
+        streams = self._streams
+        try:
+            with streams.using(stream):
+                streams.wait(stream, work.event)
+                streams.hand_over(work.values, stream)
+                stage.run(work)
+                work.event = streams.record(stream)
+        except BaseException as error:
+            if not work.future.done():
+                work.future.set_exception(error)
+            return True
+        return False
+
+    def _pass_on(self, index: int, work: Work) -> None:
+        if index + 1 < len(self._queues):
+            self._queues[index + 1].put(work)
+        elif not work.future.done():
+            work.future.set_result(work.result)
+
+    def _stopped(self, index: int) -> None:
+        """The last thread of a stage to stop tells each thread of the next stage."""
+        with self._lock:
+            self._left[index] -= 1
+            last = self._left[index] == 0
+        if last and index + 1 < len(self.stages):
+            for _ in range(self.stages[index + 1].threads):
+                self._queues[index + 1].put(_STOP)

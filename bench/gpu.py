@@ -26,6 +26,9 @@ f. `service` (issue 32): Kiln as a service where a database and a broker are nam
 g. `decoders` (issue 33): each GPU JPEG decoder (nvImageCodec, torchvision's nvJPEG) at 1, 2
    and 4 threads, decode alone and decode + fit, and every core decoding as prep does
    (bench/gpu_decoders.py).
+h. `profile` (issue 33's next step): one `kiln run` of the large folder under py-spy (`--gil
+   --subprocesses`), summarised per process, thread group and function (bench/gpu_profile.py;
+   needs py-spy on PATH: the bundle's `profile` part).
 Issue 33's rows beside them: `kiln run` with the staged device pipeline (the default) and with
 `KILN_DEVICE_PIPELINE=serial` (before it), and the engine fed by the staged host pipeline with
 each stage's busy/starved/blocked seconds.
@@ -68,12 +71,12 @@ from bench.gpu_parts import PART_FUNCTIONS, Settings, Sink
 from bench.gpu_report import all_rows, markdown, save
 
 PARTS = {"a": "native", "b": "engine", "c": "kiln", "d": "peer", "e": "detector", "f": "service",
-         "g": "decoders"}  # fmt: skip
+         "g": "decoders", "h": "profile"}  # fmt: skip
 ALIASES = {"worker": "service"}  # `--skip worker`, from before the service path was a part
 STEPS = ("prepare", *PARTS.values())
 # Seconds per step on a GPU host; `--budget` caps their sum.
 TIMEOUT_S = {"prepare": 60, "native": 45, "engine": 150, "kiln": 200, "peer": 45, "detector": 90,
-             "service": 180, "decoders": 90}  # fmt: skip
+             "service": 180, "decoders": 90, "profile": 90}  # fmt: skip
 MIN_STEP_S = 10  # with less budget left, a step is skipped rather than started and killed
 
 

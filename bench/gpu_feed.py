@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,9 +130,11 @@ def kiln_run(
     env_extra: dict[str, str],
     engine: str,
     model: str = "resnet50",
+    wrap: Sequence[str] = (),
 ) -> Run:
     """One `kiln run` over `folder`; `onnx` is registered as `model` first, or None for a
-    built-in model (the detector), which is run by name."""
+    built-in model (the detector), which is run by name. `wrap`: a command it runs under
+    (py-spy's, bench/gpu_profile.py)."""
     tag = "-".join(env_extra.values())
     prefix = "kiln" if model == "resnet50" else f"kiln-{model}"
     data = workdir / f"{prefix}-{folder.name}-{tag}"
@@ -152,7 +155,7 @@ def kiln_run(
     log = (workdir / f"{data.name}.log").open("wb")
     with Busy() as busy:
         started = time.perf_counter()
-        proc = subprocess.Popen(run, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*wrap, *run], env=env, stdout=log, stderr=subprocess.STDOUT)
         _pid, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:

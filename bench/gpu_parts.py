@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.gpu_feed import SIDE, Busy, Subject, images, kiln_subject, peer_subject
+from bench.gpu_feed import SIDE, Busy, Subject, images, kiln_run, kiln_subject, peer_subject
 from bench.gpu_report import Row, marginal_busy, row, skipped, write_atomic
 from kiln.workers.engines.cuda_graphs import buckets
 
@@ -376,6 +376,30 @@ def part_decoders(s: Settings, sink: Sink) -> None:
         sink.add(new)
 
 
+PROFILED = "kiln run under py-spy (GIL samples of the whole tree)"
+
+
+def part_profile(s: Settings, sink: Sink) -> None:
+    """One `kiln run` of the large folder (GPU decode on a GPU) under py-spy; the summary of
+    where the Python time went is a fact of the part and `profile.log` (bench/gpu_profile.py)."""
+    from bench.gpu_profile import command, parse, py_spy, summarise
+
+    if py_spy() is None:
+        sink.add(skipped("profile", PROFILED, "py-spy is not on PATH (the bundle's profile part)"))
+        return
+    raw = s.workdir / "profile.raw"
+    extra = {"KILN_GPU_DECODE": "true" if s.device == "cuda" else "false"}
+    run = kiln_run(s.workdir, onnx_path(s.workdir), image_folders(s.workdir)[1], extra, s.engine,
+                   wrap=command(raw))  # fmt: skip
+    summary = summarise(parse(raw.read_text().splitlines()))
+    (s.workdir / "profile.log").write_text(summary + "\n")
+    print(summary, flush=True)
+    sink.fact("summary", summary)
+    new = row("profile", PROFILED, None, run.items / run.seconds, run.sm_busy)
+    sink.add({**new, "seconds": run.seconds, "cpu_s": run.cpu_s,
+              "note": "whole run (start-up included), slowed by sampling"})  # fmt: skip
+
+
 def part_peer(s: Settings, sink: Sink) -> None:
     paths = sorted(image_folders(s.workdir)[1].iterdir())
     subject = peer_subject(paths, os.cpu_count() or 1, s.device)
@@ -410,13 +434,13 @@ def part_prepare(s: Settings, sink: Sink) -> None:
     from bench.inputs import link_folder
     from bench.models import export_resnet
 
-    if {"kiln", "peer", "detector", "service", "decoders"} - s.skip:
+    if {"kiln", "peer", "detector", "service", "decoders", "profile"} - s.skip:
         paths = images(s.workdir / "images", s.images)
         small, large = image_folders(s.workdir)
         link_folder(small, paths[: len(paths) // 3])
         link_folder(large, paths)
         sink.fact("images", len(paths))
-    if {"engine", "kiln", "service"} - s.skip:
+    if {"engine", "kiln", "service", "profile"} - s.skip:
         started = time.perf_counter()
         export_resnet(50, onnx_path(s.workdir))
         sink.fact("export_s", round(time.perf_counter() - started, 1))
@@ -433,5 +457,5 @@ def onnx_path(work: Path) -> Path:
 PART_FUNCTIONS: dict[str, Callable[[Settings, Sink], None]] = {
     "prepare": part_prepare, "native": part_native, "engine": part_engine,
     "kiln": part_kiln, "peer": part_peer, "detector": part_detector, "service": part_service,
-    "decoders": part_decoders,
+    "decoders": part_decoders, "profile": part_profile,
 }  # fmt: skip

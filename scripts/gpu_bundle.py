@@ -93,8 +93,12 @@ def parts() -> dict[str, Part]:
             deps=_named(gpu, "pyclipper", "shapely"),
             nodeps=("rapidocr-onnxruntime>=1.3",),  # requires onnxruntime: the image's
         ),
+        "profile": Part(
+            "py-spy (its binary): bench.gpu's profile part, where a kiln run's time goes",
+            deps=("py-spy>=0.3",),
+        ),
         "decoder": Part(
-            "nvImageCodec with nvJPEG (CUDA 13): the GPU image decoder of the next issue",
+            "nvImageCodec with nvJPEG (CUDA 13): the second GPU JPEG decoder",
             deps=("nvidia-nvimgcodec-cu13[nvjpeg]>=0.9",),
             cuda_libs=True,
         ),

@@ -54,6 +54,10 @@ def test_cpu_run_covers_every_part(tmp_path: Path) -> None:
         assert subjects[name]["skipped"].startswith("no GPU")
     staged = subjects[gpu_parts.STAGED_FED]  # the staged host pipeline ran (CPU streams)
     assert set(staged["stages"]) == {"upload", "forward", "outputs"}
+    profiled = subjects[gpu_parts.PROFILED]  # py-spy over a whole kiln run (the dev extra's)
+    assert profiled["images_per_s"] > 0 and profiled["seconds"] > 0
+    summary = report["parts"]["profile"]["facts"]["summary"]
+    assert "engine: 1 process(es)" in summary and "engine process, by thread group" in summary
     for name in ("kiln worker, ResNet-50", "kiln worker, detector"):
         assert subjects[name]["skipped"].startswith("no KILN_DATABASE_URL or KILN_BROKER_URL")
     assert subjects["engine graphs=True"]["reference"] == "native@1"

@@ -1,0 +1,38 @@
+"""bench.gpu's profile part: py-spy's collapsed stacks summarised per process role, thread
+group and function (the part itself runs under py-spy in test_gpu_case.py)."""
+
+from __future__ import annotations
+
+from bench.gpu_profile import command, parse, role, summarise
+
+ENGINE = 'process 10:"python -m kiln.app.cli run /imgs --model resnet50"'
+PREP = 'process {}:"python -c from multiprocessing.spawn import spawn_main; spawn_main(fd=5)"'
+RAW = [
+    f"{ENGINE};thread (11): kiln-task-3;run (run.py:40);take (lease.py:12) 30",
+    f"{ENGINE};thread (12): kiln-task-7;run (run.py:40);write_chunk (write.py:9) 20",
+    f"{ENGINE};thread (13): resnet50-device-decode-0;_loop (stages.py:5);decode (ds.py:88) 50",
+    f"{ENGINE};thread (10): MainThread;main (cli.py:3) 5",
+    f"{PREP.format(20)};thread (20): MainThread;prepare (images.py:70) 40",
+    f"{PREP.format(21)};thread (21): MainThread;prepare (images.py:70) 60",
+    "not a stack line",
+]
+
+
+def test_stacks_are_summarised_per_process_thread_group_and_function() -> None:
+    found = parse(RAW)
+    assert {role(p) for p in found.values()} == {"engine", "prep"}
+    engine = found["10"]
+    assert engine.samples == 105
+    assert engine.threads == {"kiln-task": 50, "resnet50-device-decode": 50, "MainThread": 5}
+    assert engine.own["decode (ds.py)"] == 50
+    assert engine.within["run (run.py)"] == 50
+    text = summarise(found, rate=100)
+    assert "engine: 1 process(es), 1.1 s holding the GIL" in text
+    assert "prep: 2 process(es), 1.0 s holding the GIL" in text
+    assert "  kiln-task: 0.50" in text and "  decode (ds.py): 0.50" in text
+
+
+def test_the_command_samples_the_gil_of_the_whole_tree(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prefix = command(tmp_path / "raw.txt")
+    assert prefix[1:3] == ["record", "--gil"] and "--subprocesses" in prefix
+    assert prefix[-1] == "--" and str(tmp_path / "raw.txt") in prefix

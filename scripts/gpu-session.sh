@@ -7,7 +7,7 @@
 # kiln worker; NVML's busy share beside each), each under its own time limit so one stuck step
 # cannot spend the session; bench.gpu also limits each of its parts within GPU_BUDGET_S. Every
 # output lands in $OUT (gpu.json, gpu.md, the parts' logs); the services stop at the end.
-#   bash scripts/gpu-bundle.sh .gpu services                 (here, before the session)
+#   bash scripts/gpu-bundle.sh .gpu services decoder profile (here, before the session)
 #   bash scripts/gpu-session.sh .gpu                          (there; the device tool sets $OUT)
 # GPU_ARGS adds arguments to bench.gpu (`--skip native,peer`; `--device cpu` tries it all on a
 # CPU); TESTS_S, GPU_S, GPU_BUDGET_S and GPU_IMAGES change the limits and the images.

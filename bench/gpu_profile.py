@@ -22,8 +22,11 @@ from pathlib import Path
 
 RATE = 100  # samples per second
 TOP = 15
-# a command line may hold ";" (a spawned prep process's `-c` code): up to the thread's part
-_STACK = re.compile(r'^process (\d+):"(.*?)";thread \(\d+\)(?:: ([^;]*))?;?(.*)$')
+# A child's stack names its parents first (`process P:"…";process C:"…";thread …`), and a
+# command line may hold ";" (a spawned prep process's `-c` code): each process runs to the `";`
+# before the next process or the thread.
+_PROCESS = re.compile(r'process (\d+):"(.*?)";(?=process \d+:"|thread \()')
+_THREAD = re.compile(r"thread \(\d+\)(?:: ([^;]*))?;?(.*)$")
 _FRAME = re.compile(r"^(.*) \((.*?):\d+\)$")
 _NUMBERED = re.compile(r"[-_]?\d+$")
 
@@ -55,10 +58,14 @@ def parse(lines: Iterable[str]) -> dict[str, Process]:
     found: dict[str, Process] = {}
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        head = _STACK.match(stack)
-        if head is None or not count.isdigit():
+        pid = text = None
+        while (head := _PROCESS.match(stack)) is not None:  # the last is the one sampled
+            pid, text = head.groups()
+            stack = stack[head.end() :]
+        tail = _THREAD.match(stack)
+        if pid is None or text is None or tail is None or not count.isdigit():
             continue
-        pid, text, thread, rest = head.groups()
+        thread, rest = tail.groups()
         process = found.setdefault(pid, Process(text))
         samples = int(count)
         process.samples += samples

@@ -8,12 +8,14 @@ from bench.gpu_profile import command, parse, role, summarise
 ENGINE = 'process 10:"python -m kiln.app.cli run /imgs --model resnet50"'
 PREP = 'process {}:"python -c from multiprocessing.spawn import spawn_main; spawn_main(fd=5)"'
 RAW = [
+    f"{ENGINE};{PREP.format(20)};thread (20): MainThread;main (spawn.py:1) 1",
     f"{ENGINE};thread (11): kiln-task-3;run (run.py:40);take (lease.py:12) 30",
     f"{ENGINE};thread (12): kiln-task-7;run (run.py:40);write_chunk (write.py:9) 20",
     f"{ENGINE};thread (13): resnet50-device-decode-0;_loop (stages.py:5);decode (ds.py:88) 50",
     f"{ENGINE};thread (10): MainThread;main (cli.py:3) 5",
-    f"{PREP.format(20)};thread (20): MainThread;prepare (images.py:70) 40",
-    f"{PREP.format(21)};thread (21): MainThread;prepare (images.py:70) 60",
+    # a child's stack names its parent first (py-spy --subprocesses)
+    f"{ENGINE};{PREP.format(20)};thread (20): MainThread;prepare (images.py:70) 40",
+    f"{ENGINE};{PREP.format(21)};thread (21): MainThread;prepare (images.py:70) 60",
     "not a stack line",
 ]
 
@@ -28,7 +30,7 @@ def test_stacks_are_summarised_per_process_thread_group_and_function() -> None:
     assert engine.within["run (run.py)"] == 50
     text = summarise(found, rate=100)
     assert "engine: 1 process(es), 1.1 s holding the GIL" in text
-    assert "prep: 2 process(es), 1.0 s holding the GIL" in text
+    assert "prep: 2 process(es), 1.0 s holding the GIL" in text  # 41 + 60 samples
     assert "  kiln-task: 0.50" in text and "  decode (ds.py): 0.50" in text
 
 

@@ -166,88 +166,72 @@ WORKER_FED = "engine as a worker feeds it (2 runners, gathered into staging)"
 STAGED_FED = "engine as a worker feeds it, staged (upload, forward, outputs overlapped)"
 
 
-def _worker_fed_rows(s: Settings, sink: Sink) -> None:
-    """The engine as a worker drives it: two runner threads, each gathering its batch from an
-    array of slots into the engine's staging buffer (`np.take`, as `runtime.gather` does) and
-    running it, so one thread's copies overlap the other's work on the GPU."""
+def _fed(
+    engine: TorchEngine, feed: Callable[[Any], object], callers: int, batch: int, seconds: float
+) -> tuple[float, list[float], float]:
+    """`callers` threads, each gathering `batch` rows from an array of slots into its own
+    staging buffer (`np.take`, as the worker's gather does) and handing it to `feed`, for
+    `seconds`: images/s, NVML's samples, and the first (warming) call's seconds."""
     import threading
 
     import numpy as np
 
+    slots = np.random.default_rng(0).integers(0, 256, (512, SIDE, SIDE, 3), np.uint8)
+    counts = [0] * callers
+
+    def run(i: int, until: float) -> None:
+        picks = np.random.default_rng(i).choice(len(slots), batch, replace=False)
+        while counts[i] == 0 or time.perf_counter() < until:
+            buffer = engine.host_buffer((batch, SIDE, SIDE, 3))
+            np.take(slots, picks, axis=0, out=buffer)
+            feed(buffer)
+            counts[i] += 1
+
+    first = time.perf_counter()
+    run(0, 0.0)  # warm: each thread's staging is made on its first call (and each stream)
+    first = time.perf_counter() - first
+    counts[0] = 0
+    with Busy(interval=0.05) as busy:
+        started = time.perf_counter()
+        until = started + seconds
+        threads = [threading.Thread(target=run, args=(i, until)) for i in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - started
+    return sum(counts) * batch / elapsed, busy.samples, round(first, 3)
+
+
+def _worker_fed_rows(s: Settings, sink: Sink) -> None:
+    """The engine as a worker drove it before issue 33: two runner threads, each gathering its
+    batch into the engine's staging buffer and running it, so one thread's copies overlap the
+    other's work on the GPU."""
     engine, _seconds = build_engine(s, True, runners=2)
     name = engine.inputs[0].name
-    slots = np.random.default_rng(0).integers(0, 256, (512, SIDE, SIDE, 3), np.uint8)
     for batch in native_batches(s.max_batch):
-        counts = [0, 0]
+        feed = partial(_infer, engine, name)
+        rate, samples, first = _fed(engine, feed, 2, batch, s.seconds)
+        sink.add({**row("engine", WORKER_FED, batch, rate, samples), "first_call_s": first})
 
-        def run(i: int, until: float, batch: int = batch, counts: list[int] = counts) -> None:
-            picks = np.random.default_rng(i).choice(len(slots), batch, replace=False)
-            while counts[i] == 0 or time.perf_counter() < until:
-                buffer = engine.host_buffer((batch, SIDE, SIDE, 3))
-                np.take(slots, picks, axis=0, out=buffer)
-                engine.infer({name: buffer})
-                counts[i] += 1
 
-        first = time.perf_counter()
-        run(0, 0.0)  # warm: each thread's staging is made on its first call
-        first = time.perf_counter() - first
-        counts[0] = 0
-        with Busy(interval=0.05) as busy:
-            started = time.perf_counter()
-            until = started + s.seconds
-            threads = [threading.Thread(target=run, args=(i, until)) for i in range(2)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            elapsed = time.perf_counter() - started
-        rate = sum(counts) * batch / elapsed
-        sink.add({**row("engine", WORKER_FED, batch, rate, busy.samples),
-                  "first_call_s": round(first, 3)})  # fmt: skip
+def _infer(engine: TorchEngine, name: str, buffer: Any) -> object:
+    return engine.infer({name: buffer})
 
 
 def _staged_fed_rows(s: Settings, sink: Sink) -> None:
     """The engine as a worker with the staged pipeline drives it (issue 33): as many caller
     threads as the pipeline holds batches, each gathering into its own staging buffer and
     running it through upload → forward → outputs (`device_stages.HostStages`)."""
-    import threading
-
-    import numpy as np
-
     from kiln.workers.models.device_stages import HostStages
 
     engine, _seconds = build_engine(s, True, runners=1)
-    name = engine.inputs[0].name
-    stages = HostStages("bench", engine, name)
+    stages = HostStages("bench", engine, engine.inputs[0].name)
     callers = stages.pipeline.in_flight
-    slots = np.random.default_rng(0).integers(0, 256, (512, SIDE, SIDE, 3), np.uint8)
     for batch in native_batches(s.max_batch):
-        counts = [0] * callers
-
-        def run(i: int, until: float, batch: int = batch, counts: list[int] = counts) -> None:
-            picks = np.random.default_rng(i).choice(len(slots), batch, replace=False)
-            while counts[i] == 0 or time.perf_counter() < until:
-                buffer = engine.host_buffer((batch, SIDE, SIDE, 3))
-                np.take(slots, picks, axis=0, out=buffer)
-                stages.pipeline.run(buffer)
-                counts[i] += 1
-
-        first = time.perf_counter()
-        run(0, 0.0)  # warm: the caller's staging, each stage's stream
-        first = time.perf_counter() - first
-        counts[0] = 0
-        with Busy(interval=0.05) as busy:
-            started = time.perf_counter()
-            until = started + s.seconds
-            threads = [threading.Thread(target=run, args=(i, until)) for i in range(callers)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            elapsed = time.perf_counter() - started
-        rate = sum(counts) * batch / elapsed
-        sink.add({**row("engine", STAGED_FED, batch, rate, busy.samples), "callers": callers,
-                  "first_call_s": round(first, 3), "stages": stages.pipeline.stats()})  # fmt: skip
+        rate, samples, first = _fed(engine, stages.pipeline.run, callers, batch, s.seconds)
+        sink.add({**row("engine", STAGED_FED, batch, rate, samples), "callers": callers,
+                  "first_call_s": first, "stages": stages.pipeline.stats()})  # fmt: skip
     stages.close()
 
 

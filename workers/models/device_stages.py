@@ -119,10 +119,12 @@ class HostStages(_Forward):
         self.pipeline.close()
 
 
+def _on_cuda(engine: DeviceFeeds) -> bool:
+    return getattr(engine.device, "type", str(engine.device)) == "cuda"
+
+
 def _streams(engine: DeviceFeeds) -> CudaStreams | CpuStreams:
-    if getattr(engine.device, "type", str(engine.device)) == "cuda":
-        return CudaStreams(_torch(), engine.device)
-    return CpuStreams()
+    return CudaStreams(_torch(), engine.device) if _on_cuda(engine) else CpuStreams()
 
 
 class ImageStages(_Forward):
@@ -134,8 +136,8 @@ class ImageStages(_Forward):
     ) -> None:  # fmt: skip
         self.engine, self.input_name, self.pre = engine, input_name, pre
         self.device, self.max_pixels = engine.device, max_pixels
-        cuda = getattr(engine.device, "type", str(engine.device)) == "cuda"
-        self.decoder = decoders.jpeg_decoder(options.decoder, str(engine.device)) if cuda else None
+        gpu = _on_cuda(engine)
+        self.decoder = decoders.jpeg_decoder(options.decoder, str(engine.device)) if gpu else None
         concurrent = self.decoder is not None and self.decoder.concurrent
         threads = options.decode_threads if concurrent else 1
         stages = [

@@ -48,6 +48,8 @@ class Run:
     seconds: float
     cpu_s: float
     sm_busy: list[float] = field(default_factory=list)  # NVML utilisation samples, percent
+    # the engine process's staged pipelines, as each said when it closed: where the time went
+    pipelines: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -142,8 +144,9 @@ def kiln_run(
     # `kiln run` is embedded whatever the service's URLs say, and `models add` must register
     # into its SQLite too: the URLs of a service (bench.gpu's part f) are not passed on.
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS}
+    # info: the log keeps each staged pipeline's verdict (`pipeline_verdicts`)
     env |= {"KILN_DATA_DIR": str(data), "KILN_CONTENT_CACHE": "false", "KILN_ENGINE": engine,
-            **env_extra}  # fmt: skip
+            "KILN_LOG_LEVEL": "info", "KILN_LOG_FORMAT": "json", **env_extra}  # fmt: skip
     kiln = [sys.executable, "-m", "kiln.app.cli"]
     if onnx is not None:
         names = workdir / "labels.txt"
@@ -161,7 +164,21 @@ def kiln_run(
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"kiln run failed; see {log.name}")
     _all_done(data / "out.parquet", items, log.name)
-    return Run(items, round(seconds, 3), round(usage.ru_utime + usage.ru_stime, 2), busy.samples)
+    cpu_s = round(usage.ru_utime + usage.ru_stime, 2)
+    return Run(items, round(seconds, 3), cpu_s, busy.samples, pipeline_verdicts(Path(log.name)))
+
+
+def pipeline_verdicts(log: Path) -> list[str]:
+    """What each staged pipeline said as it closed (`StagedPipeline.close`), from a JSON log."""
+    said = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            message = json.loads(line).get("message", "")
+        except (ValueError, AttributeError):
+            continue  # py-spy's or a library's own line
+        if isinstance(message, str) and " pipeline closed: " in message:
+            said.append(message)
+    return said
 
 
 def _all_done(results: Path, items: int, log: str) -> None:

@@ -16,7 +16,16 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.gpu_feed import SIDE, Busy, Subject, images, kiln_run, kiln_subject, peer_subject
+from bench.gpu_feed import (
+    SIDE,
+    Busy,
+    Subject,
+    images,
+    kiln_run,
+    kiln_subject,
+    peer_subject,
+    pipeline_verdicts,
+)
 from bench.gpu_report import Row, marginal_busy, row, skipped, write_atomic
 from kiln.workers.engines.cuda_graphs import buckets
 
@@ -337,6 +346,10 @@ def part_service(s: Settings, sink: Sink) -> None:
         for name, _model, _versus in subjects:
             if name not in done:
                 sink.add(skipped("service", name, _sentence(error), "failed"))
+    worker_log = s.workdir / "service-logs" / "worker.log"  # complete: the worker has stopped
+    if worker_log.exists():
+        for i, said in enumerate(pipeline_verdicts(worker_log)):
+            sink.fact(f"worker pipeline {i + 1}", said)
 
 
 def _service_row(svc: Service, name: str, model: str, versus: str, work: Path) -> Row:
@@ -408,6 +421,7 @@ def _subject_row(part: str, subject: Subject) -> Row:
     }
     new = {**row(part, subject.name, None, subject.rate, large.sm_busy), "runs": runs}
     new["sm_busy_marginal_pct"] = marginal_busy(small, large)
+    new["pipelines"] = large.pipelines  # where the large run's time went, stage by stage
     if large.seconds <= small.seconds:  # tiny sizes: start-up noise outweighs the extra images
         new["note"] = "noise (large run not slower)"
     return new

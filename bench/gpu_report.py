@@ -158,6 +158,8 @@ def markdown(report: dict[str, Any]) -> str:
     if facts:
         lines.append("Engine: " + " · ".join(f"{k} {v}" for k, v in facts.items()))
     lines += _service_notes(report)
+    lines += [f"{r['subject']} (large run): {said}"
+              for r in all_rows(report) for said in r.get("pipelines", [])]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

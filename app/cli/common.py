@@ -64,9 +64,30 @@ def job_options(pairs: list[str] | None, fps: float | None) -> dict[str, Any]:
 
 
 def settings() -> Settings:
-    from kiln.app.core.config import get_settings  # pydantic: when a command runs, not for --help
+    """The environment's settings; a value Kiln cannot take is a sentence naming its variable
+    (exit 1), not pydantic's traceback."""
+    from pydantic import ValidationError
 
-    return get_settings()
+    from kiln.app.core.config import get_settings  # pydantic: when a command runs, not for --help
+    from kiln.app.core.errors import KilnError
+
+    try:
+        return get_settings()
+    except ValidationError as error:
+        raise fail(KilnError(settings_sentence(error))) from None
+
+
+def settings_sentence(error: Any) -> str:
+    """`KILN_X='v': why` for each value refused (a pydantic `ValidationError`; a value a
+    union refused has each of its members' reasons, joined by "or")."""
+    said: dict[str, list[str]] = {}
+    for problem in error.errors(include_url=False):
+        where = "KILN_" + str(problem["loc"][0]).upper() if problem["loc"] else "A setting"
+        given = problem.get("input")
+        where += f"={given!r}" if isinstance(given, (str, int, float)) else ""
+        said.setdefault(where, []).append(problem["msg"])
+    parts = [f"{where}: {' or '.join(why)}" for where, why in said.items()]
+    return "Kiln cannot start with this environment: " + "; ".join(parts) + "."
 
 
 def fail(error: Exception) -> typer.Exit:

@@ -9,7 +9,6 @@ cancels the job, waits for it to close, and still writes the results of the fini
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -60,7 +59,7 @@ def run(
     options = job_options(option, video_fps)
     given = settings()
     here = given.embedded()
-    observe(here, "run", logging.WARNING)
+    observe(here, "run", default="WARNING")  # the bar says the rest
     try:
         _check_output(output)
         with _ctrl_c() as cancel, _progress(model, mode_line(given, here), cancel) as show:

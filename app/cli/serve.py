@@ -13,6 +13,8 @@ from kiln.app.cli.common import fail, settings
 from kiln.app.core.errors import KilnError
 from kiln.app.dispatch.contract import QUEUES
 
+LOGLEVEL_HELP = "Log level (default: KILN_LOG_LEVEL, else INFO)."
+
 
 def api(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
@@ -22,19 +24,20 @@ def api(
     import uvicorn
 
     from kiln.app.api.app import create_app
-    from kiln.app.observability import observe
+    from kiln.app.observability import log_level, observe
 
     current = settings()
     observe(current, "api")
     # log_config=None: uvicorn's loggers propagate to the root handler `observe` installed.
-    uvicorn.run(create_app(current), host=host, port=port, log_level="info", log_config=None)
+    level = log_level(current, None).lower()
+    uvicorn.run(create_app(current), host=host, port=port, log_level=level, log_config=None)
 
 
 def worker(
     concurrency: Annotated[int | None, typer.Option(help="Task threads.")] = None,
     queues: Annotated[str, typer.Option(help="Queues, highest priority first.")] = ",".join(QUEUES),
     hostname: Annotated[str | None, typer.Option(help="Celery node name.")] = None,
-    loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO",
+    loglevel: Annotated[str | None, typer.Option(help=LOGLEVEL_HELP)] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve Prometheus metrics on this port.")
     ] = None,
@@ -87,13 +90,13 @@ def _work(
     concurrency: int | None,
     queues: str,
     node: str,
-    loglevel: str,
+    loglevel: str | None,
     metrics_port: int | None,
     ready: Path | None = None,
     warm: str | None = None,
     live: Path | None = None,
 ) -> None:
-    from kiln.app.observability import observe
+    from kiln.app.observability import log_level, observe
     from kiln.workers.celery.app import make_celery
     from kiln.workers.ops.facts import start_publishing
     from kiln.workers.ops.liveness import Heartbeat
@@ -102,7 +105,7 @@ def _work(
     from kiln.workers.prep.slots import reclaim
 
     current = settings()
-    observe(current, "worker", loglevel.upper())  # before Celery: it keeps a configured root
+    observe(current, "worker", loglevel)  # before Celery: it keeps a configured root
     reclaim()  # shared memory a worker killed on this host could not unlink
     celery = make_celery(current)
     celery.node_name = node
@@ -119,7 +122,7 @@ def _work(
             concurrency=concurrency or current.task_threads,
             queues=queues.split(","),
             hostname=node,
-            loglevel=loglevel,
+            loglevel=log_level(current, loglevel),
             send_events=True,
         ).start()
     finally:
@@ -133,7 +136,7 @@ def _fleet(
     devices: str,
     concurrency: int | None,
     queues: str,
-    loglevel: str,
+    loglevel: str | None,
     metrics_port: int | None,
     live: Path | None = None,
 ) -> int:
@@ -145,7 +148,7 @@ def _fleet(
         raise fail(KilnError("--devices takes 'all'; use --device N for one GPU."))
     gpus = list_gpus()
     host = socket.gethostname()
-    extra = ["--queues", queues, "--loglevel", loglevel]
+    extra = ["--queues", queues] + (["--loglevel", loglevel] if loglevel else [])
     if concurrency:
         extra += ["--concurrency", str(concurrency)]
     if not gpus:
@@ -188,13 +191,15 @@ def flower(port: Annotated[int, typer.Option(help="Port for the Flower UI.")] = 
     make_celery(settings()).start(args)  # Flower reads its FLOWER_* variables itself
 
 
-def beat(loglevel: Annotated[str, typer.Option(help="Log level.")] = "INFO") -> None:
+def beat(loglevel: Annotated[str | None, typer.Option(help=LOGLEVEL_HELP)] = None) -> None:
     """Run the scheduler for Kiln's periodic tasks (one per deployment)."""
+    from kiln.app.observability import log_level
     from kiln.app.observability.logs import configure_logging
     from kiln.workers.celery.app import make_celery
 
     current = settings()
-    configure_logging(current.log_format, loglevel.upper())
+    level = log_level(current, loglevel)
+    configure_logging(current.log_format, level)
     current.data_dir.mkdir(parents=True, exist_ok=True)
     schedule = current.data_dir / "beat-schedule"
-    make_celery(current).Beat(loglevel=loglevel, schedule=str(schedule)).run()
+    make_celery(current).Beat(loglevel=level, schedule=str(schedule)).run()

@@ -339,6 +339,11 @@ class ObservabilitySettings(BaseModel):
     log_format: Literal["auto", "json", "text"] = Field(
         "auto", description="Log lines: JSON objects, text, or auto (text on a terminal)."
     )
+    log_level: Literal["debug", "info", "warning", "error"] | None = Field(
+        None,
+        description="Lowest level logged; unset = info for the services (a --loglevel flag "
+        "wins), warning for `kiln run` (its bar says the rest).",
+    )
     otlp_endpoint: str | None = Field(
         None,
         description="OTLP/HTTP collector for traces (e.g. http://collector:4318); unset = the "

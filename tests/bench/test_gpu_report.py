@@ -3,8 +3,11 @@ case's report (pure: no GPU, no child process)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from bench import gpu_report
-from bench.gpu_feed import Run
+from bench.gpu_feed import Run, pipeline_verdicts
 
 
 def test_steady_part_drops_idle_start_and_end() -> None:
@@ -122,3 +125,30 @@ def test_markdown_says_how_the_service_ran() -> None:
         "kiln worker, ResNet-50: upload 0.9 / 2.7 s before each job's answer (small / large), "
         "3,120.5 images/s with it; results 6,000 keys of 6,000, each once, 6,000 succeeded"
     ) in lines
+
+
+def test_a_kiln_run_row_carries_what_its_pipelines_said(tmp_path: Path) -> None:
+    """The engine process logs each staged pipeline's verdict as it closes; bench.gpu keeps
+    those lines of the large run and the markdown shows them under the table."""
+    said = (
+        "resnet50-device pipeline closed: 9.8 s with batches inside; busy per thread: "
+        "decode 97%, fit 31%, forward 12%, outputs 20%; decode held the others back"
+    )
+    log = tmp_path / "kiln.log"
+    log.write_text(
+        "\n".join([
+            "Running here, embedded (SQLite and files under /x).",  # the command's own line
+            json.dumps({"level": "INFO", "logger": "kiln.workers.runtime", "message": "ok"}),
+            json.dumps({"level": "INFO", "logger": "kiln.workers.engines.stages",
+                        "message": said + "; per stage: {}"}),
+            "[1, 2]",  # JSON, not an object
+        ]) + "\n"
+    )  # fmt: skip
+    assert pipeline_verdicts(log) == [said + "; per stage: {}"]
+    kiln = {**ROWS[4], "pipelines": [said]}
+    report = {
+        "host": {"gpu": None, "torch": "2.11.0", "cores": 2, "device": "cpu",
+                 "utc": "2026-01-01 00:00 UTC"},
+        "parts": {"kiln": {"status": "ok", "seconds": 20.0, "rows": [kiln]}},
+    }  # fmt: skip
+    assert f"{kiln['subject']} (large run): {said}" in gpu_report.markdown(report).splitlines()

@@ -128,8 +128,8 @@ class Stage:
 @dataclass
 class StageStats:
     """A stage's totals: batches done, seconds running them, seconds waiting for a batch
-    (starved: the stage before was the slower), seconds waiting to hand one on (blocked:
-    the stage after was)."""
+    (starved: the stage before was the slower, or the pipeline was empty), seconds waiting to
+    hand one on (blocked: the stage after was)."""
 
     batches: int = 0
     busy_s: float = 0.0
@@ -142,6 +142,34 @@ class StageStats:
 
 
 _STOP = object()  # a stage thread's signal to end
+
+# A stage busier than this share of the pipeline's loaded time held the others back; when no
+# stage is, the batches came slower than the stages ran them.
+BOTTLENECK_SHARE = 0.8
+
+
+@dataclass
+class Loaded:
+    """Seconds with at least one batch inside the pipeline: the time its stages' busy seconds
+    are shares of. A long-lived pipeline (a worker's) is empty between jobs, so a stage's
+    starved seconds say little by themselves; its busy share of the loaded time does."""
+
+    seconds: float = 0.0
+    inside: int = 0
+    since: float = 0.0
+
+    def enter(self, now: float) -> None:
+        if self.inside == 0:
+            self.since = now
+        self.inside += 1
+
+    def leave(self, now: float) -> None:
+        self.inside -= 1
+        if self.inside == 0:
+            self.seconds += now - self.since
+
+    def so_far(self, now: float) -> float:
+        return self.seconds + (now - self.since if self.inside else 0.0)
 
 
 class StagedPipeline:
@@ -158,6 +186,7 @@ class StagedPipeline:
         self._streams = streams
         self._queues: list[queue.Queue[Any]] = [queue.Queue(depth) for _ in self.stages]
         self._stats = {stage.name: StageStats() for stage in self.stages}
+        self._loaded = Loaded()
         self._lock = threading.Lock()
         self._left = [stage.threads for stage in self.stages]  # threads still running
         self._closed = False
@@ -176,12 +205,18 @@ class StagedPipeline:
         return sum(s.threads for s in self.stages) + sum(q.maxsize for q in self._queues)
 
     def submit(self, payload: Any) -> Future[Any]:
+        work = Work(payload)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"The {self.name} pipeline is closed.")
-        work = Work(payload)
+            self._loaded.enter(time.perf_counter())
+        work.future.add_done_callback(self._out)  # answered or failed: it is out
         self._queues[0].put(work)
         return work.future
+
+    def _out(self, _future: Future[Any]) -> None:
+        with self._lock:
+            self._loaded.leave(time.perf_counter())
 
     def run(self, payload: Any) -> Any:
         return self.submit(payload).result()
@@ -189,6 +224,27 @@ class StagedPipeline:
     def stats(self) -> dict[str, dict[str, float]]:
         with self._lock:
             return {name: stats.as_dict() for name, stats in self._stats.items()}
+
+    def busy_shares(self) -> tuple[float, dict[str, float]]:
+        """The seconds the pipeline held a batch, and each stage's busy share of them (per
+        thread: 1.0 is a stage whose threads never rested while there was work)."""
+        with self._lock:
+            loaded = self._loaded.so_far(time.perf_counter())
+            busy = {stage.name: self._stats[stage.name].busy_s / stage.threads
+                    for stage in self.stages}  # fmt: skip
+        return loaded, {name: (b / loaded if loaded > 0 else 0.0) for name, b in busy.items()}
+
+    def verdict(self) -> str:
+        """Where the time went, in a sentence: the stage that held the others back, or that
+        none did (the batches came slower than the stages ran them)."""
+        loaded, shares = self.busy_shares()
+        parts = ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
+        slowest = max(shares, key=shares.__getitem__)
+        if shares[slowest] >= BOTTLENECK_SHARE:
+            said = f"{slowest} held the others back"
+        else:
+            said = "no stage was busy most of that time: the batches came slower than it ran them"
+        return f"{loaded:.1f} s with batches inside; busy per thread: {parts}; {said}"
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Finish the batches submitted, then stop every stage thread."""
@@ -200,8 +256,7 @@ class StagedPipeline:
             self._queues[0].put(_STOP)
         for thread in self._threads:
             thread.join(timeout)
-        # where the time went: the stage with the most busy seconds was the bottleneck
-        log.info("%s pipeline closed; per stage: %s", self.name, self.stats())
+        log.info("%s pipeline closed: %s; per stage: %s", self.name, self.verdict(), self.stats())
 
     # --- a stage thread ----------------------------------------------------------------
 

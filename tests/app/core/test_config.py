@@ -208,7 +208,7 @@ DEFAULTS: dict[str, object] = {
     "content_cache_max_entries": 1_000_000, "search_cache_bytes": 512 * 1024**2,
     "tenant_rate_limit": "100/second", "tenant_max_open_jobs": 1000, "search_wait_s": 30.0,
     "console_secret": None, "console_secure_cookie": False,
-    "log_format": "auto", "otlp_endpoint": None,
+    "log_format": "auto", "log_level": None, "otlp_endpoint": None,
 }  # fmt: skip
 
 

@@ -94,3 +94,27 @@ def test_the_setting_reads_kiln_log_format(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("KILN_LOG_FORMAT", "yaml")
     with pytest.raises(ValueError):
         get_settings(data_dir=tmp_path)
+
+
+def test_the_level_is_the_flag_then_kiln_log_level_then_the_commands_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.app.observability import log_level
+
+    quiet = get_settings(data_dir=tmp_path)
+    assert log_level(quiet, None) == "INFO"  # a service
+    assert log_level(quiet, None, default="WARNING") == "WARNING"  # `kiln run`
+    monkeypatch.setenv("KILN_LOG_LEVEL", "debug")
+    told = get_settings(data_dir=tmp_path)
+    assert log_level(told, None, default="WARNING") == "DEBUG"
+    assert log_level(told, "error") == "ERROR"  # `--loglevel` wins
+
+
+def test_an_unknown_log_level_is_refused_with_the_levels_there_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("KILN_LOG_LEVEL", "loud")
+    with pytest.raises(ValidationError, match="'debug', 'info', 'warning' or 'error'"):
+        get_settings(data_dir=tmp_path)

@@ -175,3 +175,33 @@ def test_each_stage_waits_for_the_previous_stages_event_on_its_own_stream() -> N
     assert waits[0][2] is None  # nothing before the first stage
     assert waits[1][2] == f"event-on-{first}"  # the second waits for the first's work
     assert handed[1] == ("hand_over", second, ["pixels"])  # what crosses is handed over
+
+
+def test_the_close_names_the_stage_that_held_the_others_back() -> None:
+    """A slow stage is busy nearly all the time batches are inside; the pause between two
+    bursts (a worker between jobs) is not time any stage could have worked."""
+    stages = [sleeper("decode", 0.04), sleeper("fit", 0.005), sleeper("outputs", 0.005)]
+    pipeline = StagedPipeline("test", stages, CpuStreams())
+    started = time.perf_counter()
+    for _burst in range(2):
+        with ThreadPoolExecutor(pipeline.in_flight) as callers:
+            list(callers.map(pipeline.run, range(10)))
+        time.sleep(0.3)  # empty: starved, but not loaded
+    loaded, shares = pipeline.busy_shares()
+    took = time.perf_counter() - started
+    pipeline.close()
+    assert 20 * 0.04 <= loaded <= took - 2 * 0.3, (loaded, took)  # the pauses are not in it
+    assert shares["decode"] > 0.8 and shares["fit"] < 0.5, shares
+    assert "decode held the others back" in pipeline.verdict()
+
+
+def test_the_close_says_when_no_stage_was_the_limit() -> None:
+    """One batch at a time: each stage works a part of each batch's trip, none most of it."""
+    pipeline = StagedPipeline("test", four(), CpuStreams())
+    for i in range(5):
+        pipeline.run(i)
+    loaded, shares = pipeline.busy_shares()
+    pipeline.close()
+    assert loaded >= 5 * 4 * STEP_S  # each batch's whole trip, one after another
+    assert all(0.1 < share < 0.5 for share in shares.values()), shares
+    assert "the batches came slower than it ran them" in pipeline.verdict()

@@ -121,3 +121,33 @@ def test_staged_upload_forward_outputs_give_infers_answers(classifier: Path) -> 
             for ours, theirs in zip(callers.map(run, batches), expected, strict=True):
                 np.testing.assert_allclose(ours, theirs, atol=1e-3)
     stages.close()
+
+
+def test_a_graph_set_the_staged_forward_lent_back_is_safe_for_the_next_borrower(
+    classifier: Path,
+) -> None:
+    """One graph set (runners=1), borrowed in turn by the staged forward — which lends it back
+    before its replay has run — and by callers of `infer` on streams of their own: each
+    borrower's stream waits for the set's last queued use (`GraphSet.released`), so every
+    answer is its batch's."""
+    from kiln.workers.models.device_stages import HostStages
+
+    engine = _engine(classifier, runners=1)
+    stages = HostStages("t", engine, "images")
+    batches = [_pixels(rows, rows) for rows in (5, 12, 33, 64)]
+    expected = [engine.infer({"images": b})["logits"] for b in batches]
+
+    def staged(pixels: np.ndarray) -> Any:
+        buffer = engine.host_buffer(pixels.shape)
+        buffer[:] = pixels
+        return stages.pipeline.run(buffer)
+
+    def direct(pixels: np.ndarray) -> Any:
+        return engine.infer({"images": pixels})["logits"]
+
+    with ThreadPoolExecutor(stages.pipeline.in_flight + 4) as callers:
+        runs = [(callers.submit(staged if i % 3 else direct, b), j)
+                for i in range(12) for j, b in enumerate(batches)]  # fmt: skip
+        for future, j in runs:
+            np.testing.assert_allclose(future.result(), expected[j], atol=1e-3, err_msg=str(j))
+    stages.close()

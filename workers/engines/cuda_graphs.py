@@ -9,7 +9,9 @@ computed and never read.
 A captured graph reads and writes fixed device tensors, so two runner threads must not replay
 the same one at once: each runner borrows a `GraphSet` (its graphs and their memory pool) for
 the length of a batch. A set's graphs share one pool — safe because they never run at the same
-time, and each batch's outputs are copied out before the set is lent again.
+time, and each batch's outputs are copied out before the set is lent again (waited for on the
+host by a runner; by a staged forward, queued, with an event the next borrower's stream waits
+for: `GraphSet.released`).
 
 The capture itself is a parameter (`Capture`): `cuda_capture` on a GPU, an eager stand-in in
 the tests, so bucketing, padding and lending are tested on the CPU.
@@ -65,6 +67,10 @@ class GraphSet:
         self._inputs = inputs
         self.pool = pool
         self.graphs: dict[int, Captured] = {}
+        # A CUDA event after the last use queued on it (None: nothing queued, or waited for
+        # already): a staged forward lends the set back before its replay and copies have run,
+        # so a borrower on another stream waits for this before it writes the static inputs.
+        self.released: Any = None
 
     def get(self, bucket: int) -> Captured:
         graph = self.graphs.get(bucket)

@@ -47,6 +47,10 @@ class Streams(Protocol):
 
     def hand_over(self, value: Any, stream: Any) -> None: ...
 
+    def settle(self, event: Any) -> None:
+        """Wait on the host until `event`'s device work is done."""
+        ...
+
 
 class CpuStreams:
     """The CPU: work is done when its call returns, so there is nothing to order."""
@@ -64,6 +68,9 @@ class CpuStreams:
         return None
 
     def hand_over(self, value: Any, stream: Any) -> None:
+        return None
+
+    def settle(self, event: Any) -> None:
         return None
 
 
@@ -101,6 +108,10 @@ class CudaStreams:
         elif getattr(value, "is_cuda", False):
             value.record_stream(stream)
 
+    def settle(self, event: Any) -> None:
+        if event is not None:
+            event.synchronize()
+
 
 @dataclass
 class Work:
@@ -129,15 +140,19 @@ class Stage:
 class StageStats:
     """A stage's totals: batches done, seconds running them, seconds waiting for a batch
     (starved: the stage before was the slower, or the pipeline was empty), seconds waiting to
-    hand one on (blocked: the stage after was)."""
+    hand one on (blocked: the stage after was). The last stage first waits on the host for the
+    device work before it (`device_s`, not in its busy seconds): a stage before only queues its
+    device work, so its seconds are the host's, and the device's time shows here."""
 
     batches: int = 0
     busy_s: float = 0.0
     starved_s: float = 0.0
     blocked_s: float = 0.0
+    device_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        seconds = {"busy_s": self.busy_s, "starved_s": self.starved_s, "blocked_s": self.blocked_s}
+        seconds = {"busy_s": self.busy_s, "starved_s": self.starved_s,
+                   "blocked_s": self.blocked_s, "device_s": self.device_s}  # fmt: skip
         return {"batches": self.batches, **{k: round(v, 3) for k, v in seconds.items()}}
 
 
@@ -146,6 +161,7 @@ _STOP = object()  # a stage thread's signal to end
 # A stage busier than this share of the pipeline's loaded time held the others back; when no
 # stage is, the batches came slower than the stages ran them.
 BOTTLENECK_SHARE = 0.8
+DEVICE = "device"  # in the busy shares: the last stage's wait for the device work before it
 
 
 @dataclass
@@ -187,7 +203,10 @@ class StagedPipeline:
         self._queues: list[queue.Queue[Any]] = [queue.Queue(depth) for _ in self.stages]
         self._stats = {stage.name: StageStats() for stage in self.stages}
         self._loaded = Loaded()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # stats, the loaded time, the threads left
+        # A batch is put in and the pipeline closed one at a time: a batch put in after the
+        # stops would find no thread to run it. Stage threads never take it.
+        self._entry = threading.Lock()
         self._left = [stage.threads for stage in self.stages]  # threads still running
         self._closed = False
         self._threads = [
@@ -206,12 +225,13 @@ class StagedPipeline:
 
     def submit(self, payload: Any) -> Future[Any]:
         work = Work(payload)
-        with self._lock:
+        with self._entry:
             if self._closed:
                 raise RuntimeError(f"The {self.name} pipeline is closed.")
-            self._loaded.enter(time.perf_counter())
-        work.future.add_done_callback(self._out)  # answered or failed: it is out
-        self._queues[0].put(work)
+            with self._lock:
+                self._loaded.enter(time.perf_counter())
+            work.future.add_done_callback(self._out)  # answered or failed: it is out
+            self._queues[0].put(work)  # may wait for room: the stages drain without the lock
         return work.future
 
     def _out(self, _future: Future[Any]) -> None:
@@ -227,36 +247,58 @@ class StagedPipeline:
 
     def busy_shares(self) -> tuple[float, dict[str, float]]:
         """The seconds the pipeline held a batch, and each stage's busy share of them (per
-        thread: 1.0 is a stage whose threads never rested while there was work)."""
+        thread: 1.0 is a stage whose threads never rested while there was work); `device`:
+        the last stage's share waiting for the device work before it."""
         with self._lock:
             loaded = self._loaded.so_far(time.perf_counter())
             busy = {stage.name: self._stats[stage.name].busy_s / stage.threads
                     for stage in self.stages}  # fmt: skip
+            last = self.stages[-1]
+            busy[DEVICE] = self._stats[last.name].device_s / last.threads
         return loaded, {name: (b / loaded if loaded > 0 else 0.0) for name, b in busy.items()}
 
     def verdict(self) -> str:
         """Where the time went, in a sentence: the stage that held the others back, or that
         none did (the batches came slower than the stages ran them)."""
         loaded, shares = self.busy_shares()
+        if loaded <= 0:
+            return "no batch ran"
         parts = ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
-        slowest = max(shares, key=shares.__getitem__)
+        slowest, last = max(shares, key=shares.__getitem__), self.stages[-1].name
         if shares[slowest] >= BOTTLENECK_SHARE:
             said = f"{slowest} held the others back"
+            if slowest == DEVICE:
+                said = f"the device held the others back ({last} waited for its work)"
+        elif shares[last] + shares[DEVICE] >= BOTTLENECK_SHARE:
+            said = f"{last}, waiting for the device then finishing, held the others back"
         else:
             said = "no stage was busy most of that time: the batches came slower than it ran them"
         return f"{loaded:.1f} s with batches inside; busy per thread: {parts}; {said}"
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Finish the batches submitted, then stop every stage thread."""
-        with self._lock:
+        with self._entry:
             if self._closed:
                 return
             self._closed = True
-        for _ in range(self.stages[0].threads):
-            self._queues[0].put(_STOP)
+            for _ in range(self.stages[0].threads):
+                self._queues[0].put(_STOP)
         for thread in self._threads:
             thread.join(timeout)
+        self._fail_left_over()
         log.info("%s pipeline closed: %s; per stage: %s", self.name, self.verdict(), self.stats())
+
+    def _fail_left_over(self) -> None:
+        """A batch still queued after the joins (a stage past `timeout`) fails, so no caller
+        waits on it for ever."""
+        for inbox in self._queues:
+            while True:
+                try:
+                    work = inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if work is not _STOP and not work.future.done():
+                    work.future.set_exception(RuntimeError(f"The {self.name} pipeline closed."))
 
     # --- a stage thread ----------------------------------------------------------------
 
@@ -271,15 +313,27 @@ class StagedPipeline:
             if work is _STOP:
                 self._stopped(index)
                 return
-            failed = self._step(stage, stream, work)
+            device_s = self._settle(work) if index == len(self.stages) - 1 else 0.0
+            failed = work.future.done() or self._step(stage, stream, work)
             done = time.perf_counter()
             if not failed:
                 self._pass_on(index, work)
             with self._lock:
                 stats.batches += 1
                 stats.starved_s += got - waited
-                stats.busy_s += done - got
+                stats.device_s += device_s
+                stats.busy_s += done - got - device_s
                 stats.blocked_s += time.perf_counter() - done
+
+    def _settle(self, work: Work) -> float:
+        """The last stage's wait for the device work queued before it: its seconds (a failure
+        there is the batch's)."""
+        started = time.perf_counter()
+        try:
+            self._streams.settle(work.event)
+        except BaseException as error:
+            work.future.set_exception(error)
+        return time.perf_counter() - started
 
     def _step(self, stage: Stage, stream: Any, work: Work) -> bool:
         """Run `stage` on `work` on this thread's stream; True when it failed (its caller

@@ -341,7 +341,9 @@ class TorchEngine:
                         for static, tensor in zip(graph.inputs, ready, strict=True):
                             static[:rows].copy_(tensor, non_blocking=True)
                         graph.replay()
-                        return [value[:rows].clone() for value in graph.outputs]
+                        outputs = [value[:rows].clone() for value in graph.outputs]
+                        self._queued_on(graph_set)
+                        return outputs
             return [value[:rows] for value in self._forward(ready)]
 
     def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
@@ -445,7 +447,7 @@ class TorchEngine:
         """The bucket's graph; None if it cannot be captured (graphs are then off for this
         engine, and the reason kept)."""
         try:
-            return graph_set.get(bucket)
+            graph = graph_set.get(bucket)
         except Exception as error:  # a converted op that cannot be captured: eager from now on
             log.warning("CUDA graph capture failed, running eagerly: %s", error)
             self.reason += f"; CUDA graphs off: {str(error).splitlines()[0][:200]}"
@@ -453,6 +455,20 @@ class TorchEngine:
             if graphs is not None:
                 graphs.close()
             return None
+        self._after_last_use(graph_set)
+        return graph
+
+    def _queued_on(self, graph_set: GraphSet) -> None:
+        """The set goes back before its replay and copies have run (a staged forward): its
+        next borrower's stream waits for them (`_after_last_use`)."""
+        if self._cuda:
+            graph_set.released = self._torch.cuda.current_stream(self._device).record_event()
+
+    def _after_last_use(self, graph_set: GraphSet) -> None:
+        """This thread's stream waits for the set's last queued use before it writes the
+        static inputs (on the same stream, the order is already so)."""
+        if graph_set.released is not None:
+            self._torch.cuda.current_stream(self._device).wait_event(graph_set.released)
 
     def _replay(
         self, graph_set: GraphSet, tensors: list[Any], rows: int

@@ -54,18 +54,9 @@ class TorchvisionJpeg:
     def decode(self, datas: Sequence[bytes], device: Any) -> list[Any | None]:
         import torch
 
+        settle(torch, device)
         encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
-        try:
-            return list(self._op(encoded, device))
-        except DECODE_ERRORS:
-            pass
-        alone: list[Any | None] = []
-        for tensor in encoded:
-            try:
-                alone.append(self._op([tensor], device)[0])
-            except DECODE_ERRORS:
-                alone.append(None)
-        return alone
+        return batch_or_alone(lambda some: self._op(some, device), encoded, DECODE_ERRORS)
 
 
 class NvImageCodecJpeg:
@@ -102,6 +93,12 @@ class NvImageCodecJpeg:
     def decode(self, datas: Sequence[bytes], device: Any) -> list[Any | None]:
         import torch
 
+        settle(torch, device)
+        # nvImageCodec raises its own errors (not torch's): any refusal sends the batch's
+        # images one by one, and one it refuses alone to the CPU, which decodes it or says why
+        return batch_or_alone(lambda some: self._decode(torch, some, device), datas, (Exception,))
+
+    def _decode(self, torch: Any, datas: Sequence[bytes], device: Any) -> list[Any | None]:
         module = self._nvimgcodec
         stream = torch.cuda.current_stream(device)
         sources = [module.CodeStream(bytes(data)) for data in datas]
@@ -110,6 +107,36 @@ class NvImageCodecJpeg:
             sources, params=self._params, cuda_stream=stream.cuda_stream
         )
         return [None if image is None else _owned(torch, image) for image in images]
+
+
+def batch_or_alone(
+    decode: Callable[[list[Any]], Sequence[Any]],
+    items: Sequence[Any],
+    errors: tuple[type[BaseException], ...],
+) -> list[Any | None]:
+    """`decode(items)`; when it raises one of `errors` (a batched decoder gives no partial
+    results), each item alone, None for each it refuses."""
+    try:
+        return list(decode(list(items)))
+    except errors:
+        pass
+    alone: list[Any | None] = []
+    for item in items:
+        try:
+            alone.append(decode([item])[0])
+        except errors:
+            alone.append(None)
+    return alone
+
+
+def settle(torch: Any, device: Any) -> None:
+    """Wait, on the host, for what this thread's stream has queued (the last batch's EXIF
+    turns and copies). The decoders write their outputs from streams of their own, which do
+    not wait for ours, into memory the caching allocator may just have handed back from a
+    tensor our queued kernels still read (torchvision allocates on our stream, writes on its
+    own; nvJPEG's hardware decode orders its writes by itself)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _owned(torch: Any, image: Any) -> Any:

@@ -156,6 +156,10 @@ class RecordingStreams:
         with self._lock:
             self.calls.append(("hand_over", stream, sorted(value)))
 
+    def settle(self, event: Any) -> None:
+        with self._lock:
+            self.calls.append(("settle", None, event))
+
 
 def test_each_stage_waits_for_the_previous_stages_event_on_its_own_stream() -> None:
     def make(work: Work) -> None:
@@ -175,6 +179,8 @@ def test_each_stage_waits_for_the_previous_stages_event_on_its_own_stream() -> N
     assert waits[0][2] is None  # nothing before the first stage
     assert waits[1][2] == f"event-on-{first}"  # the second waits for the first's work
     assert handed[1] == ("hand_over", second, ["pixels"])  # what crosses is handed over
+    # the last stage first waits, on the host, for the device work queued before it
+    assert [c for c in streams.calls if c[0] == "settle"] == [("settle", None, waits[1][2])]
 
 
 def test_the_close_names_the_stage_that_held_the_others_back() -> None:
@@ -195,6 +201,12 @@ def test_the_close_names_the_stage_that_held_the_others_back() -> None:
     assert "decode held the others back" in pipeline.verdict()
 
 
+def test_an_unused_pipeline_says_so() -> None:
+    pipeline = StagedPipeline("test", four(), CpuStreams())
+    pipeline.close()
+    assert pipeline.verdict() == "no batch ran"
+
+
 def test_the_close_says_when_no_stage_was_the_limit() -> None:
     """One batch at a time: each stage works a part of each batch's trip, none most of it."""
     pipeline = StagedPipeline("test", four(), CpuStreams())
@@ -203,5 +215,75 @@ def test_the_close_says_when_no_stage_was_the_limit() -> None:
     loaded, shares = pipeline.busy_shares()
     pipeline.close()
     assert loaded >= 5 * 4 * STEP_S  # each batch's whole trip, one after another
-    assert all(0.1 < share < 0.5 for share in shares.values()), shares
+    assert all(0.1 < shares[name] < 0.5 for name in ("decode", "fit", "forward", "outputs"))
+    assert shares["device"] < 0.01  # on the CPU a stage's work is done when it returns
     assert "the batches came slower than it ran them" in pipeline.verdict()
+
+
+def test_a_batch_put_in_while_the_pipeline_closes_is_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller held up between its check that the pipeline is open and its put (here: a
+    slow queue) while `close` runs: its batch still gets its answer, not a wait for ever."""
+    import queue as queues
+
+    from kiln.workers.engines import stages as module
+
+    class SlowPut(queues.Queue[Any]):
+        def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+            if item is not module._STOP:
+                time.sleep(0.2)
+            super().put(item, block, timeout)
+
+    monkeypatch.setattr(module.queue, "Queue", SlowPut)
+    pipeline = StagedPipeline("test", [sleeper("only", 0.0)], CpuStreams())
+    monkeypatch.undo()
+    with ThreadPoolExecutor(1) as caller:
+        submitted = caller.submit(pipeline.submit, 7)
+        time.sleep(0.05)  # the caller is inside its put
+        pipeline.close(timeout=2)
+        assert submitted.result(2).result(2) == (7, ["only"])
+    assert pipeline.busy_shares()[0] >= 0  # the loaded time balanced: nothing left inside
+    assert pipeline._loaded.inside == 0
+
+
+class SlowDevice(CpuStreams):
+    """A device that takes `seconds` to finish what each batch queued before the last stage
+    (on a GPU: the forward's kernels, which its stage only launched)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def settle(self, event: Any) -> None:
+        time.sleep(self.seconds)
+
+
+def test_the_device_is_named_when_the_last_stage_waits_for_it() -> None:
+    """A forward stage that only launches its work looks idle; the last stage's wait for the
+    device is counted apart from its own busy seconds, and names the device."""
+    stages = [sleeper("forward", 0.002), sleeper("outputs", 0.002)]
+    pipeline = StagedPipeline("test", stages, SlowDevice(0.04))
+    with ThreadPoolExecutor(pipeline.in_flight) as callers:
+        list(callers.map(pipeline.run, range(12)))
+    _loaded, shares = pipeline.busy_shares()
+    stats = pipeline.stats()
+    pipeline.close()
+    assert stats["outputs"]["device_s"] >= 12 * 0.04 * 0.9
+    assert stats["outputs"]["busy_s"] < 12 * 0.04 / 2  # its own work only
+    assert shares["device"] > 0.8, shares
+    assert "the device held the others back (outputs waited for its work)" in pipeline.verdict()
+
+
+def test_a_failed_device_wait_fails_its_batch_alone() -> None:
+    class Faulty(CpuStreams):
+        def settle(self, event: Any) -> None:
+            if faults.pop() == "bad":
+                raise RuntimeError("CUDA error: an illegal memory access")
+
+    faults = ["ok", "bad"]  # popped from the end: the first batch's wait fails
+    pipeline = StagedPipeline("test", [sleeper("forward", 0.0), sleeper("outputs", 0.0)], Faulty())
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        pipeline.run(1)
+    assert pipeline.run(2) == (2, ["forward", "outputs"])
+    pipeline.close()
+    assert pipeline._loaded.inside == 0

@@ -36,7 +36,8 @@ class KilnClient:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as error:
             raise ApiError(
-                f"Could not reach the Kiln API at {self.http.base_url}: {error}."
+                f"Could not reach the Kiln API at {self.http.base_url} (KILN_API_URL): {error}. "
+                "Is `kiln api` running there?"
             ) from None
         if response.is_error:
             self._raise_for(response)
@@ -87,6 +88,12 @@ class KilnClient:
     def job(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}").json()
         return result
+
+    def first_error(self, job_id: str) -> str | None:
+        """The sentence of the job's first failed item, or None."""
+        failed = {"status": "failed", "limit": 1}
+        items = self._call("GET", f"/v1/jobs/{job_id}/items", params=failed).json().get("items", [])
+        return items[0].get("error") if items else None
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/cancel").json()

@@ -23,7 +23,7 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import queries
 from kiln.app.db.items import NewItem, insert_items
-from kiln.app.db.models import Job, JobStatus, aware, utcnow
+from kiln.app.db.models import ItemStatus, Job, JobStatus, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
 from kiln.app.fallback import check_fallback
@@ -153,12 +153,13 @@ def failing_unqueued(session: Session, job: Job) -> Iterator[None]:
     except Exception as error:
         log.exception("could not enqueue job %s", job.id)
         with unit_of_work(session):
-            job.status, job.error, job.finished_at = (
-                JobStatus.FAILED,
-                "Kiln could not reach its queue.",
-                utcnow(),
-            )
+            job.status, job.error, job.finished_at = (JobStatus.FAILED, UNQUEUED, utcnow())
+            # no item stays pending in a closed job: each says why it did not run
+            queries.end_pending(session, job.id, ItemStatus.FAILED, UNQUEUED)
         raise TransientError("The job could not be queued: the broker is unreachable.") from error
+
+
+UNQUEUED = "Kiln could not reach its queue."
 
 
 def by_idempotency_key(session: Session, tenant: str, key: str) -> Job | None:

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import DataError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
@@ -120,8 +120,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(PoolTimeoutError)
+    @app.exception_handler(ProgrammingError)
     async def database_down(request: Request, error: Exception) -> JSONResponse:
         log.warning("database error on %s %s: %s", request.method, request.url.path, error)
+        if _schema_missing(error):  # a setup step not taken: what /readyz says, here too
+            return JSONResponse(
+                {"detail": SCHEMA_MISSING}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE
+            )
+        if isinstance(error, ProgrammingError):  # Kiln's own SQL: a bug, not the database
+            return _internal(request)
         return JSONResponse(
             {"detail": "The database is busy or unreachable; retry shortly."},
             status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -130,8 +137,26 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(
-            {"detail": "Kiln hit an internal error; it has been logged."},
-            status_code=status.HTTP_500_INTERNAL_SERVER_ERROR,
-        )
+        return _internal(request)
+
+
+SCHEMA_MISSING = (
+    "The database does not have this Kiln's tables (or has older ones): run `kiln db upgrade`."
+)
+
+
+def _schema_missing(error: Exception) -> bool:
+    """A table or column Kiln's schema has is not there: PostgreSQL's undefined_table and
+    undefined_column (SQLSTATE 42P01, 42703), SQLite's "no such table/column"."""
+    orig = getattr(error, "orig", None)
+    if getattr(orig, "sqlstate", None) in ("42P01", "42703"):
+        return True
+    return str(orig).startswith(("no such table", "no such column"))
+
+
+def _internal(request: Request) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse(
+        {"detail": "Kiln hit an internal error; it has been logged."},
+        status_code=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from kiln.app.cli.common import OptionPairs, VideoFps, console, job_options
-from kiln.app.cli.remote import ApiClient, watch
+from kiln.app.cli.remote import ApiClient, verdict, watch
 
 schedule_app = typer.Typer(help="Cron-timed incremental runs over a bucket (run by kiln beat).")
 
@@ -63,7 +63,7 @@ def bulk(
         job = client.submit_json(body)
         console.print(f"job {job['id']} {job['status']}: listing {source}")
         if watch_:
-            watch(client, job["id"])
+            raise typer.Exit(verdict(client, watch(client, job["id"])))
 
 
 @schedule_app.command("add")

@@ -67,6 +67,7 @@ def settings() -> Settings:
     """The environment's settings; a value Kiln cannot take is a sentence naming its variable
     (exit 1), not pydantic's traceback."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from kiln.app.core.config import get_settings  # pydantic: when a command runs, not for --help
     from kiln.app.core.errors import KilnError
@@ -75,19 +76,50 @@ def settings() -> Settings:
         return get_settings()
     except ValidationError as error:
         raise fail(KilnError(settings_sentence(error))) from None
+    except SettingsError as error:  # a value that is not even JSON (a dict's, a list's)
+        raise fail(KilnError(unparsed_sentence(error))) from None
+
+
+CANNOT_START = "Kiln cannot start with this environment: "
 
 
 def settings_sentence(error: Any) -> str:
     """`KILN_X='v': why` for each value refused (a pydantic `ValidationError`; a value a
-    union refused has each of its members' reasons, joined by "or")."""
+    union refused has each of its members' reasons, joined by "or"; an entry of a JSON
+    value is named inside its variable)."""
+    from typing import get_origin
+
+    from kiln.app.core.config import Settings
+
     said: dict[str, list[str]] = {}
     for problem in error.errors(include_url=False):
-        where = "KILN_" + str(problem["loc"][0]).upper() if problem["loc"] else "A setting"
+        loc = problem["loc"]
+        where = "KILN_" + str(loc[0]).upper() if loc else "A setting"
+        field = Settings.model_fields.get(str(loc[0])) if loc else None
+        if len(loc) > 1 and field is not None and get_origin(field.annotation) is dict:
+            where += f" (its {loc[1]!r} entry)"  # else loc[1] names a union's member
         given = problem.get("input")
         where += f"={given!r}" if isinstance(given, (str, int, float)) else ""
-        said.setdefault(where, []).append(problem["msg"])
+        said.setdefault(where, []).append(problem["msg"].removeprefix("Value error, "))
     parts = [f"{where}: {' or '.join(why)}" for where, why in said.items()]
-    return "Kiln cannot start with this environment: " + "; ".join(parts) + "."
+    return CANNOT_START + "; ".join(parts) + "."
+
+
+def unparsed_sentence(error: Exception) -> str:
+    """pydantic-settings' refusal of a value it could not parse, as a sentence naming the
+    variable, why, and what it takes."""
+    import re
+
+    from kiln.app.core.config import Settings
+
+    found = re.search(r'field "(\w+)"', str(error))
+    if found is None:
+        return CANNOT_START + str(error) + "."
+    name = found.group(1)
+    why = f" ({error.__cause__})" if error.__cause__ else ""
+    field = Settings.model_fields.get(name)
+    takes = f" It takes: {field.description}" if field and field.description else ""
+    return f"{CANNOT_START}KILN_{name.upper()} could not be read{why}.{takes}"
 
 
 def fail(error: Exception) -> typer.Exit:

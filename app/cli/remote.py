@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
@@ -25,9 +26,10 @@ def submit(
     options = job_options(option, video_fps)
     with ApiClient() as client:
         job = client.submit(files, model, options)
-        console.print(f"job {job['id']} {job['status']} ({job['counts']['total']} items)")
+        total = job["counts"]["total"]
+        console.print(f"job {job['id']} {job['status']} ({total} item{'' if total == 1 else 's'})")
         if wait:
-            watch(client, job["id"])
+            raise typer.Exit(verdict(client, watch(client, job["id"])))
 
 
 def status(
@@ -39,9 +41,8 @@ def status(
     """Show a job's status and counts."""
     with ApiClient() as client:
         if follow:
-            watch(client, job_id)
-        else:
-            _print_job(client.job(job_id))
+            raise typer.Exit(verdict(client, watch(client, job_id)))
+        _print_job(client.job(job_id))
 
 
 def results_cmd(
@@ -93,6 +94,25 @@ class ApiClient:
         self.client.close()
         if isinstance(error, KilnError):
             raise fail(error) from None
+
+
+def verdict(client: Any, job: dict[str, Any]) -> int:
+    """The exit status of a job waited for, as `kiln run`'s: 1 (and why, on stderr) when
+    it failed, was cancelled or no item succeeded; else 0, failed items and all (the results
+    say why each failed)."""
+    c = job["counts"]
+    if job["status"] == "failed":
+        errors.print(f"[red]error:[/red] the job failed: {escape(str(job.get('error')))}")
+        return 1
+    if job["status"] == "cancelled":
+        errors.print(f"The job was cancelled: {c['succeeded']} items succeeded before it was.")
+        return 1
+    if c["succeeded"] == 0 and c["failed"]:
+        first = client.first_error(job["id"])
+        reason = f" The first error: {escape(first)}" if first else ""
+        errors.print(f"[red]error:[/red] no item succeeded ({c['failed']} failed).{reason}")
+        return 1
+    return 0
 
 
 def watch(client: Any, job_id: str) -> dict[str, Any]:

@@ -40,6 +40,11 @@ class StackSettings(BaseModel):
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        return database_url(value) if value else value
+
     @model_validator(mode="after")
     def _fill_embedded_defaults(self) -> Self:
         data_dir = self.data_dir.expanduser().resolve()
@@ -385,6 +390,37 @@ def embedded_urls(data_dir: Path) -> dict[str, str]:
         "broker_url": "filesystem://localhost/",
         "storage_url": (data_dir / "objects").as_uri(),
     }
+
+
+DATABASE_EXAMPLE = "postgresql+psycopg://user:password@host:5432/kiln"
+
+
+def database_url(value: str) -> str:
+    """A database URL Kiln runs on: PostgreSQL through psycopg 3 (`postgres://` and a bare
+    `postgresql://`, as hosting providers write them, mean that driver, the one Kiln ships) or
+    SQLite. Anything else is refused with what Kiln takes."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(value)
+    except ArgumentError:
+        raise ValueError(
+            f"not a database URL; Kiln takes one like {DATABASE_EXAMPLE} (or sqlite:///path)"
+        ) from None
+    if url.drivername in ("postgres", "postgresql"):
+        url = url.set(drivername="postgresql+psycopg")
+    if url.get_backend_name() not in ("postgresql", "sqlite"):
+        raise ValueError(
+            f"Kiln runs on PostgreSQL or SQLite, not {url.get_backend_name()}; "
+            f"e.g. {DATABASE_EXAMPLE}"
+        )
+    if url.get_backend_name() == "postgresql" and url.get_driver_name() != "psycopg":
+        raise ValueError(
+            f"Kiln reaches PostgreSQL through psycopg 3: write postgresql+psycopg://… "
+            f"(not {url.drivername}://…)"
+        )
+    return url.render_as_string(hide_password=False)
 
 
 def redact_url(url: str) -> str:

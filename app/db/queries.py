@@ -270,8 +270,13 @@ def finish_job_if_done(session: Session, job_id: str) -> str | None:
 
 
 def cancel_items(session: Session, job_id: str) -> int:
-    """Cancel the job's pending items (locked in id order, as a lease takes them, so the two
-    cannot deadlock) and count them."""
+    """Cancel the job's pending items and count them."""
+    return end_pending(session, job_id, ItemStatus.CANCELLED, "The job was cancelled.")
+
+
+def end_pending(session: Session, job_id: str, status: str, error: str) -> int:
+    """End the job's pending items as `status` with `error` (locked in id order, as a lease
+    takes them, so the two cannot deadlock), counted; how many."""
     pending = (
         select(Item.id)
         .where(Item.job_id == job_id, Item.status == ItemStatus.PENDING)
@@ -281,12 +286,13 @@ def cancel_items(session: Session, job_id: str) -> int:
     result = session.execute(
         update(Item)
         .where(Item.id.in_(pending))
-        .values(status=ItemStatus.CANCELLED, finished_at=utcnow(), error="The job was cancelled.")
+        .values(status=status, finished_at=utcnow(), error=error)
         .execution_options(synchronize_session=False)
     )
-    cancelled = int(result.rowcount)  # type: ignore[attr-defined]
-    counters.add(session, job_id, 0, counters.Tally(cancelled=cancelled))
-    return cancelled
+    ended = int(result.rowcount)  # type: ignore[attr-defined]
+    tally = counters.Tally(cancelled=ended) if status == ItemStatus.CANCELLED else None
+    counters.add(session, job_id, 0, tally or counters.Tally(failed=ended))
+    return ended
 
 
 def list_items(

@@ -309,6 +309,14 @@ def test_an_unreachable_broker_fails_the_job_with_a_sentence(
         assert job.status == JobStatus.FAILED
         assert job.error == "Kiln could not reach its queue."
         assert job.finished_at is not None
+        # a closed job holds no pending item: each failed, with the same sentence
+        items = items_of(session, job.id)
+        assert {(i.status, i.error) for i in items} == {
+            (ItemStatus.FAILED, "Kiln could not reach its queue.")
+        }
+        tally = counters.read(session, job.id)
+        assert (tally.total, tally.failed, tally.open) == (4, 4, 0)
+        assert counters.difference(session, job.id) == counters.Tally()  # kept, not drifted
 
 
 # --- cancel -------------------------------------------------------------------------------

@@ -107,6 +107,16 @@ def test_cli_client_commands(
     assert pq.read_table(groups).column_names == ["group", "key", "similarity", "sha256"]
     status = run_kiln(env, "status", "not-a-job")
     assert status.returncode == 1 and "There is no job not-a-job." in status.stderr
+    # waited for, a job none of whose items succeeded exits 1 and says why, as `kiln run`
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8 not really a JPEG")
+    failed = run_kiln(env, "submit", str(broken), "--model", "phash", "--wait")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    said = " ".join(failed.stderr.split())
+    assert "no item succeeded (1 failed). The first error: " in said, said
+    assert "(1 item)" in failed.stdout
+    again = run_kiln(env, "status", failed.stdout.split()[1], "--watch")
+    assert again.returncode == 1 and "no item succeeded" in again.stderr
     nokey = run_kiln({**env, "KILN_API_KEY": "kiln_wrong"}, "status", job_id)
     assert nokey.returncode == 1 and "unknown or revoked" in nokey.stderr
 

@@ -32,6 +32,7 @@ from devstack.services import (
     start_api,
 )
 from devstack.services import service_env as process_env
+from kiln.app.api.errors import SCHEMA_MISSING
 from kiln.app.db import migrate
 from tests.stack import RUNNING, run_kiln
 
@@ -137,6 +138,13 @@ def test_db_upgrade_says_what_it_did_and_readyz_says_what_is_missing(
     RUNNING[api.name] = api
     database = httpx.get(f"{url}/readyz").json()["checks"]["database"]
     assert database == "The database has no Kiln tables; run `kiln db upgrade`."
+    # a request meanwhile meets the same fault: a 503 that says so, not an internal error
+    early = httpx.post(
+        f"{url}/v1/jobs", json={"model": "phash", "inputs": [{"uri": "s3://photos/cat.jpg"}]},
+        headers={"Authorization": "Bearer kiln_not-checked-yet"},
+    )  # fmt: skip
+    assert early.status_code == 503, early.text
+    assert early.json() == {"detail": SCHEMA_MISSING}
 
     head = migrate.describe(migrate.head())
     count = len(list(migrate.scripts().walk_revisions()))
@@ -219,7 +227,7 @@ def test_the_readmes_service_steps_run_as_written(
 
         url = f"http://127.0.0.1:{api_port}"
         deadline = time.monotonic() + 60
-        while True:  # curl --retry --retry-connrefused …/readyz
+        while True:  # curl --retry --retry-connrefused …/healthz; curl …/readyz
             try:
                 ready = httpx.get(f"{url}/readyz")
                 break

@@ -53,7 +53,9 @@ def results_cmd(
     urls: Annotated[
         bool, typer.Option("--urls", help="Print presigned URLs instead (S3 storage only).")
     ] = False,
-    expires: Annotated[int, typer.Option(help="Seconds the --urls stay valid (≤ 3600).")] = 900,
+    expires: Annotated[
+        int, typer.Option(min=1, max=3600, help="Seconds the --urls stay valid (≤ 3600).")
+    ] = 900,
     groups: Annotated[
         bool, typer.Option("--groups", help="Download the closed job's duplicate groups instead.")
     ] = False,
@@ -119,6 +121,7 @@ def watch(client: Any, job_id: str) -> dict[str, Any]:
     """A live bar until the job closes: done of total, items/s and the API's ETA. While a bulk
     job is still listing its bucket, or its videos are being expanded into frames, the total
     grows (and while listing the ETA is unknown)."""
+    job: dict[str, Any] = client.job(job_id)  # before the bar: a job not there is a sentence
     with Progress(
         TextColumn(job_id[:8]),
         BarColumn(),
@@ -129,7 +132,6 @@ def watch(client: Any, job_id: str) -> dict[str, Any]:
     ) as bar:
         task = bar.add_task("job", total=None, rate="", eta="")
         while True:
-            job = client.job(job_id)
             c = job["counts"]
             bar.update(
                 task,
@@ -141,8 +143,9 @@ def watch(client: Any, job_id: str) -> dict[str, Any]:
             if job["status"] in ("completed", "failed", "cancelled"):
                 break
             time.sleep(0.5)
+            job = client.job(job_id)
     _print_job(job)
-    return job  # type: ignore[no-any-return]
+    return job
 
 
 def _rate(job: dict[str, Any]) -> str:

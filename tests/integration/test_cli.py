@@ -107,6 +107,9 @@ def test_cli_client_commands(
     assert pq.read_table(groups).column_names == ["group", "key", "similarity", "sha256"]
     status = run_kiln(env, "status", "not-a-job")
     assert status.returncode == 1 and "There is no job not-a-job." in status.stderr
+    followed = run_kiln(env, "status", "not-a-job", "--watch")  # the sentence, and no bar
+    assert followed.returncode == 1 and "There is no job not-a-job." in followed.stderr
+    assert "0/?" not in followed.stderr
     # waited for, a job none of whose items succeeded exits 1 and says why, as `kiln run`
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8 not really a JPEG")

@@ -68,6 +68,12 @@ def scoped(row: WorkerFacts, tenant: str, now: datetime) -> LiveWorker:
     )
 
 
+def any_live(session: Session, max_age_s: float = LIVE_FOR_S) -> bool:
+    """Whether any worker reported in the last `max_age_s` (of any tenant: a worker serves
+    every tenant's jobs)."""
+    return worker_facts.any_seen_since(session, utcnow() - timedelta(seconds=max_age_s))
+
+
 def live_workers(session: Session, tenant: str, max_age_s: float = LIVE_FOR_S) -> list[LiveWorker]:
     """Workers that reported in the last `max_age_s`, by name."""
     now = utcnow()

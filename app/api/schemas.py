@@ -148,6 +148,11 @@ class JobOut(BaseModel):
         "hangs) since then; they go to another worker when their lease runs out and the "
         "reconciler (kiln beat) re-sends them.",
     )
+    waiting_for_worker: bool = Field(
+        False,
+        description="Items wait, none runs, and no worker has reported in the last 30 s: "
+        "the job waits until one starts (`kiln worker`).",
+    )
     listing: bool = False
     source: dict[str, Any] | None = None
     results_url: str

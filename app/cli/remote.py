@@ -154,6 +154,8 @@ def _rate(job: dict[str, Any]) -> str:
     line = f"{job['items_per_second'] or 0:.1f} items/s, {running} running"
     if job.get("stalled_since"):
         line += f" — stalled since {_clock(job['stalled_since'])} (a worker stopped)"
+    if job.get("waiting_for_worker"):
+        line += " — no worker is running (start `kiln worker`)"
     return line
 
 
@@ -189,6 +191,11 @@ def _print_job(job: dict[str, Any]) -> None:
             f"[yellow]Stalled since {_clock(job['stalled_since'])}: a worker holding some items "
             "stopped renewing them; kiln beat's reconciler sends them to another worker once "
             "their lease runs out.[/yellow]"
+        )
+    if job.get("waiting_for_worker"):
+        console.print(
+            "[yellow]No worker has reported in the last 30 s: the job waits until one starts "
+            "(`kiln worker`).[/yellow]"
         )
     if job.get("error"):
         console.print(f"[red]{job['error']}[/red]")

@@ -35,6 +35,12 @@ def forget(session: Session, worker: str) -> None:
     session.execute(delete(WorkerFacts).where(WorkerFacts.worker == worker))
 
 
+def any_seen_since(session: Session, since: datetime) -> bool:
+    """Whether any worker reported at or after `since`."""
+    query = select(WorkerFacts.worker).where(WorkerFacts.seen_at >= since).limit(1)
+    return session.scalar(query) is not None
+
+
 def seen_since(session: Session, since: datetime) -> list[WorkerFacts]:
     """Workers that reported at or after `since`, by name."""
     query = select(WorkerFacts).where(WorkerFacts.seen_at >= since).order_by(WorkerFacts.worker)

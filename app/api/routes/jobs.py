@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from kiln.app import jobs, results, video
+from kiln.app import fleet, jobs, results, video
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep, get_context
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (
@@ -73,6 +73,7 @@ def job_out(
         items_per_second=report.items_per_second,
         eta_seconds=report.eta_seconds,
         stalled_since=report.stalled_since,
+        waiting_for_worker=_waiting_for_worker(request, session, report),
         listing=c.listing,
         source=job.source,
         results_url=str(request.url_for("get_results", job_id=job.id)),
@@ -250,6 +251,15 @@ def list_jobs(
         jobs=[job_out(request, session, job) for job in page],
         next=page[-1].id if len(page) == limit else None,
     )
+
+
+def _waiting_for_worker(request: Request, session: Session, report: jobs.Progress) -> bool:
+    """Items wait, none runs, and no worker reports (asked once per request)."""
+    if report.finished_at is not None or not report.waiting or report.running:
+        return False
+    if not hasattr(request.state, "workers_live"):
+        request.state.workers_live = fleet.any_live(session)
+    return not request.state.workers_live
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)

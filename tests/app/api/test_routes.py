@@ -125,6 +125,25 @@ def test_submit_multipart_is_accepted_and_queued(client: TestClient, settings: S
     assert shown.json()["id"] == job["id"]
 
 
+def test_a_job_says_when_no_worker_is_running(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Queued with no worker reporting (workers publish their facts every 5 s): the job says
+    it waits for one; once one reports, it does not."""
+    from kiln.app.db import worker_facts
+    from kiln.app.db.models import utcnow
+
+    job = submit(client)
+    assert job["waiting_for_worker"] is True
+    with sessions() as session:
+        worker_facts.publish(session, "cpu@box", "box", "cpu", {"models": {}}, utcnow())
+        session.commit()
+    shown = client.get(f"/v1/jobs/{job['id']}").json()
+    assert shown["waiting_for_worker"] is False
+    listed = client.get("/v1/jobs").json()["jobs"]
+    assert [j["waiting_for_worker"] for j in listed] == [False]
+
+
 def test_chunk_messages_carry_ids_not_bytes(client: TestClient, settings: Settings) -> None:
     job = submit(client, n=2)
     [message] = queued_messages(settings)

@@ -34,6 +34,7 @@ _NUMBERED = re.compile(r"[-_]?\d+$")
 @dataclass
 class Process:
     command: str
+    root: bool = True  # no parent named before it: the process py-spy started (kiln run)
     samples: int = 0
     threads: Counter[str] = field(default_factory=Counter)
     own: Counter[str] = field(default_factory=Counter)  # the frame holding the GIL
@@ -59,7 +60,9 @@ def parse(lines: Iterable[str]) -> dict[str, Process]:
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
         pid = text = None
+        parents = 0
         while (head := _PROCESS.match(stack)) is not None:  # the last is the one sampled
+            parents += pid is not None
             pid, text = head.groups()
             stack = stack[head.end() :]
         tail = _THREAD.match(stack)
@@ -67,6 +70,7 @@ def parse(lines: Iterable[str]) -> dict[str, Process]:
             continue
         thread, rest = tail.groups()
         process = found.setdefault(pid, Process(text))
+        process.root = process.root and not parents
         samples = int(count)
         process.samples += samples
         process.threads[_NUMBERED.sub("", (thread or "").strip()) or "main"] += samples
@@ -91,7 +95,8 @@ def role(process: Process) -> str:
     text = process.command
     if "multiprocessing" in text or "spawn_main" in text or "forkserver" in text:
         return "prep"
-    return "engine" if "kiln" in text else "other"
+    # py-spy may not have read the command line of the process it started yet ("")
+    return "engine" if "kiln" in text or process.root else "other"
 
 
 def summarise(found: dict[str, Process], rate: int = RATE, top: int = TOP) -> str:

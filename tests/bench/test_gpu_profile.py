@@ -34,6 +34,17 @@ def test_stacks_are_summarised_per_process_thread_group_and_function() -> None:
     assert "  kiln-task: 0.50" in text and "  decode (ds.py): 0.50" in text
 
 
+def test_the_process_py_spy_started_is_the_engine_even_unnamed() -> None:
+    """py-spy may sample the process it started before reading its command line (CI saw
+    `process 3806:""`): the root of the tree, which no parent precedes, is `kiln run`'s."""
+    unnamed = [line.replace(ENGINE, 'process 10:""') for line in RAW]
+    found = parse(unnamed)
+    assert (role(found["10"]), role(found["20"])) == ("engine", "prep")
+    assert found["10"].root and not found["20"].root
+    other = parse(['process 10:"";process 30:"/usr/bin/convert";thread (30): main;x (a.py:1) 3'])
+    assert role(other["30"]) == "other"  # a child that is neither prep nor named kiln
+
+
 def test_the_command_samples_the_gil_of_the_whole_tree(tmp_path) -> None:  # type: ignore[no-untyped-def]
     prefix = command(tmp_path / "raw.txt")
     assert prefix[1:3] == ["record", "--gil"] and "--subprocesses" in prefix

@@ -147,11 +147,13 @@ SCHEMA_MISSING = (
 
 def _schema_missing(error: Exception) -> bool:
     """A table or column Kiln's schema has is not there: PostgreSQL's undefined_table and
-    undefined_column (SQLSTATE 42P01, 42703), SQLite's "no such table/column"."""
+    undefined_column (SQLSTATE 42P01, 42703), SQLite's "no such table/column" and "table T has
+    no column named C"."""
     orig = getattr(error, "orig", None)
     if getattr(orig, "sqlstate", None) in ("42P01", "42703"):
         return True
-    return str(orig).startswith(("no such table", "no such column"))
+    said = str(orig)
+    return said.startswith(("no such table", "no such column")) or " has no column named " in said
 
 
 def _internal(request: Request) -> JSONResponse:

@@ -98,11 +98,22 @@ def settings_sentence(error: Any) -> str:
         field = Settings.model_fields.get(str(loc[0])) if loc else None
         if len(loc) > 1 and field is not None and get_origin(field.annotation) is dict:
             where += f" (its {loc[1]!r} entry)"  # else loc[1] names a union's member
-        given = problem.get("input")
+        given = _shown(str(loc[0]) if loc else "", problem.get("input"))
         where += f"={given!r}" if isinstance(given, (str, int, float)) else ""
         said.setdefault(where, []).append(problem["msg"].removeprefix("Value error, "))
     parts = [f"{where}: {' or '.join(why)}" for where, why in said.items()]
     return CANNOT_START + "; ".join(parts) + "."
+
+
+def _shown(name: str, given: object) -> object:
+    """A refused value as a sentence may show it: a URL's password and a secret hidden."""
+    from kiln.app.core.config import redact_url
+
+    if "secret" in name or "key" in name:
+        return "***"
+    if name.endswith("_url") and isinstance(given, str):
+        return redact_url(given)
+    return given
 
 
 def unparsed_sentence(error: Exception) -> str:

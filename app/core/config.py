@@ -344,7 +344,7 @@ class ObservabilitySettings(BaseModel):
     log_format: Literal["auto", "json", "text"] = Field(
         "auto", description="Log lines: JSON objects, text, or auto (text on a terminal)."
     )
-    log_level: Literal["debug", "info", "warning", "error"] | None = Field(
+    log_level: Literal["debug", "info", "warning", "error", "critical"] | None = Field(
         None,
         description="Lowest level logged; unset = info for the services (a --loglevel flag "
         "wins), warning for `kiln run` (its bar says the rest).",
@@ -354,6 +354,11 @@ class ObservabilitySettings(BaseModel):
         description="OTLP/HTTP collector for traces (e.g. http://collector:4318); unset = the "
         "standard OTEL_EXPORTER_OTLP_ENDPOINT, and with neither tracing is off.",
     )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value  # INFO as info
 
 
 # The groups are listed last-first: pydantic orders the fields from the last base up, so a
@@ -404,12 +409,14 @@ def database_url(value: str) -> str:
 
     try:
         url = make_url(value)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise ValueError(
             f"not a database URL; Kiln takes one like {DATABASE_EXAMPLE} (or sqlite:///path)"
         ) from None
     if url.drivername in ("postgres", "postgresql"):
-        url = url.set(drivername="postgresql+psycopg")
+        # the scheme alone is rewritten: the rest stays as written (a rendered URL would
+        # percent-encode a path or an option the user wrote plainly)
+        return "postgresql+psycopg" + value[len(url.drivername) :]
     if url.get_backend_name() not in ("postgresql", "sqlite"):
         raise ValueError(
             f"Kiln runs on PostgreSQL or SQLite, not {url.get_backend_name()}; "
@@ -420,7 +427,7 @@ def database_url(value: str) -> str:
             f"Kiln reaches PostgreSQL through psycopg 3: write postgresql+psycopg://… "
             f"(not {url.drivername}://…)"
         )
-    return url.render_as_string(hide_password=False)
+    return value
 
 
 def redact_url(url: str) -> str:

@@ -290,15 +290,20 @@ class StagedPipeline:
 
     def _fail_left_over(self) -> None:
         """A batch still queued after the joins (a stage past `timeout`) fails, so no caller
-        waits on it for ever."""
+        waits on it for ever; the stops go back, for the threads still running."""
         for inbox in self._queues:
+            stops = 0
             while True:
                 try:
                     work = inbox.get_nowait()
                 except queue.Empty:
                     break
-                if work is not _STOP and not work.future.done():
+                if work is _STOP:
+                    stops += 1
+                elif not work.future.done():
                     work.future.set_exception(RuntimeError(f"The {self.name} pipeline closed."))
+            for _ in range(stops):
+                inbox.put_nowait(_STOP)
 
     # --- a stage thread ----------------------------------------------------------------
 

@@ -105,3 +105,22 @@ def test_a_broker_that_cannot_be_reached_is_named(client: TestClient, settings: 
     assert found["broker"].startswith(f"The broker at redis://:***@127.0.0.1:{port}/0 cannot be")
     assert "Connection refused" in found["broker"] and "secret" not in found["broker"]
     assert (found["database"], found["storage"]) == ("ok", "ok")
+
+
+@pytest.mark.parametrize(
+    ("said", "missing"),
+    [
+        ("no such table: api_keys", True),
+        ("no such column: items.frame_time_s", True),
+        ("table items has no column named frame_time_s", True),
+        ("database is locked", False),
+    ],
+)
+def test_what_says_the_schema_is_behind(said: str, missing: bool) -> None:
+    """SQLite's sentences (PostgreSQL's SQLSTATEs are tried on a real database in
+    tests/integration/test_setup.py): a schema behind is the 503 naming `kiln db upgrade`."""
+    from sqlalchemy.exc import OperationalError
+
+    from kiln.app.api.errors import _schema_missing
+
+    assert _schema_missing(OperationalError("INSERT …", {}, Exception(said))) is missing

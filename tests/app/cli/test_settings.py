@@ -15,7 +15,7 @@ def test_a_bad_variable_is_a_sentence_naming_it(monkeypatch: pytest.MonkeyPatch)
     assert result.exit_code == 1
     said = " ".join(result.output.split())  # Rich wraps the sentence
     assert "Kiln cannot start with this environment:" in said
-    assert "KILN_LOG_LEVEL='loud': Input should be 'debug', 'info', 'warning' or 'error'" in said
+    assert "KILN_LOG_LEVEL='loud': Input should be 'debug', 'info', 'warning', 'error'" in said
     # a union's members each say why: an integer, or 'auto'
     assert "KILN_MAX_BATCH='many': Input should be a valid integer" in said
     assert "or Input should be 'auto'" in said
@@ -52,6 +52,7 @@ def test_an_entry_of_a_json_value_is_named_inside_its_variable(
         ("notaurl", "not a database URL; Kiln takes one like postgresql+psycopg://"),
         ("mysql://kiln@db/kiln", "Kiln runs on PostgreSQL or SQLite, not mysql"),
         ("postgresql+psycopg2://kiln@db/kiln", "Kiln reaches PostgreSQL through psycopg 3"),
+        ("postgresql+psycopg://kiln@db:abc/kiln", "not a database URL"),  # the port
     ],
 )
 def test_a_database_url_kiln_cannot_use_is_a_sentence(
@@ -61,11 +62,23 @@ def test_a_database_url_kiln_cannot_use_is_a_sentence(
     assert f"KILN_DATABASE_URL='{url}': {why}" in said
 
 
+def test_a_refused_database_url_hides_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    said = said_by_kiln(monkeypatch, KILN_DATABASE_URL="mysql://kiln:hunter2@db/kiln")
+    assert "hunter2" not in said and "KILN_DATABASE_URL='mysql://kiln:***@db/kiln'" in said
+
+
 def test_a_hosting_providers_postgres_url_means_psycopg() -> None:
     from kiln.app.core.config import database_url
 
     for written in ("postgres://kiln:pw@db:5432/kiln", "postgresql://kiln:pw@db:5432/kiln"):
         assert database_url(written) == "postgresql+psycopg://kiln:pw@db:5432/kiln"
-    kept = "postgresql+psycopg://kiln:p%40ss@db:5432/kiln?sslmode=require"
-    assert database_url(kept) == kept  # quoting and options as given
-    assert database_url("sqlite:////srv/kiln.db") == "sqlite:////srv/kiln.db"
+    socket = "postgres://kiln@/kiln?host=/var/run/postgresql"
+    assert database_url(socket) == "postgresql+psycopg://kiln@/kiln?host=/var/run/postgresql"
+    # every other URL stays as written: quoting, options, a path with any character
+    for kept in (
+        "postgresql+psycopg://kiln:p%40ss@db:5432/kiln?sslmode=require",
+        "sqlite:////srv/kiln.db",
+        "sqlite:////tmp/données/kiln.db",
+        "sqlite:///:memory:",
+    ):
+        assert database_url(kept) == kept

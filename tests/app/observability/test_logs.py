@@ -116,5 +116,12 @@ def test_an_unknown_log_level_is_refused_with_the_levels_there_are(
     from pydantic import ValidationError
 
     monkeypatch.setenv("KILN_LOG_LEVEL", "loud")
-    with pytest.raises(ValidationError, match="'debug', 'info', 'warning' or 'error'"):
+    with pytest.raises(ValidationError, match="'debug', 'info', 'warning', 'error' or 'critical'"):
         get_settings(data_dir=tmp_path)
+
+
+def test_a_log_level_is_read_in_any_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.app.observability import log_level
+
+    monkeypatch.setenv("KILN_LOG_LEVEL", " WARNING ")  # as Python's logging writes them
+    assert log_level(get_settings(data_dir=tmp_path), None) == "WARNING"

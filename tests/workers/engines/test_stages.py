@@ -287,3 +287,18 @@ def test_a_failed_device_wait_fails_its_batch_alone() -> None:
     assert pipeline.run(2) == (2, ["forward", "outputs"])
     pipeline.close()
     assert pipeline._loaded.inside == 0
+
+
+def test_a_close_past_its_timeout_fails_what_waits_and_the_slow_stage_still_stops() -> None:
+    """A stage slower than `close`'s timeout: the batch still queued fails (its caller hears
+    of it), the one running finishes, and its thread still finds its stop afterwards."""
+    pipeline = StagedPipeline("test", [sleeper("slow", 0.4)], CpuStreams())
+    running, queued = pipeline.submit(1), pipeline.submit(2)
+    time.sleep(0.05)  # 1 is running, 2 waits in the queue
+    pipeline.close(timeout=0.05)
+    with pytest.raises(RuntimeError, match="pipeline closed"):
+        queued.result(1)
+    assert running.result(2) == (1, ["slow"])
+    for thread in pipeline._threads:
+        thread.join(2)
+    assert not any(t.is_alive() for t in pipeline._threads)

@@ -290,8 +290,9 @@ def end_pending(session: Session, job_id: str, status: str, error: str) -> int:
         .execution_options(synchronize_session=False)
     )
     ended = int(result.rowcount)  # type: ignore[attr-defined]
-    tally = counters.Tally(cancelled=ended) if status == ItemStatus.CANCELLED else None
-    counters.add(session, job_id, 0, tally or counters.Tally(failed=ended))
+    cancelled = status == ItemStatus.CANCELLED
+    tally = counters.Tally(cancelled=ended) if cancelled else counters.Tally(failed=ended)
+    counters.add(session, job_id, 0, tally)
     return ended
 
 

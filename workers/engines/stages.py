@@ -300,8 +300,8 @@ class StagedPipeline:
                     break
                 if work is _STOP:
                     stops += 1
-                elif not work.future.done():
-                    work.future.set_exception(RuntimeError(f"The {self.name} pipeline closed."))
+                else:
+                    _fail(work, RuntimeError(f"The {self.name} pipeline closed."))
             for _ in range(stops):
                 inbox.put_nowait(_STOP)
 
@@ -337,7 +337,7 @@ class StagedPipeline:
         try:
             self._streams.settle(work.event)
         except BaseException as error:
-            work.future.set_exception(error)
+            _fail(work, error)
         return time.perf_counter() - started
 
     def _step(self, stage: Stage, stream: Any, work: Work) -> bool:
@@ -351,8 +351,7 @@ class StagedPipeline:
                 stage.run(work)
                 work.event = streams.record(stream)
         except BaseException as error:
-            if not work.future.done():
-                work.future.set_exception(error)
+            _fail(work, error)
             return True
         return False
 
@@ -370,3 +369,9 @@ class StagedPipeline:
         if last and index + 1 < len(self.stages):
             for _ in range(self.stages[index + 1].threads):
                 self._queues[index + 1].put(_STOP)
+
+
+def _fail(work: Work, error: BaseException) -> None:
+    """The batch's caller hears of `error` (unless it has its answer, or gave up on it)."""
+    if not work.future.done():
+        work.future.set_exception(error)

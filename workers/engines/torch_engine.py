@@ -444,8 +444,9 @@ class TorchEngine:
         self.reason += f"; {len(graphs.sizes)} CUDA graphs per runner captured in {seconds:.1f} s"
 
     def _graph(self, graph_set: GraphSet, bucket: int) -> Captured | None:
-        """The bucket's graph; None if it cannot be captured (graphs are then off for this
-        engine, and the reason kept)."""
+        """The bucket's graph, once this thread's stream has waited for the set's last queued
+        use; None if it cannot be captured (graphs are then off for this engine, and the
+        reason kept)."""
         try:
             graph = graph_set.get(bucket)
         except Exception as error:  # a converted op that cannot be captured: eager from now on

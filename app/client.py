@@ -112,6 +112,10 @@ class KilnClient:
             with attempt:
                 self._download(f"/v1/jobs/{job_id}/{name}", path)
 
+    def download_pipeline_results(self, name: str, path: Path) -> None:
+        """The pipeline's current results into `path`, written as they arrive."""
+        self._download(f"/v1/pipelines/{name}/results", path)
+
     def _download(self, url: str, path: Path) -> None:
         try:
             with self.http.stream("GET", url) as response:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -228,22 +228,34 @@ def stream_parquet(place: Place) -> Iterator[bytes]:
     store = place.store
     keys = shard_keys(place)
     group_of = _groups(place)
-    schema = _unified_schema([pq.read_schema(io.BytesIO(store.get(k))) for k in keys])
+    schema = unified_schema([pq.read_schema(io.BytesIO(store.get(k))) for k in keys])
     if group_of is not None:
         schema = schema.append(pa.field("group", pa.int32()))
-    sink = _Pieces()
-    with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+
+    def tables() -> Iterator[pa.Table]:
         for key in keys:
             table = pq.read_table(io.BytesIO(store.get(key)))
             if group_of is not None:
                 groups = [group_of.get(k) for k in table.column("key").to_pylist()]
                 table = table.append_column("group", pa.array(groups, pa.int32()))
+            yield table
+
+    yield from stream_tables(schema, tables())
+
+
+def stream_tables(schema: pa.Schema, tables: Iterable[pa.Table]) -> Iterator[bytes]:
+    """`tables` as one Parquet file of `schema` (columns a table lacks are null), handed over
+    table by table, then the footer: memory holds what one table makes."""
+    sink = _Pieces()
+    with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+        for table in tables:
             writer.write_table(_conform(table, schema))
             yield sink.take()
     yield sink.take()  # the footer
 
 
-def _unified_schema(schemas: Sequence[pa.Schema]) -> pa.Schema:
+def unified_schema(schemas: Sequence[pa.Schema]) -> pa.Schema:
+    """One schema for shards written at different times (with a fallback's columns or not)."""
     if not schemas:
         return pa.schema(BASE_FIELDS)
     return pa.unify_schemas(list(schemas), promote_options="permissive")

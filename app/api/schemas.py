@@ -230,6 +230,66 @@ class SearchOut(BaseModel):
     hits: list[HitOut] = Field(description="Most alike first.")
 
 
+class RunCountsOut(BaseModel):
+    total: int = Field(description="Items the run had to process: new and changed objects.")
+    succeeded: int
+    failed: int
+    cancelled: int
+    pending: int = Field(description="Items not finished yet.")
+    skipped: int = Field(description="Objects unchanged since an earlier run.")
+    deleted: int = Field(description="Objects gone from the source since the run before.")
+
+
+class PipelineRunOut(BaseModel):
+    id: str
+    model: str = Field(description="The exact model version the run ran.")
+    status: str
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None = None
+    counts: RunCountsOut
+
+
+class PipelineObjectsOut(BaseModel):
+    """The objects the pipeline's last listing found in its source."""
+
+    live: int
+    succeeded: int = Field(description="Their current content has a result.")
+    failed: int = Field(
+        description="Known failures: their newest result, of their current content, failed."
+    )
+    pending: int = Field(
+        description="No result of their current content yet: new or changed since the last "
+        "run, or a run has not reached them."
+    )
+
+
+class FailureOut(BaseModel):
+    key: str
+    error: str | None
+    job_id: str = Field(description="The run whose item failed.")
+
+
+class PipelineOut(BaseModel):
+    name: str
+    model: str = Field(description="As named: a name alone follows the latest version.")
+    source: dict[str, Any]
+    output: str | None
+    created_at: datetime
+    run_count: int
+    last_run: PipelineRunOut | None
+    schedule: ScheduleOut | None = Field(None, description="The schedule that runs it, if any.")
+    objects: PipelineObjectsOut
+    results_url: str = Field(description="Its current results: one row per live object.")
+
+
+class PipelineDetailOut(PipelineOut):
+    runs: list[PipelineRunOut] = Field(description="Newest first, at most `runs` of them.")
+    failures: list[FailureOut] = Field(
+        description="Known failures by key, at most 100 (`objects.failed` counts them all)."
+    )
+
+
 class EngineOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)  # read from an `EngineReport` row
 

@@ -46,9 +46,16 @@ def status(
 
 
 def results_cmd(
-    job_id: str,
+    job_id: Annotated[str | None, typer.Argument(help="The job (or give --pipeline).")] = None,
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Parquet file to write.")
+    ] = None,
+    pipeline: Annotated[
+        str | None,
+        typer.Option(
+            "--pipeline",
+            help="A pipeline's current results instead: one row per live object, its latest.",
+        ),
     ] = None,
     urls: Annotated[
         bool, typer.Option("--urls", help="Print presigned URLs instead (S3 storage only).")
@@ -61,7 +68,12 @@ def results_cmd(
     ] = False,
 ) -> None:
     """Download a job's results (or its duplicate groups) as one Parquet file, or print
-    presigned URLs of its files."""
+    presigned URLs of its files; with --pipeline, a pipeline's current results."""
+    if pipeline is not None:
+        _pipeline_results(pipeline, output, job_id, urls or groups)
+        return
+    if job_id is None:
+        raise fail(KilnError("Name a job, or a pipeline with --pipeline NAME."))
     if not urls and output is None:
         raise fail(KilnError("Give -o FILE to download the results, or --urls for links."))
     with ApiClient() as client:
@@ -73,6 +85,20 @@ def results_cmd(
         assert output is not None
         client.download_results(job_id, output, "groups" if groups else "results")
     console.print(f"{'groups' if groups else 'results'} of {job_id} written to {output}")
+
+
+def _pipeline_results(name: str, output: Path | None, job_id: str | None, other: bool) -> None:
+    """`kiln results --pipeline NAME -o FILE`: the pipeline's current results (one file)."""
+    if job_id is not None or other:
+        raise fail(KilnError("--pipeline goes alone with -o FILE: no job, --urls or --groups."))
+    if output is None:
+        raise fail(KilnError("Give -o FILE to download the pipeline's current results."))
+    import pyarrow.parquet as pq  # only for the row count said at the end
+
+    with ApiClient() as client:
+        client.download_pipeline_results(name, output)
+    rows = pq.ParquetFile(output).metadata.num_rows
+    console.print(f"current results of pipeline {name} ({rows:,} rows) written to {output}")
 
 
 def cancel(job_id: str) -> None:

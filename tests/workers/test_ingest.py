@@ -304,4 +304,31 @@ def test_only_keys_the_filters_take_become_items(runtime: WorkerRuntime) -> None
         pass
 
     assert keys_of(runtime, job_id) == ["2026/a.jpg", "2026/c.jpg"]
-    assert ingest_of(runtime, job_id).listed == 2
+    ingest = ingest_of(runtime, job_id)
+    assert (ingest.listed, ingest.excluded) == (2, 3)
+
+
+def _filtered(runtime: WorkerRuntime, source: Source) -> str:
+    with runtime.sessions() as session:
+        allow_bucket(session, "acme", BUCKET)
+        job_id = submit_bulk(
+            session, RecordingDispatcher(), BulkRequest("acme", "phash", source)
+        ).job.id
+    while outcome(ingest_step(runtime, RecordingDispatcher(), job_id, "step-1"))[0] == "continue":
+        pass
+    return job_id
+
+
+def test_a_camera_s_upper_case_names_pass_a_lower_case_glob(runtime: WorkerRuntime) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    for key in ("2026/IMG_0001.JPG", "2026/notes.txt", "2026/folder/"):
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    glob = ("*.jpg",)
+
+    any_case = _filtered(runtime, Source(f"s3://{BUCKET}/2026/", include=glob))
+    assert keys_of(runtime, any_case) == ["2026/IMG_0001.JPG", *KEYS]
+    assert ingest_of(runtime, any_case).excluded == 1  # notes.txt; a folder is no object
+
+    strict = _filtered(runtime, Source(f"s3://{BUCKET}/2026/", include=glob, case_sensitive=True))
+    assert keys_of(runtime, strict) == KEYS
+    assert ingest_of(runtime, strict).excluded == 2

@@ -186,8 +186,8 @@ def _print_job(job: dict[str, Any]) -> None:
         line += f", {c['cancelled']} cancelled"
     if job.get("source"):
         line += f"; {c.get('skipped', 0)} unchanged, {c.get('deleted', 0)} deleted"
-        if c.get("known_failed"):
-            line += f", {c['known_failed']} known failures kept"
+        if known := c.get("known_failed"):
+            line += f", {known} known failure{'' if known == 1 else 's'} kept"
         if c.get("excluded"):
             line += f"; {c['excluded']} left out by the filters"
     console.print(line)

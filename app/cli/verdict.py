@@ -90,14 +90,15 @@ def decide(ended: Ended, results: str | None = None) -> Verdict:
 
 
 def nothing_new(ended: Ended) -> str:
-    """`nothing new; 11 known failures kept` (and the unchanged and deleted objects, when
+    """`nothing new; 11 known failures kept, 1386 unchanged` (and the deleted objects, when
     there are)."""
-    parts = [f"{ended.skipped} unchanged"] if ended.skipped else []
+    parts = [_known(ended.known_failed) + " kept"] if ended.known_failed else []
+    if ended.skipped:
+        parts.append(f"{ended.skipped} unchanged")
     if ended.deleted:
         parts.append(f"{ended.deleted} deleted")
-    if ended.known_failed:
-        parts.append(f"{_known(ended.known_failed)} kept (--retry-failed runs them again)")
-    return "nothing new; " + ", ".join(parts)
+    again = " (--retry-failed runs the known failures again)" if ended.known_failed else ""
+    return "nothing new; " + ", ".join(parts) + again
 
 
 def matched_nothing(ended: Ended) -> str:

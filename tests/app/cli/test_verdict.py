@@ -62,7 +62,7 @@ def test_a_night_with_only_known_failures_left_exits_0_and_says_nothing_new() ->
     decided = decide(bulk(known_failed=11))
     assert (decided.code, decided.kind) == (0, Kind.NOTHING_NEW)
     assert decided.sentence == (
-        "nothing new; 11 known failures kept (--retry-failed runs them again)"
+        "nothing new; 11 known failures kept (--retry-failed runs the known failures again)"
     )
 
 
@@ -70,9 +70,10 @@ def test_a_night_with_nothing_changed_exits_0() -> None:
     decided = decide(bulk(skipped=1386, deleted=2, known_failed=1))
     assert (decided.code, decided.kind) == (0, Kind.NOTHING_NEW)
     assert decided.sentence == (
-        "nothing new; 1386 unchanged, 2 deleted, 1 known failure kept "
-        "(--retry-failed runs them again)"
+        "nothing new; 1 known failure kept, 1386 unchanged, 2 deleted "
+        "(--retry-failed runs the known failures again)"
     )
+    assert decide(bulk(skipped=5)).sentence == "nothing new; 5 unchanged"
 
 
 def test_a_prefix_that_lists_nothing_exits_1_with_a_sentence() -> None:

@@ -9,8 +9,10 @@ writes to another unit (a schedule's run).
 from __future__ import annotations
 
 import fnmatch
+import re
 import uuid
 from dataclasses import KW_ONLY, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import select
@@ -32,11 +34,13 @@ MAX_PATTERNS = 50
 
 @dataclass(frozen=True)
 class Source:
-    """`s3://bucket/prefix` and glob filters on each key's path below the prefix."""
+    """`s3://bucket/prefix` and glob filters on each key's path below the prefix. The globs
+    match in any case unless `case_sensitive` (`*.jpg` takes a camera's `IMG_0001.JPG`)."""
 
     uri: str
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    case_sensitive: bool = False
 
     @property
     def bucket(self) -> str:
@@ -46,19 +50,43 @@ class Source:
     def prefix(self) -> str:
         return parse_s3_uri(self.uri)[1]
 
+    @cached_property
+    def _include(self) -> list[re.Pattern[str]]:
+        return self._compiled(self.include)
+
+    @cached_property
+    def _exclude(self) -> list[re.Pattern[str]]:
+        return self._compiled(self.exclude)
+
+    def _compiled(self, globs: tuple[str, ...]) -> list[re.Pattern[str]]:
+        flags = 0 if self.case_sensitive else re.IGNORECASE
+        return [re.compile(fnmatch.translate(glob), flags) for glob in globs]
+
     def matches(self, key: str) -> bool:
         """Included (by any `include` glob, or all when none) and not excluded."""
         name = key[len(self.prefix) :].lstrip("/")
-        if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+        if self._include and not any(glob.match(name) for glob in self._include):
             return False
-        return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
+        return not any(glob.match(name) for glob in self._exclude)
 
     def to_json(self) -> dict[str, Any]:
-        return {"s3": self.uri, "include": list(self.include), "exclude": list(self.exclude)}
+        return {
+            "s3": self.uri,
+            "include": list(self.include),
+            "exclude": list(self.exclude),
+            "case_sensitive": self.case_sensitive,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Source:
-        return cls(data["s3"], tuple(data.get("include", ())), tuple(data.get("exclude", ())))
+        """A source as `to_json` wrote it; one recorded before `case_sensitive` existed matches
+        in any case, as every source does now unless asked."""
+        return cls(
+            data["s3"],
+            tuple(data.get("include", ())),
+            tuple(data.get("exclude", ())),
+            bool(data.get("case_sensitive", False)),
+        )
 
     def check(self) -> None:
         parse_s3_uri(self.uri)  # raises InputError with a sentence
@@ -80,6 +108,7 @@ class BulkRequest:
     output: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
+    retry_failed: bool = False  # a pipeline's run: retry its known failures too
 
 
 @traced("kiln.bulk.submit")
@@ -119,7 +148,7 @@ def stage_bulk(session: Session, request: BulkRequest) -> Job:
     )
     session.add(job)
     session.flush()
-    session.add(Ingest(job_id=job.id))
+    session.add(Ingest(job_id=job.id, retry_failed=request.retry_failed))
     return job
 
 
@@ -170,7 +199,8 @@ def _pipeline(session: Session, request: BulkRequest) -> Pipeline:
         session.add(pipeline)
         session.flush()
         return pipeline
-    if pipeline.source != source or pipeline.model != request.model:
+    # Compared as sources: one recorded before a field existed reads as its default.
+    if Source.from_json(pipeline.source) != request.source or pipeline.model != request.model:
         raise ConflictError(
             f"Pipeline {request.pipeline!r} reads {pipeline.source['s3']} with model "
             f"{pipeline.model!r}; use another name for another source or model."

@@ -47,6 +47,7 @@ class ScheduleRequest:
     model: str
     output: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    retry_failed: bool = False  # every run retries the pipeline's known failures
 
 
 def next_run(cron: str, after: datetime) -> datetime:
@@ -82,6 +83,7 @@ def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
         model=request.model,
         output=request.output,
         options=request.options,
+        retry_failed=request.retry_failed,
         next_run_at=when,
     )
     try:
@@ -171,4 +173,5 @@ def _request(schedule: Schedule) -> BulkRequest:
         pipeline=schedule.name,
         output=schedule.output,
         options=dict(schedule.options or {}),
+        retry_failed=schedule.retry_failed,
     )

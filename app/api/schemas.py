@@ -52,6 +52,9 @@ class SourceIn(BaseModel):
     exclude: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=50
     )
+    case_sensitive: bool = Field(
+        False, description="Match the globs in case (by default `*.jpg` also takes `A.JPG`)."
+    )
 
 
 class JobCreate(BaseModel):
@@ -74,6 +77,11 @@ class JobCreate(BaseModel):
         None,
         description="Frames sampled per second of each video input (default 1; 0: every frame).",
     )
+    retry_failed: bool = Field(
+        False,
+        description="A pipeline's run: process again the unchanged objects that failed with "
+        "this model version before (by default they are kept, counted `known_failed`).",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> JobCreate:
@@ -81,6 +89,8 @@ class JobCreate(BaseModel):
             raise ValueError('give either "inputs" or "source", not both')
         if self.source is None and (self.pipeline or self.output):
             raise ValueError('"pipeline" and "output" go with a "source"')
+        if self.retry_failed and not self.pipeline:
+            raise ValueError('"retry_failed" goes with a "pipeline" (only its runs keep failures)')
         return self
 
 
@@ -93,6 +103,9 @@ class ScheduleCreate(BaseModel):
     source: SourceIn
     output: str | None = Field(None, max_length=2048)
     options: dict[str, Any] = Field(default_factory=dict)
+    retry_failed: bool = Field(
+        False, description="Every run processes again the objects that failed before."
+    )
 
 
 class ScheduleOut(BaseModel):
@@ -104,6 +117,7 @@ class ScheduleOut(BaseModel):
     source: dict[str, Any]
     output: str | None
     options: dict[str, Any] = Field(default_factory=dict)
+    retry_failed: bool = False
     next_run_at: datetime
     last_job_id: str | None
 
@@ -120,6 +134,12 @@ class CountsOut(BaseModel):
     cancelled: int
     skipped: int = 0
     deleted: int = 0
+    known_failed: int = Field(
+        0,
+        description="Pipeline runs: unchanged objects whose input failed with this model version "
+        "in an earlier run, kept as they are (`retry_failed` runs them again).",
+    )
+    excluded: int = Field(0, description="Bulk jobs: objects listed that the filters left out.")
     fell_back: int = Field(0, description="Items the job's fallback model took.")
     fell_back_succeeded: int = Field(0, description="Of those, the items it answered.")
     expanding: int | None = Field(

@@ -13,9 +13,21 @@ from kiln.app.cli.remote import ApiClient, verdict, watch
 schedule_app = typer.Typer(help="Cron-timed incremental runs over a bucket (run by kiln beat).")
 
 Include = Annotated[
-    list[str] | None, typer.Option("--include", help="Glob on keys below the prefix (repeatable).")
+    list[str] | None,
+    typer.Option("--include", help="Glob on keys below the prefix, in any case (repeatable)."),
 ]
 Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Glob to skip (repeatable).")]
+CaseSensitive = Annotated[
+    bool, typer.Option("--case-sensitive", help="Match the globs in case ('*.jpg' not A.JPG).")
+]
+RetryFailed = Annotated[
+    bool,
+    typer.Option(
+        "--retry-failed",
+        help="With --name: run again the unchanged objects that failed before (by default a "
+        "rerun keeps them, counted as known failures, until the object or model changes).",
+    ),
+]
 Output = Annotated[str | None, typer.Option(help="s3:// prefix for the results.")]
 
 
@@ -27,12 +39,13 @@ def _run(
     output: str | None,
     option: list[str] | None,
     video_fps: float | None = None,
+    case_sensitive: bool = False,
 ) -> dict[str, Any]:
     """What a bulk job and a schedule's runs share: the model, the source, where and how."""
-    body: dict[str, Any] = {
-        "model": model,
-        "source": {"s3": uri, "include": include or [], "exclude": exclude or []},
-    }
+    source: dict[str, Any] = {"s3": uri, "include": include or [], "exclude": exclude or []}
+    body: dict[str, Any] = {"model": model, "source": source}
+    if case_sensitive:
+        source["case_sensitive"] = True
     if options := job_options(option, video_fps):
         body["options"] = options
     if output:
@@ -50,15 +63,26 @@ def bulk(
     output: Output = None,
     include: Include = None,
     exclude: Exclude = None,
+    case_sensitive: CaseSensitive = False,
+    retry_failed: RetryFailed = False,
     watch_: Annotated[bool, typer.Option("--watch", help="Follow with a progress bar.")] = False,
     option: OptionPairs = None,
     video_fps: VideoFps = None,
 ) -> None:
     """Process every object under an S3 prefix (listed by the workers, page by page); each
-    video becomes one item per sampled frame."""
-    body = _run(model, source, include, exclude, output, option, video_fps)
+    video becomes one item per sampled frame. With --watch, exits 1 when the job failed, the
+    prefix and filters matched no object, or no item succeeded; 0 otherwise (a rerun with
+    nothing new, or whose only failures are known ones, included)."""
+    if retry_failed and not name:
+        raise typer.BadParameter(
+            "goes with --name (only a pipeline's runs keep failures).",
+            param_hint="'--retry-failed'",
+        )
+    body = _run(model, source, include, exclude, output, option, video_fps, case_sensitive)
     if name:
         body["pipeline"] = name
+    if retry_failed:
+        body["retry_failed"] = True
     with ApiClient() as client:
         job = client.submit_json(body)
         console.print(f"job {job['id']} {job['status']}: listing {source}")
@@ -75,12 +99,17 @@ def schedule_add(
     output: Output = None,
     include: Include = None,
     exclude: Exclude = None,
+    case_sensitive: CaseSensitive = False,
+    retry_failed: RetryFailed = False,
     option: OptionPairs = None,
     video_fps: VideoFps = None,
 ) -> None:
-    """Run MODEL over SOURCE at each CRON time; each run processes only what changed."""
-    run = _run(model, source, include, exclude, output, option, video_fps)
+    """Run MODEL over SOURCE at each CRON time; each run processes only what changed (and,
+    with --retry-failed, the objects that failed before)."""
+    run = _run(model, source, include, exclude, output, option, video_fps, case_sensitive)
     body = {"name": name, "cron": cron, **run}
+    if retry_failed:
+        body["retry_failed"] = True
     with ApiClient() as client:
         schedule = client.add_schedule(body)
     console.print(f"schedule {schedule['name']}: next run {schedule['next_run_at']}")

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
+from kiln.app.cli.verdict import Ended, decide
 from kiln.app.core.errors import InputError, KilnError
 
 if TYPE_CHECKING:
@@ -122,8 +123,9 @@ def _ctrl_c() -> Iterator[threading.Event]:
 
 
 def _verdict(outcome: Any, output: Path) -> int:
-    """The exit status of a run that ran: 130 when cancelled, 1 when nothing succeeded (the
-    results file still says why each item failed), else 0; a sentence on stderr for each."""
+    """The exit status of a run that ran: 130 when cancelled (Ctrl-C); else as for any job
+    waited for (`verdict.decide`: 1 when it failed or nothing succeeded — the results file
+    still says why each item failed — else 0), with a sentence on stderr for a 1."""
     c = outcome.progress.counts
     if outcome.cancelled:
         errors.print(
@@ -134,21 +136,17 @@ def _verdict(outcome: Any, output: Path) -> int:
             soft_wrap=True,
         )
         return INTERRUPTED
-    if outcome.progress.job.status == "failed":
-        errors.print(f"[red]error:[/red] the job failed: {escape(str(outcome.progress.job.error))}")
-        return 1
-    if c.succeeded == 0 and c.failed:
-        said = outcome.table.column("error").to_pylist()
-        first = next((e for e in said if e), None)
-        reason = f" The first error: {escape(first)}" if first else ""
-        errors.print(
-            f"[red]error:[/red] no item succeeded ({c.failed} of {c.total} failed; each "
-            f"error is in {output}).{reason}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return 1
-    return 0
+    job = outcome.progress.job
+    ended = Ended(job.status, c.total, c.succeeded, c.failed, c.cancelled, job.error)
+    decided = decide(ended, results=str(output))
+    if decided.code == 0 or decided.sentence is None:
+        return decided.code
+    said = decided.sentence
+    if decided.first_error:
+        first = next((e for e in outcome.table.column("error").to_pylist() if e), None)
+        said += f" The first error: {first}" if first else ""
+    errors.print(f"[red]error:[/red] {escape(said)}", highlight=False, soft_wrap=True)
+    return decided.code
 
 
 def _check_output(output: Path) -> None:

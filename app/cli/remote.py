@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
+from kiln.app.cli.verdict import Ended, Kind, decide
 from kiln.app.core.errors import KilnError
 
 
@@ -125,22 +126,22 @@ class ApiClient:
 
 
 def verdict(client: Any, job: dict[str, Any]) -> int:
-    """The exit status of a job waited for, as `kiln run`'s: 1 (and why, on stderr) when
-    it failed, was cancelled or no item succeeded; else 0, failed items and all (the results
-    say why each failed)."""
-    c = job["counts"]
-    if job["status"] == "failed":
-        errors.print(f"[red]error:[/red] the job failed: {escape(str(job.get('error')))}")
-        return 1
-    if job["status"] == "cancelled":
-        errors.print(f"The job was cancelled: {c['succeeded']} items succeeded before it was.")
-        return 1
-    if c["succeeded"] == 0 and c["failed"]:
-        first = client.first_error(job["id"])
-        reason = f" The first error: {escape(first)}" if first else ""
-        errors.print(f"[red]error:[/red] no item succeeded ({c['failed']} failed).{reason}")
-        return 1
-    return 0
+    """The exit status of a job waited for, as `kiln run`'s (`cli/verdict.decide`): 1, and
+    why on stderr, when it failed, was cancelled, its bucket source matched no object, or no
+    item succeeded; else 0, failed items and all (the results say why each failed), and a
+    pipeline's run with nothing new says so."""
+    decided = decide(Ended.of_job(job))
+    said = decided.sentence
+    if said is None:
+        return 0
+    if decided.code == 0:
+        console.print(escape(said), highlight=False)
+        return 0
+    if decided.first_error and (first := client.first_error(job["id"])):
+        said += f" The first error: {first}"
+    prefix = "" if decided.kind == Kind.CANCELLED else "[red]error:[/red] "
+    errors.print(prefix + escape(said), highlight=False)
+    return decided.code
 
 
 def watch(client: Any, job_id: str) -> dict[str, Any]:
@@ -211,6 +212,10 @@ def _print_job(job: dict[str, Any]) -> None:
         line += f", {c['cancelled']} cancelled"
     if job.get("source"):
         line += f"; {c.get('skipped', 0)} unchanged, {c.get('deleted', 0)} deleted"
+        if known := c.get("known_failed"):
+            line += f", {known} known failure{'' if known == 1 else 's'} kept"
+        if c.get("excluded"):
+            line += f"; {c['excluded']} left out by the filters"
     console.print(line)
     if job.get("stalled_since"):
         console.print(

@@ -1,8 +1,8 @@
 """What a chunk run writes when it is done, in the caller's one unit of work: its rows'
 results (one statement, only for the items its lease still holds), the end of its progress
 row, the content-cache entries it computed and, for an incremental pipeline, the objects it
-finished; and what it reads first, for its shard (`earlier_results`). Never commits: the
-caller owns the transaction.
+finished (succeeded, or failed for their input's sake: known failures); and what it reads
+first, for its shard (`earlier_results`). Never commits: the caller owns the transaction.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ class ChunkResults:
     cache_ttl_s: float = 0.0
     pipeline_id: int | None = None  # an incremental pipeline's run: remember what succeeded
     model: str = ""  # the job's model ref, with the pipeline's objects
+    # Keys whose input failed (not a failure Kiln caused): a pipeline keeps them as known.
+    input_failures: Sequence[str] = ()
 
 
 def earlier_results(
@@ -54,3 +56,5 @@ def record(session: Session, done: ChunkResults) -> None:
     if done.pipeline_id is not None:
         keys = [row[0] for row in done.rows if row[1] == ItemStatus.SUCCEEDED]
         ingest.mark_done(session, done.pipeline_id, done.job_id, done.model, keys)
+        failed = done.input_failures
+        ingest.mark_failed(session, done.pipeline_id, done.job_id, done.model, failed)

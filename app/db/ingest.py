@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -115,23 +116,41 @@ def unsent_chunks(session: Session, job_id: str, sent: int) -> dict[int, list[in
     return chunks
 
 
+@dataclass(frozen=True)
+class Sorted:
+    """A page's objects as a pipeline's run sees them: those to process (new, changed, or last
+    done by another model version), and how many it keeps as they are."""
+
+    fresh: list[Listed]
+    unchanged: int = 0  # done before at this ETag by this model version
+    known_failed: int = 0  # failed before at this ETag with this model version: kept
+
+
 def changed_objects(
-    session: Session, pipeline_id: int, job_id: str, model: str, objects: Sequence[Listed]
-) -> list[Listed]:
-    """Mark a page's objects seen by this run; the ones that are new, changed, or were last
-    done by another model version (the rest are skipped)."""
+    session: Session,
+    pipeline_id: int,
+    job_id: str,
+    model: str,
+    objects: Sequence[Listed],
+    retry_failed: bool = False,
+) -> Sorted:
+    """Mark a page's objects seen by this run, and sort them: an object done at its ETag by
+    `model` is skipped; one whose input failed at its ETag with `model` is a known failure,
+    kept unless `retry_failed`; the rest are processed."""
     if not objects:
-        return []
+        return Sorted([])
     keys = [o.key for o in objects]
-    done = dict(
-        session.execute(
-            select(PipelineObject.key, PipelineObject.done_etag).where(
-                PipelineObject.pipeline_id == pipeline_id,
-                PipelineObject.key.in_(keys),
-                PipelineObject.done_model == model,
-            )
-        ).all()
-    )
+    rows = session.execute(
+        select(
+            PipelineObject.key,
+            PipelineObject.done_etag,
+            PipelineObject.done_model,
+            PipelineObject.failed_etag,
+            PipelineObject.failed_model,
+        ).where(PipelineObject.pipeline_id == pipeline_id, PipelineObject.key.in_(keys))
+    ).all()
+    done = {key: etag for key, etag, by, _, _ in rows if by == model}
+    failed = {key: etag for key, _, _, etag, by in rows if by == model and not retry_failed}
     statement = dialect.insert(session, PipelineObject).values(
         [
             {"pipeline_id": pipeline_id, "key": o.key, "etag": o.etag, "seen_job": job_id}
@@ -144,24 +163,48 @@ def changed_objects(
             set_={"etag": statement.excluded.etag, "seen_job": statement.excluded.seen_job},
         )
     )
-    return [o for o in objects if done.get(o.key) != o.etag]
+    unchanged = [o for o in objects if done.get(o.key) == o.etag]
+    kept = [o for o in objects if done.get(o.key) != o.etag and failed.get(o.key) == o.etag]
+    fresh = [o for o in objects if done.get(o.key) != o.etag and failed.get(o.key) != o.etag]
+    return Sorted(fresh, len(unchanged), len(kept))
+
+
+def _etag_in(job_id: str) -> Any:
+    """The ETag the job's item of each pipeline object was listed at (a correlated subquery)."""
+    return (
+        select(Item.etag)
+        .where(Item.job_id == job_id, Item.key == PipelineObject.key)
+        .scalar_subquery()
+    )
 
 
 def mark_done(
     session: Session, pipeline_id: int, job_id: str, model: str, keys: Sequence[str]
 ) -> None:
-    """Objects this job processed successfully: remember the ETag they were processed at."""
+    """Objects this job processed successfully: remember the ETag they were processed at (and
+    forget a failure before it)."""
     if not keys:
         return
-    etag = (
-        select(Item.etag)
-        .where(Item.job_id == job_id, Item.key == PipelineObject.key)
-        .scalar_subquery()
-    )
     session.execute(
         update(PipelineObject)
         .where(PipelineObject.pipeline_id == pipeline_id, PipelineObject.key.in_(keys))
-        .values(done_etag=etag, done_model=model),
+        .values(done_etag=_etag_in(job_id), done_model=model, failed_etag=None, failed_model=None),
+        execution_options={"synchronize_session": False},
+    )
+
+
+def mark_failed(
+    session: Session, pipeline_id: int, job_id: str, model: str, keys: Sequence[str]
+) -> None:
+    """Objects whose input failed in this job (unreadable, refused by the model — never a
+    failure Kiln caused): remember the ETag and model version it failed at, so the next run
+    keeps the failure unless the object or the model changes, or it is asked to retry."""
+    if not keys:
+        return
+    session.execute(
+        update(PipelineObject)
+        .where(PipelineObject.pipeline_id == pipeline_id, PipelineObject.key.in_(keys))
+        .values(failed_etag=_etag_in(job_id), failed_model=model),
         execution_options={"synchronize_session": False},
     )
 
@@ -176,7 +219,7 @@ def mark_videos_done(
         session.execute(
             update(PipelineObject)
             .where(PipelineObject.pipeline_id == pipeline_id, PipelineObject.key == key)
-            .values(done_etag=etag, done_model=model),
+            .values(done_etag=etag, done_model=model, failed_etag=None, failed_model=None),
             execution_options={"synchronize_session": False},
         )
 

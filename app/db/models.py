@@ -283,8 +283,12 @@ class Ingest(Base):
     cursor: Mapped[str | None] = mapped_column(String(1024))  # last key listed and committed
     done: Mapped[bool] = mapped_column(Boolean, default=False)
     listed: Mapped[int] = mapped_column(Integer, default=0)  # objects matching the filters
+    excluded: Mapped[int] = mapped_column(Integer, default=0)  # objects the filters left out
     skipped: Mapped[int] = mapped_column(Integer, default=0)  # unchanged since the last run
+    # unchanged, and failed with this model version before: kept, not retried
+    known_failed: Mapped[int] = mapped_column(Integer, default=0)
     deleted: Mapped[int] = mapped_column(Integer, default=0)  # gone since the last run
+    retry_failed: Mapped[bool] = mapped_column(Boolean, default=False)  # asked: retry them
     chunks_sent: Mapped[int] = mapped_column(Integer, default=0)
     owner: Mapped[str | None] = mapped_column(String(36))  # the ingest step holding it
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -307,7 +311,8 @@ class Pipeline(Base):
 
 
 class PipelineObject(Base):
-    """One object a pipeline has seen: its ETag, and the ETag and model it last succeeded with."""
+    """One object a pipeline has seen: its ETag, the ETag and model it last succeeded with,
+    and the ETag and model it last failed with (the input's own failure: a rerun keeps it)."""
 
     __tablename__ = "pipeline_objects"
 
@@ -319,6 +324,8 @@ class PipelineObject(Base):
     seen_job: Mapped[str] = mapped_column(String(36))
     done_etag: Mapped[str | None] = mapped_column(String(128))
     done_model: Mapped[str | None] = mapped_column(String(160))
+    failed_etag: Mapped[str | None] = mapped_column(String(128))
+    failed_model: Mapped[str | None] = mapped_column(String(160))
 
 
 class Schedule(Base):
@@ -336,6 +343,8 @@ class Schedule(Base):
     output: Mapped[str | None] = mapped_column(String(2048))
     # The job options every run is submitted with (checked against the family when added).
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+    # Every run retries the pipeline's known failures (else only new or changed objects run).
+    retry_failed: Mapped[bool] = mapped_column(Boolean, default=False)
     next_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_job_id: Mapped[str | None] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -37,6 +37,8 @@ class Counts:
     cancelled: int = 0
     skipped: int = 0  # bulk, incremental: unchanged since the pipeline's last run
     deleted: int = 0  # bulk, incremental: gone since the pipeline's last run
+    known_failed: int = 0  # bulk, incremental: unchanged, failed before with this model: kept
+    excluded: int = 0  # bulk: objects listed that the source's filters left out
     fell_back: int = 0  # items the job's fallback model took
     fell_back_succeeded: int = 0  # of those, the items it answered
     listing: bool = False  # bulk: the source is still being listed, more items may come
@@ -54,6 +56,8 @@ def job_counts(session: Session, job_id: str, bulk: bool = True) -> Counts:
     return Counts(
         skipped=ingest.skipped if ingest else 0,
         deleted=ingest.deleted if ingest else 0,
+        known_failed=ingest.known_failed if ingest else 0,
+        excluded=ingest.excluded if ingest else 0,
         listing=bool(ingest and not ingest.done),
         total=tally.total,
         succeeded=tally.succeeded,

@@ -58,10 +58,38 @@ def test_filters_match_the_path_below_the_prefix() -> None:
     assert not source.matches("2026/a-thumb.jpg")
 
 
+@pytest.mark.parametrize(
+    "key", ["2026/IMG_0001.JPG", "2026/img_0002.jpg", "2026/Mixed.JpG", "2026/deep/DSC.JPG"]
+)
+def test_globs_match_in_any_case_by_default(key: str) -> None:
+    assert Source(PHOTOS, include=("*.jpg",)).matches(key)
+    assert not Source(PHOTOS, exclude=("*.JPG",)).matches(key)
+
+
+def test_globs_match_in_case_when_asked() -> None:
+    source = Source(PHOTOS, include=("*.jpg",), exclude=("TMP/*",), case_sensitive=True)
+    assert source.matches("2026/a.jpg")
+    assert not source.matches("2026/IMG_0001.JPG")
+    assert not source.matches("2026/TMP/a.jpg") and source.matches("2026/tmp/a.jpg")
+
+
+def test_glob_classes_and_wildcards_keep_their_meaning_in_any_case() -> None:
+    source = Source(PHOTOS, include=("[a-c]?.png", "raw/*"))
+    assert source.matches("2026/B1.PNG") and source.matches("2026/RAW/x.cr2")
+    assert not source.matches("2026/d1.png") and not source.matches("2026/b12.png")
+
+
 def test_a_source_survives_its_json() -> None:
     source = Source(PHOTOS, include=("*.jpg",), exclude=("tmp/*",))
     assert Source.from_json(source.to_json()) == source
     assert Source.from_json({"s3": PHOTOS}) == Source(PHOTOS)
+    strict = Source(PHOTOS, include=("*.jpg",), case_sensitive=True)
+    assert Source.from_json(strict.to_json()) == strict
+
+
+def test_a_source_recorded_before_case_sensitivity_matches_in_any_case() -> None:
+    old = Source.from_json({"s3": PHOTOS, "include": ["*.jpg"], "exclude": []})
+    assert old == Source(PHOTOS, include=("*.jpg",)) and old.matches("2026/A.JPG")
 
 
 @pytest.mark.parametrize(
@@ -98,9 +126,12 @@ def test_a_bulk_job_is_recorded_then_its_first_ingest_step_is_sent(
     assert submitted.created
     assert (job.status, job.queue, job.chunk_count) == (JobStatus.QUEUED, BULK, 0)
     assert job.model == "phash" and job.tenant == "acme"
-    assert job.source == {"s3": PHOTOS, "include": ["*.jpg"], "exclude": []}
+    assert job.source == {
+        "s3": PHOTOS, "include": ["*.jpg"], "exclude": [], "case_sensitive": False,
+    }  # fmt: skip
     ingest = session.get(Ingest, job.id)
     assert ingest is not None and not ingest.done and ingest.cursor is None
+    assert not ingest.retry_failed
     assert dispatcher.ingests == [IngestStep(job.id, None, 0)]
     assert dispatcher.calls == []  # chunks come from the listing
     session.rollback()  # what was sent is committed
@@ -174,6 +205,28 @@ def test_a_pipeline_runs_once_at_a_time(session: Session, dispatcher: RecordingD
     assert jobs(session) == 1
 
 
+def test_a_pipeline_made_before_case_sensitivity_runs_again_under_its_name(
+    session: Session, dispatcher: RecordingDispatcher
+) -> None:
+    first = submit_bulk(session, dispatcher, request(pipeline="nightly")).job
+    _close(session, first.id)
+    pipeline = session.scalars(select(Pipeline)).one()
+    pipeline.source = {"s3": PHOTOS, "include": [], "exclude": []}  # as an older Kiln wrote it
+    session.commit()
+
+    again = submit_bulk(session, dispatcher, request(pipeline="nightly")).job
+    assert again.pipeline_id == pipeline.id
+
+
+def test_a_run_asked_to_retry_failures_says_so_in_its_ingest(
+    session: Session, dispatcher: RecordingDispatcher
+) -> None:
+    asked = BulkRequest("acme", "phash", Source(PHOTOS), pipeline="nightly", retry_failed=True)
+    job = submit_bulk(session, dispatcher, asked).job
+    ingest = session.get(Ingest, job.id)
+    assert ingest is not None and ingest.retry_failed
+
+
 def test_a_pipeline_name_is_bound_to_its_source(
     session: Session, dispatcher: RecordingDispatcher
 ) -> None:
@@ -182,3 +235,6 @@ def test_a_pipeline_name_is_bound_to_its_source(
     with pytest.raises(ConflictError) as refused:
         submit_bulk(session, dispatcher, request("s3://photos/2027/", pipeline="nightly"))
     assert "use another name" in str(refused.value)
+    strict = Source(PHOTOS, case_sensitive=True)  # other filters: another source
+    with pytest.raises(ConflictError):
+        submit_bulk(session, dispatcher, request(strict, pipeline="nightly"))

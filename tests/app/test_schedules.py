@@ -154,6 +154,18 @@ def test_a_schedule_keeps_its_options_for_every_run(
         assert job is not None and job.options == {"max_distance": 6}
 
 
+def test_a_schedule_asked_to_retry_failures_retries_them_on_every_run(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    remove_schedule(session, "acme", "nightly")
+    add_schedule(session, ScheduleRequest(**{**NIGHTLY.__dict__, "retry_failed": True}))
+    assert schedule_of(sessions).retry_failed
+    (job_id,) = run_due(session, RecordingDispatcher(), now=later(2))
+    with sessions() as other:
+        ingest = other.get(Ingest, job_id)
+        assert ingest is not None and ingest.retry_failed
+
+
 @pytest.mark.parametrize(
     ("options", "sentence"),
     [

@@ -58,6 +58,8 @@ def test_fifty_images_end_to_end(
         "cancelled": 0,
         "skipped": 0,
         "deleted": 0,
+        "known_failed": 0,
+        "excluded": 0,
         "fell_back": 0,
         "fell_back_succeeded": 0,
     }

@@ -2,7 +2,9 @@
 one unit of work whose chunk messages follow its commit; a step that loses its claim, or whose
 job is cancelled, stops; a bucket that does not exist fails the job with a sentence. A step
 pauses while its job has enough chunks outstanding; a new step resumes after the last committed
-key, sending first the chunks committed but never sent; only keys the filters take are items."""
+key, sending first the chunks committed but never sent; only keys the filters take are items
+(in any case unless asked), those left out counted; a pipeline's rerun keeps its known failures
+unless asked to retry them."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from kiln.app.core.config import Settings
+from kiln.app.db import ingest as ingest_db
 from kiln.app.db.models import Ingest, Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
@@ -304,4 +307,69 @@ def test_only_keys_the_filters_take_become_items(runtime: WorkerRuntime) -> None
         pass
 
     assert keys_of(runtime, job_id) == ["2026/a.jpg", "2026/c.jpg"]
-    assert ingest_of(runtime, job_id).listed == 2
+    ingest = ingest_of(runtime, job_id)
+    assert (ingest.listed, ingest.excluded) == (2, 3)
+
+
+def _filtered(runtime: WorkerRuntime, source: Source) -> str:
+    with runtime.sessions() as session:
+        allow_bucket(session, "acme", BUCKET)
+        job_id = submit_bulk(
+            session, RecordingDispatcher(), BulkRequest("acme", "phash", source)
+        ).job.id
+    while outcome(ingest_step(runtime, RecordingDispatcher(), job_id, "step-1"))[0] == "continue":
+        pass
+    return job_id
+
+
+def test_a_camera_s_upper_case_names_pass_a_lower_case_glob(runtime: WorkerRuntime) -> None:
+    s3 = boto3.client("s3", region_name="us-east-1")
+    for key in ("2026/IMG_0001.JPG", "2026/notes.txt", "2026/folder/"):
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    glob = ("*.jpg",)
+
+    any_case = _filtered(runtime, Source(f"s3://{BUCKET}/2026/", include=glob))
+    assert keys_of(runtime, any_case) == ["2026/IMG_0001.JPG", *KEYS]
+    assert ingest_of(runtime, any_case).excluded == 1  # notes.txt; a folder is no object
+
+    strict = _filtered(runtime, Source(f"s3://{BUCKET}/2026/", include=glob, case_sensitive=True))
+    assert keys_of(runtime, strict) == KEYS
+    assert ingest_of(runtime, strict).excluded == 2
+
+
+def _pipeline_run(runtime: WorkerRuntime, retry_failed: bool = False) -> str:
+    """A run of pipeline `nightly` over the bucket, listed to its end; closed, as if its items
+    had run (the next run may start)."""
+    with runtime.sessions() as session:
+        allow_bucket(session, "acme", BUCKET)
+        request = BulkRequest(
+            "acme", "phash", Source(f"s3://{BUCKET}/2026/"), pipeline="nightly",
+            retry_failed=retry_failed,
+        )  # fmt: skip
+        job_id = submit_bulk(session, RecordingDispatcher(), request).job.id
+    while outcome(ingest_step(runtime, RecordingDispatcher(), job_id, "step-1"))[0] == "continue":
+        pass
+    with runtime.sessions() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.COMPLETED))
+        session.commit()
+    return job_id
+
+
+def test_a_pipeline_s_rerun_keeps_its_known_failures_unless_asked(runtime: WorkerRuntime) -> None:
+    first = _pipeline_run(runtime)
+    with runtime.sessions() as session:
+        job = session.get(Job, first)
+        assert job is not None and job.pipeline_id is not None
+        ingest_db.mark_done(session, job.pipeline_id, first, job.model, KEYS[:3])
+        ingest_db.mark_failed(session, job.pipeline_id, first, job.model, KEYS[3:])
+        session.commit()
+
+    again = _pipeline_run(runtime)
+    ingest = ingest_of(runtime, again)
+    assert (ingest.listed, ingest.skipped, ingest.known_failed) == (5, 3, 2)
+    assert keys_of(runtime, again) == []
+
+    retried = _pipeline_run(runtime, retry_failed=True)
+    ingest = ingest_of(runtime, retried)
+    assert (ingest.skipped, ingest.known_failed) == (3, 0)
+    assert keys_of(runtime, retried) == KEYS[3:]

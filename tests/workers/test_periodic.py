@@ -101,6 +101,7 @@ def test_the_schedule_tick_starts_the_due_runs(runtime: WorkerRuntime) -> None:
             "s3": "s3://photos/",
             "include": [],
             "exclude": [],
+            "case_sensitive": False,
         }
     assert run_due_schedules(runtime, RecordingDispatcher()) == {"started": []}  # not due again
 

@@ -68,7 +68,8 @@ def _run(
             where = {"job_id": lease.job_id, "chunk": lease.chunk, "model": model.ref}
             log.exception("model %s failed to load", model.ref, extra=where)
             for row in indices.tolist():
-                rows.fail(row, f"Model {model.ref!r} could not be loaded: {error}.", FAILED)
+                sentence = f"Model {model.ref!r} could not be loaded: {error}."
+                rows.fail(row, sentence, FAILED, blameless=True)
             return
         stage = Stage(
             model, runner, runtime.prep(), runtime.settings.max_upload_bytes, held, urgent,
@@ -138,20 +139,25 @@ def _fall_back(
     if not taken or held.stopping():
         return  # nothing to take, or nothing this run may still start
     first = {row: rows.errors[row] for row in taken}
+    blameless = {row: bool(rows.blameless[row]) for row in taken}
     for row in taken:
         rows.errors[row] = rows.failure[row] = None
+        rows.blameless[row] = False
     _run(runtime, lease, fallback.model, rows, np.asarray(taken), held, urgent, report)
     for row in taken:
         if rows.cancelled[row]:  # cancelled before the fallback started it: the first stands
             rows.cancelled[row] = False
-            rows.fail(row, first[row] or "", None)
+            rows.fail(row, first[row] or "", None, blameless[row])
             continue
         rows.fallback_reason[row] = first[row]
         report.fell_back += 1
         if rows.answered_by[row] is None:
             again = rows.errors[row]
             ref = fallback.model.ref
-            rows.fail(row, f"{first[row]} The fallback model {ref!r} failed too: {again}")
+            either = blameless[row] or bool(rows.blameless[row])  # one may say nothing of it
+            rows.fail(
+                row, f"{first[row]} The fallback model {ref!r} failed too: {again}", None, either
+            )
 
 
 def _give_up_on_retried(rows: ChunkRows, max_attempts: int) -> None:
@@ -163,4 +169,5 @@ def _give_up_on_retried(rows: ChunkRows, max_attempts: int) -> None:
                 row,
                 f"Kiln gave up on this input after {max_attempts} attempts; each run stopped "
                 "before finishing it (a worker crash, a lost lease or repeated transient errors).",
+                blameless=True,
             )

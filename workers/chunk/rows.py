@@ -63,6 +63,9 @@ class ChunkRows:
         self.items = list(items)
         self.errors: list[str | None] = [None] * n
         self.failure: list[Trigger | None] = [None] * n  # why a fallback may take the row
+        # A failure that says nothing of the input (its model would not load, its attempts ran
+        # out): a pipeline's rerun tries it again rather than keeping it as a known failure.
+        self.blameless = np.zeros(n, dtype=bool)
         self.cancelled = np.zeros(n, dtype=bool)
         self.cached = np.zeros(n, dtype=bool)
         self.sha256: list[str | None] = [None] * n
@@ -86,14 +89,18 @@ class ChunkRows:
             values = getattr(self, name)
             setattr(out, name, [values[i] for i in keep.tolist()])
         out.cancelled, out.cached = self.cancelled[keep], self.cached[keep]
+        out.blameless = self.blameless[keep]
         out.seconds = self.seconds[keep]
         out.pieces = [Piece(new_index[p.rows], p.columns, p.model, p.outputs) for p in self.pieces]
         return out
 
     # --- what happened -------------------------------------------------------------------
 
-    def fail(self, row: int, sentence: str, failure: Trigger | None = None) -> None:
+    def fail(
+        self, row: int, sentence: str, failure: Trigger | None = None, blameless: bool = False
+    ) -> None:
         self.errors[row], self.failure[row] = sentence, failure
+        self.blameless[row] = blameless
 
     def answer(self, piece: Piece) -> None:
         self.pieces.append(piece)
@@ -114,6 +121,18 @@ class ChunkRows:
             else (ItemStatus.FAILED if error is not None else ItemStatus.SUCCEEDED)
             for cancelled, error in zip(self.cancelled.tolist(), self.errors, strict=True)
         ]
+
+    def input_failures(self) -> list[str]:
+        """Keys of the rows that failed for their input's sake (not cancelled, not blameless):
+        what a pipeline keeps as known failures."""
+        return [
+            item.key
+            for item, error, cancelled, blameless in zip(
+                self.items, self.errors, self.cancelled.tolist(), self.blameless.tolist(),
+                strict=True,
+            )
+            if error is not None and not cancelled and not blameless
+        ]  # fmt: skip
 
     def shown_errors(self) -> list[str | None]:
         return [

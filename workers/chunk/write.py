@@ -58,6 +58,7 @@ def write_chunk(
         done = chunk_results.ChunkResults(
             lease.job_id, lease.chunk, lease.owner, rows.document(stages), cache,
             settings.content_cache_ttl_s, lease.pipeline_id, lease.model.ref,
+            rows.input_failures() if lease.pipeline_id is not None else (),
         )  # fmt: skip
         with unit_of_work(session):
             chunk_results.record(session, done)

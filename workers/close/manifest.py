@@ -54,6 +54,8 @@ def ensure_manifest(
             "cancelled": counts.cancelled,
             "skipped": counts.skipped,
             "deleted": counts.deleted,
+            "known_failed": counts.known_failed,
+            "excluded": counts.excluded,
             "fell_back": counts.fell_back,
             "fell_back_succeeded": counts.fell_back_succeeded,
         },

@@ -52,9 +52,10 @@ class StepReport:
 
 @dataclass(frozen=True)
 class Page:
-    objects: list[db.Listed]
+    objects: list[db.Listed]  # those the filters let through
     last_key: str | None
     final: bool
+    excluded: int = 0  # objects the filters left out (folder markers are not objects)
 
 
 def ingest_step(
@@ -178,13 +179,15 @@ class _Step:
             except (ClientError, BotoCoreError) as error:
                 raise _listing_error(error, self.source.uri) from error
             contents = raw.get("Contents", [])
+            keys = [o for o in contents if not o["Key"].endswith("/")]
             objects = [
                 db.Listed(o["Key"], str(o.get("ETag", "")).strip('"'))
-                for o in contents
-                if not o["Key"].endswith("/") and self.source.matches(o["Key"])
+                for o in keys
+                if self.source.matches(o["Key"])
             ]
             last = contents[-1]["Key"] if contents else None
-            yield Page(objects, last, final=not raw.get("IsTruncated"))
+            final = not raw.get("IsTruncated")
+            yield Page(objects, last, final, excluded=len(keys) - len(objects))
 
     def _record(self, page: Page) -> int:
         """One unit of work for a page: items, seen objects, cursor. Returns the chunks added."""
@@ -196,19 +199,22 @@ class _Step:
                 raise _TakenOver
             if locked.status == JobStatus.CANCELLING:
                 raise _Cancelled
-            fresh = page.objects
+            seen = db.Sorted(page.objects)
             if job.pipeline_id is not None:
-                fresh = db.changed_objects(
-                    session, job.pipeline_id, job.id, job.model, page.objects
-                )
+                seen = db.changed_objects(
+                    session, job.pipeline_id, job.id, job.model, page.objects,
+                    ingest.retry_failed,
+                )  # fmt: skip
             chunks = db.insert_items(
-                session, job.id, self.source.bucket, fresh, locked.chunk_count,
+                session, job.id, self.source.bucket, seen.fresh, locked.chunk_count,
                 self.settings.bulk_chunk_size,
             )  # fmt: skip
             locked.chunk_count += chunks
             ingest.cursor = page.last_key or ingest.cursor
             ingest.listed += len(page.objects)
-            ingest.skipped += len(page.objects) - len(fresh)
+            ingest.excluded += page.excluded
+            ingest.skipped += seen.unchanged
+            ingest.known_failed += seen.known_failed
             ingest.pages += 1
             ingest.heartbeat_at = utcnow()
         return chunks
@@ -246,8 +252,10 @@ def _finish(
         model = runtime.model_info(session, job.model, job.tenant)
         ensure_manifest(runtime, session, job.id, model, True, None)
     log.info(
-        "ingest %s: listed %d, skipped %d, deleted %d, %d chunks",
-        job.id, ingest.listed, ingest.skipped, ingest.deleted, job.chunk_count,
+        "ingest %s: listed %d (%d left out by the filters), skipped %d, %d known failures "
+        "kept, deleted %d, %d chunks",
+        job.id, ingest.listed, ingest.excluded, ingest.skipped, ingest.known_failed,
+        ingest.deleted, job.chunk_count,
     )  # fmt: skip
     return StepReport(job.id, "done")
 

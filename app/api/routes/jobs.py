@@ -63,6 +63,8 @@ def job_out(
             cancelled=c.cancelled,
             skipped=c.skipped,
             deleted=c.deleted,
+            known_failed=c.known_failed,
+            excluded=c.excluded,
             fell_back=c.fell_back,
             fell_back_succeeded=c.fell_back_succeeded,
             expanding=queries.unplanned_videos(session, job.id, c.pending),
@@ -160,12 +162,16 @@ async def _read_request(
                 tenant=tenant,
                 model=body.model,
                 source=Source(
-                    body.source.s3, tuple(body.source.include), tuple(body.source.exclude)
+                    body.source.s3,
+                    tuple(body.source.include),
+                    tuple(body.source.exclude),
+                    body.source.case_sensitive,
                 ),
                 pipeline=body.pipeline,
                 output=body.output,
                 options=with_fps(body.options, body.video_fps),
                 idempotency_key=body.idempotency_key or header_key,
+                retry_failed=body.retry_failed,
             )
         return jobs.JobRequest(
             tenant=tenant,

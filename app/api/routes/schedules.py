@@ -29,10 +29,12 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
 def create_schedule(body: ScheduleCreate, session: SessionDep, tenant: TenantDep) -> ScheduleOut:
     """Run `model` over `source` at each `cron` time (UTC), incrementally: each run processes
     only new or changed objects. A run never starts while the previous one is going."""
-    source = Source(body.source.s3, tuple(body.source.include), tuple(body.source.exclude))
+    given = body.source
+    source = Source(given.s3, tuple(given.include), tuple(given.exclude), given.case_sensitive)
     request = schedules.ScheduleRequest(
-        tenant, body.name, body.cron, source, body.model, body.output, body.options
-    )
+        tenant, body.name, body.cron, source, body.model, body.output, body.options,
+        body.retry_failed,
+    )  # fmt: skip
     return schedule_out(schedules.add_schedule(session, request))
 
 

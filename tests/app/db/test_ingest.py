@@ -175,15 +175,33 @@ def _seen(session: Session, pipeline_id: int) -> dict[str, tuple[str, str | None
     return {o.key: (o.etag, o.done_etag, o.done_model) for o in rows}
 
 
-def _run(session: Session, pipeline_id: int, page: list[Listed], model: str) -> list[str]:
-    """One pipeline run over `page`: the keys it processes (all succeed)."""
+def _run(
+    session: Session,
+    pipeline_id: int,
+    page: list[Listed],
+    model: str,
+    *,
+    failing: frozenset[str] = frozenset(),
+    retry_failed: bool = False,
+) -> list[str]:
+    """One pipeline run over `page`: the keys it processes (those in `failing` fail for their
+    input's sake, the rest succeed)."""
     job = bulk_job(session, pipeline_id=pipeline_id)
-    fresh = ingest.changed_objects(session, pipeline_id, job.id, model, page)
+    fresh = ingest.changed_objects(session, pipeline_id, job.id, model, page, retry_failed).fresh
     ingest.insert_items(session, job.id, "photos", fresh, 0, 10)
     keys = [o.key for o in fresh]
-    ingest.mark_done(session, pipeline_id, job.id, model, keys)
+    ingest.mark_done(session, pipeline_id, job.id, model, [k for k in keys if k not in failing])
+    ingest.mark_failed(session, pipeline_id, job.id, model, [k for k in keys if k in failing])
     session.commit()
     return keys
+
+
+def _sorted(session: Session, pipeline_id: int, page: list[Listed], model: str) -> ingest.Sorted:
+    """How a run over `page` sorts it (the run processes nothing)."""
+    job = bulk_job(session, pipeline_id=pipeline_id)
+    found = ingest.changed_objects(session, pipeline_id, job.id, model, page)
+    session.commit()
+    return found
 
 
 def test_a_first_run_processes_everything_and_remembers_it(session: Session) -> None:
@@ -210,9 +228,41 @@ def test_an_object_that_failed_is_tried_again(session: Session) -> None:
     pid = pipeline(session)
     job = bulk_job(session, pipeline_id=pid)
     ingest.changed_objects(session, pid, job.id, "phash:1", listed("a=1"))
-    session.commit()  # listed, never marked done
+    session.commit()  # listed, never marked done nor failed (Kiln gave up on it, say)
 
     assert _run(session, pid, listed("a=1"), "phash:1") == ["a"]
+
+
+def test_an_input_that_failed_is_kept_as_a_known_failure(session: Session) -> None:
+    pid = pipeline(session)
+    assert _run(session, pid, listed("a=1", "bad=2"), "phash:1", failing=frozenset({"bad"}))
+
+    found = _sorted(session, pid, listed("a=1", "bad=2", "c=3"), "phash:1")
+    assert ([o.key for o in found.fresh], found.unchanged, found.known_failed) == (["c"], 1, 1)
+
+
+def test_a_known_failure_runs_again_when_asked_or_when_it_or_the_model_changed(
+    session: Session,
+) -> None:
+    pid = pipeline(session)
+    bad = frozenset({"bad"})
+    _run(session, pid, listed("bad=1"), "phash:1", failing=bad)
+
+    assert _run(session, pid, listed("bad=1"), "phash:1", failing=bad, retry_failed=True) == ["bad"]
+    assert _run(session, pid, listed("bad=1"), "phash:2", failing=bad) == ["bad"]  # new model
+    assert _run(session, pid, listed("bad=2"), "phash:1", failing=bad) == ["bad"]  # new bytes
+    assert _run(session, pid, listed("bad=2"), "phash:1") == []  # known again, at its new ETag
+
+
+def test_a_known_failure_that_succeeds_is_forgotten(session: Session) -> None:
+    pid = pipeline(session)
+    _run(session, pid, listed("a=1"), "phash:1", failing=frozenset({"a"}))
+    assert _run(session, pid, listed("a=1"), "phash:1", retry_failed=True) == ["a"]  # fixed
+
+    found = _sorted(session, pid, listed("a=1"), "phash:1")
+    assert (found.fresh, found.unchanged, found.known_failed) == ([], 1, 0)
+    row = session.scalars(select(PipelineObject)).one()
+    assert (row.failed_etag, row.failed_model) == (None, None)
 
 
 def test_objects_a_run_did_not_see_are_forgotten_as_deleted(session: Session) -> None:

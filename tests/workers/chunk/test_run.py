@@ -156,7 +156,7 @@ def test_the_manifest_is_written_when_the_job_completes(runtime: WorkerRuntime) 
     assert written["engine"]  # the backend that ran it, e.g. onnxruntime-cpu
     assert written["counts"] == {
         "total": 5, "succeeded": 4, "failed": 1, "cancelled": 0, "skipped": 0, "deleted": 0,
-        "fell_back": 0, "fell_back_succeeded": 0,
+        "fell_back": 0, "fell_back_succeeded": 0, "known_failed": 0, "excluded": 0,
     }  # fmt: skip
     assert written["shards"] == results.shard_keys(_place(runtime, job_id))
     assert written["finished_at"] is not None

@@ -258,6 +258,10 @@ class RunCountsOut(BaseModel):
     pending: int = Field(description="Items not finished yet.")
     skipped: int = Field(description="Objects unchanged since an earlier run.")
     deleted: int = Field(description="Objects gone from the source since the run before.")
+    known_failed: int = Field(
+        0, description="Objects unchanged since they failed with this model version: kept."
+    )
+    excluded: int = Field(0, description="Objects listed that the source's filters left out.")
 
 
 class PipelineRunOut(BaseModel):

@@ -112,5 +112,7 @@ def _run(run: pipelines.RunState) -> PipelineRunOut:
             pending=c.pending,
             skipped=c.skipped,
             deleted=c.deleted,
+            known_failed=c.known_failed,
+            excluded=c.excluded,
         ),
     )

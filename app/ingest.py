@@ -80,6 +80,7 @@ class BulkRequest:
     output: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
+    schedule: str | None = None  # the schedule whose run this is
 
 
 @traced("kiln.bulk.submit")
@@ -116,6 +117,7 @@ def stage_bulk(session: Session, request: BulkRequest) -> Job:
         source=request.source.to_json(),
         output=request.output,
         pipeline_id=pipeline.id if pipeline else None,
+        schedule=request.schedule,
     )
     session.add(job)
     session.flush()

@@ -12,6 +12,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from kiln.app.core.errors import KilnError
 
+MAX_JOBS_PAGE = 200  # the most jobs GET /v1/jobs answers at once
+
 
 class ApiError(KilnError):
     """The API answered with an error; the message is its sentence."""
@@ -84,6 +86,20 @@ class KilnClient:
 
     def remove_schedule(self, name: str) -> None:
         self._call("DELETE", f"/v1/schedules/{name}")
+
+    def jobs(self, limit: int, **only: str | None) -> list[dict[str, Any]]:
+        """The tenant's newest `limit` jobs, page by page; `only`: `status`, `pipeline` or
+        `schedule` filters (None: not filtered)."""
+        params: dict[str, Any] = {k: v for k, v in only.items() if v is not None}
+        found: list[dict[str, Any]] = []
+        while len(found) < limit:
+            params["limit"] = min(limit - len(found), MAX_JOBS_PAGE)
+            page = self._call("GET", "/v1/jobs", params=params).json()
+            found += page["jobs"]
+            if not page["next"]:
+                break
+            params["after"] = page["next"]
+        return found
 
     def job(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}").json()

@@ -109,6 +109,7 @@ class BulkRequest:
     options: dict[str, Any] = field(default_factory=dict)
     idempotency_key: str | None = None
     retry_failed: bool = False  # a pipeline's run: retry its known failures too
+    schedule: str | None = None  # the schedule whose run this is
 
 
 @traced("kiln.bulk.submit")
@@ -145,6 +146,7 @@ def stage_bulk(session: Session, request: BulkRequest) -> Job:
         source=request.source.to_json(),
         output=request.output,
         pipeline_id=pipeline.id if pipeline else None,
+        schedule=request.schedule,
     )
     session.add(job)
     session.flush()

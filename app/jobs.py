@@ -27,6 +27,7 @@ from kiln.app.db.models import ItemStatus, Job, JobStatus, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
 from kiln.app.fallback import check_fallback
+from kiln.app.job_lookup import find_job
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.sources import parse_s3_uri
 from kiln.app.storage import ObjectStore
@@ -289,8 +290,10 @@ def _delete_inputs(store: ObjectStore, job_id: str, request: JobRequest) -> None
 
 
 def cancel_job(session: Session, tenant: str, job_id: str) -> Job:
-    """Stop a job: pending items are cancelled now, running chunks drain, results are kept."""
+    """Stop a job (by its id or a unique prefix of it): pending items are cancelled now,
+    running chunks drain, results are kept."""
     with unit_of_work(session):
+        job_id = find_job(session, tenant, job_id).id
         job = queries.lock_job(session, job_id, tenant)
         if job is None:
             raise NotFoundError(f"There is no job {job_id}.")
@@ -307,10 +310,8 @@ def cancel_job(session: Session, tenant: str, job_id: str) -> Job:
 
 
 def get_job(session: Session, tenant: str, job_id: str) -> Job:
-    job = queries.tenant_job(session, tenant, job_id)
-    if job is None:
-        raise NotFoundError(f"There is no job {job_id}.")
-    return job
+    """The tenant's job by its id or a unique prefix of it (`job_lookup.find_job`)."""
+    return find_job(session, tenant, job_id)
 
 
 RATE_WINDOW_S = 60.0  # an open job's items/s: over its last minute, so the ETA is steady

@@ -50,22 +50,58 @@ class ScheduleRequest:
     retry_failed: bool = False  # every run retries the pipeline's known failures
 
 
-def next_run(cron: str, after: datetime) -> datetime:
-    """The first time after `after` that `cron` (five fields, UTC) names."""
+CRON_SHORTHANDS = ("@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually")
+WHAT_CRON_IS = (
+    "A cron expression is five fields, minute hour day-of-month month weekday, in UTC "
+    "(e.g. '0 2 * * *': 02:00 every day), or one of @hourly, @daily, @weekly, @monthly, "
+    "@yearly."
+)
+
+
+def check_cron(cron: str) -> str:
+    """The cron expression as stored (its fields single-spaced), or an InputError saying what
+    is wrong with it and what a cron expression is."""
+    fields = cron.split()
+    if len(fields) == 1 and fields[0].startswith("@"):
+        if fields[0].lower() not in CRON_SHORTHANDS:
+            raise InputError(f"{cron!r} is not a cron expression Kiln knows. {WHAT_CRON_IS}")
+        return fields[0].lower()
+    if len(fields) != 5:
+        count = f"{len(fields)} field{'' if len(fields) == 1 else 's'}"
+        raise InputError(f"{cron!r} has {count}, not five. {WHAT_CRON_IS}")
+    expression = " ".join(fields)
     try:
-        return croniter(cron, after).get_next(datetime)
-    except (CroniterBadCronError, ValueError, KeyError):
-        raise InputError(
-            f"{cron!r} is not a cron expression like '0 2 * * *' (minute hour day month weekday)."
-        ) from None
+        croniter(expression)
+    except (CroniterBadCronError, ValueError, KeyError) as error:
+        why = _why(error)
+        raise InputError(f"{cron!r} is not a cron expression: {why}. {WHAT_CRON_IS}") from None
+    return expression
+
+
+def _why(error: Exception) -> str:
+    """croniter's reason, as part of a sentence ("[61 * * * *] is not acceptable, out of range"
+    → "a field is out of range (…)")."""
+    said = re.sub(r"^\[.*?\]\s*", "", str(error)).rstrip(".")
+    if "out of range" in said:
+        return (
+            "a field is out of range (minute 0-59, hour 0-23, day 1-31, month 1-12, "
+            "weekday 0-6 or sun-sat)"
+        )
+    if not said or said == "is not acceptable":
+        return "a field is not a number, a name, a range (1-5), a list (1,3), a step (*/15) or *"
+    return said
+
+
+def next_run(cron: str, after: datetime) -> datetime:
+    """The first time after `after` that `cron` (checked by `check_cron`, UTC) names."""
+    return croniter(check_cron(cron), after).get_next(datetime)
 
 
 def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
     if not re.fullmatch(NAME_PATTERN, request.name):
         raise InputError("A schedule name is letters, digits, '.', '_' or '-' (up to 128).")
-    if len(request.cron.split()) != 5:
-        raise InputError("A cron expression has five fields: minute hour day month weekday.")
-    when = next_run(request.cron, utcnow())
+    cron = check_cron(request.cron)
+    when = next_run(cron, utcnow())
     request.source.check()
     if request.output:
         parse_s3_uri(request.output)
@@ -78,7 +114,7 @@ def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
     schedule = Schedule(
         tenant=request.tenant,
         name=request.name,
-        cron=request.cron,
+        cron=cron,
         source=request.source.to_json(),
         model=request.model,
         output=request.output,
@@ -174,4 +210,5 @@ def _request(schedule: Schedule) -> BulkRequest:
         output=schedule.output,
         options=dict(schedule.options or {}),
         retry_failed=schedule.retry_failed,
+        schedule=schedule.name,
     )

@@ -116,7 +116,7 @@ def find_target(
     _check_kind(f"Job {job.id}", model, query)
     if queries.is_open(job):
         raise ConflictError(
-            f"Job {job_id} is still {job.status}; it can be searched once it closes "
+            f"Job {job.id} is still {job.status}; it can be searched once it closes "
             "(its vector index is built then)."
         )
     counts = queries.job_counts(session, job.id, bulk=job.source is not None)

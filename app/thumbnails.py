@@ -60,10 +60,10 @@ def item_thumbnail(
     job = jobs.get_job(session, tenant, job_id)
     model = get_model(session, job.model, tenant)
     if model.input != "image":
-        raise InputError(f"Job {job_id} ran a text model; its items have no pictures to show.")
+        raise InputError(f"Job {job.id} ran a text model; its items have no pictures to show.")
     item = queries.item_by_key(session, job.id, key)
     if item is None:
-        raise NotFoundError(f"Job {job_id} has no item {key!r}.")
+        raise NotFoundError(f"Job {job.id} has no item {key!r}.")
     drawn = detections(item) if boxes else []
     name, side = f"Item {item.key!r}", min(side, MAX_PX)
     if item.frame_time_s is not None:  # a video's frame: its video, decoded at that moment

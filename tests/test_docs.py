@@ -115,6 +115,7 @@ def test_the_checker_finds_what_it_should() -> None:
 _SHELL = re.compile(r"^```(?:bash|sh|shell|console)?\n(.*?)^```", re.M | re.S)
 _KILN_SPAN = re.compile(r"`(kiln [^`\n]*)`")
 _KILN_HINT = re.compile(r"<code>(kiln [^<]*)</code>")
+_KILN_SUBSHELL = re.compile(r"\$\((kiln [^)]*)\)")  # export KILN_API_KEY=$(kiln keys create …)
 TEMPLATES = ROOT / "app" / "console" / "templates"
 
 
@@ -127,6 +128,7 @@ def kiln_commands() -> list[tuple[str, str]]:
             for line in block.replace("\\\n", " ").splitlines():
                 if line.strip().startswith("kiln "):
                     found.append((path.name, line.strip()))
+                found += [(path.name, inner) for inner in _KILN_SUBSHELL.findall(line)]
         found += [(path.name, span) for span in _KILN_SPAN.findall(_FENCE.sub("", text))]
     for path in sorted(TEMPLATES.glob("*.html")):
         found += [(path.name, hint) for hint in _KILN_HINT.findall(path.read_text())]
@@ -185,6 +187,7 @@ def test_every_kiln_command_shown_is_one_kiln_has(where: str, line: str) -> None
 
 def test_the_command_checker_finds_what_it_should() -> None:
     assert ("login.html", "kiln keys create --tenant NAME") in kiln_commands()
+    assert ("README.md", "kiln keys create --tenant acme --bucket photos") in kiln_commands()
     assert command_problem("kiln keys create --tenant acme --bucket photos  # a note") is None
     assert command_problem("kiln api --host 0.0.0.0 --port 8000 &") is None
     assert command_problem("kiln keys create TENANT") == (

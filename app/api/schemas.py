@@ -98,7 +98,13 @@ class ScheduleCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(..., pattern=NAME_PATTERN)
-    cron: str = Field(..., min_length=9, max_length=128, examples=["0 2 * * *"])
+    cron: str = Field(
+        ...,
+        max_length=128,
+        examples=["0 2 * * *", "@daily"],
+        description="Five fields (minute hour day-of-month month weekday, UTC) or @hourly, "
+        "@daily, @weekly, @monthly, @yearly.",
+    )
     model: str = Field(..., min_length=1, max_length=128)
     source: SourceIn
     output: str | None = Field(None, max_length=2048)
@@ -175,6 +181,17 @@ class JobOut(BaseModel):
     )
     listing: bool = False
     source: dict[str, Any] | None = None
+    pipeline: str | None = Field(None, description="The incremental pipeline it is a run of.")
+    schedule: str | None = Field(None, description="The schedule that started it.")
+    output: str | None = Field(
+        None,
+        description="The s3:// prefix its results are written under (in `<output>/<id>/`); "
+        "null: Kiln's own store (`results_url`).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The options it runs with (its fallback pinned to an exact version).",
+    )
     results_url: str
     error: str | None = None
 

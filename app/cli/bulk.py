@@ -93,7 +93,9 @@ def bulk(
 @schedule_app.command("add")
 def schedule_add(
     name: Annotated[str, typer.Argument(help="Schedule (and pipeline) name.")],
-    cron: Annotated[str, typer.Option(help="Cron expression in UTC, e.g. '0 2 * * *'.")],
+    cron: Annotated[
+        str, typer.Option(help="Cron expression in UTC, e.g. '0 2 * * *' or @daily (@hourly…).")
+    ],
     source: Annotated[str, typer.Option(help="s3://bucket/prefix to process.")],
     model: Annotated[str, typer.Option(help="Model to run.")],
     output: Output = None,

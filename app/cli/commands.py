@@ -29,6 +29,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "beat": serve.beat,
     "run": local.run,
     "submit": remote.submit,
+    "jobs": remote.jobs_cmd,
     "status": remote.status,
     "results": remote.results_cmd,
     "cancel": remote.cancel,

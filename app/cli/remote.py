@@ -1,15 +1,20 @@
-"""`kiln submit|status|results|cancel`: a client of a Kiln API (KILN_API_URL, KILN_API_KEY)."""
+"""`kiln submit|jobs|status|results|cancel`: a client of a Kiln API (KILN_API_URL, KILN_API_KEY).
+
+Wherever a job id is asked for, its first eight characters (as `kiln jobs`, the bars and the
+console show it) or any unique prefix of four or more will do."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
 
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
 from kiln.app.cli.verdict import Ended, Kind, decide
@@ -100,6 +105,83 @@ def _pipeline_results(name: str, output: Path | None, job_id: str | None, other:
         client.download_pipeline_results(name, output)
     rows = pq.ParquetFile(output).metadata.num_rows
     console.print(f"current results of pipeline {name} ({rows:,} rows) written to {output}")
+
+
+JobStatusName = Literal["queued", "running", "cancelling", "completed", "failed", "cancelled"]
+SHORT_ID = 8  # characters of an id shown; any unique prefix of 4 or more names the job
+
+
+def jobs_cmd(
+    status_: Annotated[
+        JobStatusName | None, typer.Option("--status", help="Only jobs of this status.")
+    ] = None,
+    pipeline: Annotated[
+        str | None, typer.Option(help="Only the runs of this pipeline (`kiln bulk --name`).")
+    ] = None,
+    schedule: Annotated[
+        str | None, typer.Option(help="Only the runs this schedule started.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")] = 20,
+    quiet: Annotated[
+        bool, typer.Option("-q", "--quiet", help="Full ids only, one a line (for scripts).")
+    ] = False,
+) -> None:
+    """Your jobs, newest first: id, status, model, items done, when, pipeline or schedule."""
+    with ApiClient() as client:
+        found = client.jobs(limit, status=status_, pipeline=pipeline, schedule=schedule)
+    if quiet:
+        for job in found:
+            typer.echo(job["id"])
+        return
+    if not found:
+        errors.print("No jobs" + (" match." if status_ or pipeline or schedule else " yet."))
+        return
+    table = Table("id", "status", "model", "items", "created", "pipeline / schedule")
+    shown = short_ids([job["id"] for job in found])
+    for job, short in zip(found, shown, strict=True):
+        table.add_row(
+            short, job["status"], job["model"], _items(job["counts"]),
+            _when(job["created_at"]), escape(_started_by(job)),
+        )  # fmt: skip
+    console.print(table)
+
+
+def short_ids(ids: list[str]) -> list[str]:
+    """Each id's first SHORT_ID characters, or more where two listed ids share them, so every
+    one shown names its job among those listed (neighbours in sorted order share the most)."""
+    ordered = sorted(set(ids))
+    needs = dict.fromkeys(ordered, SHORT_ID)
+    for one, next_ in itertools.pairwise(ordered):
+        shared = _shared(one, next_)
+        needs[one], needs[next_] = max(needs[one], shared + 1), max(needs[next_], shared + 1)
+    return [job_id[: needs[job_id]] for job_id in ids]
+
+
+def _shared(one: str, other: str) -> int:
+    """How many first characters the two have in common."""
+    same = itertools.takewhile(lambda pair: pair[0] == pair[1], zip(one, other, strict=False))
+    return sum(1 for _ in same)
+
+
+def _items(counts: dict[str, Any]) -> str:
+    """Items ended of the total, and how many failed."""
+    ended = counts["succeeded"] + counts["failed"] + counts["cancelled"]
+    line = f"{ended}/{counts['total']}"
+    return line + f" ({counts['failed']} failed)" if counts["failed"] else line
+
+
+def _when(stamp: str) -> str:
+    """An API timestamp as local date and time, to the minute."""
+    return datetime.fromisoformat(stamp).astimezone().strftime("%Y-%m-%d %H:%M")
+
+
+def _started_by(job: dict[str, Any]) -> str:
+    pipeline, schedule = job.get("pipeline"), job.get("schedule")
+    if schedule and pipeline in (None, schedule):
+        return f"{schedule} (schedule)"
+    if schedule:
+        return f"{pipeline} (schedule {schedule})"
+    return pipeline or "–"
 
 
 def cancel(job_id: str) -> None:

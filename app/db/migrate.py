@@ -75,10 +75,13 @@ def describe(revision: str | None) -> str:
 
 
 def current_revision(connection: Connection) -> str | None:
-    """The database's revision; None where it has no Kiln tables yet."""
-    from alembic.runtime.migration import MigrationContext
-
-    return MigrationContext.configure(connection).get_current_revision()
+    """The database's revision as Alembic stamps it (its one-row table), read without Alembic:
+    `/readyz` asks on every call, and an Alembic context logs its setup each time it is made.
+    None where it has no Kiln tables yet."""
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    stamped = connection.scalar(text("SELECT version_num FROM alembic_version"))
+    return None if stamped is None else str(stamped)
 
 
 def schema_problem(connection: Connection) -> str | None:
@@ -88,6 +91,8 @@ def schema_problem(connection: Connection) -> str | None:
     revision = current_revision(connection)
     if revision is None:
         return "The database has no Kiln tables; run `kiln db upgrade`."
+    if revision == migrations.HEAD:
+        return None  # the usual answer, without reading the migrations
     if known(revision) and revision != head():
         return (
             f"The database is at {describe(revision)}; this Kiln needs {describe(head())}: "
@@ -112,14 +117,11 @@ def _ensure_sqlite_folder(settings: Settings) -> None:
 
 
 def _revision_of(settings: Settings) -> str | None:
-    """The database's revision as Alembic stamps it (its one-row table), read without Alembic."""
+    """The database's revision (`current_revision`), on a connection of its own."""
     engine = make_engine(settings.database_url)
     try:
         with engine.connect() as connection:
-            if not inspect(connection).has_table("alembic_version"):
-                return None
-            stamped = connection.scalar(text("SELECT version_num FROM alembic_version"))
-            return None if stamped is None else str(stamped)
+            return current_revision(connection)
     finally:
         engine.dispose()
 

@@ -176,6 +176,10 @@ class Job(Base):
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency"),
         Index("ix_jobs_tenant_created", "tenant", "created_at"),
         Index("ix_jobs_tenant_status", "tenant", "status"),  # the open-jobs quota's count
+        # A job found by its id's first characters (`kiln status 4665f751`): a range read.
+        Index(
+            "ix_jobs_tenant_id_prefix", "tenant", "id", postgresql_ops={"id": "varchar_pattern_ops"}
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -192,6 +196,7 @@ class Job(Base):
     source: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     output: Mapped[str | None] = mapped_column(String(2048))
     pipeline_id: Mapped[int | None] = mapped_column(ForeignKey("pipelines.id", ondelete="SET NULL"))
+    schedule: Mapped[str | None] = mapped_column(String(128))  # the schedule that started it
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -21,6 +21,7 @@ from kiln.app.db.models import (
     ItemStatus,
     Job,
     JobStatus,
+    Pipeline,
     aware,
     utcnow,
 )
@@ -309,9 +310,30 @@ def list_items(
     return list(session.scalars(query.order_by(Item.id).limit(limit)))
 
 
-def list_jobs(session: Session, tenant: str, *, after: Job | None, limit: int) -> list[Job]:
-    """The tenant's jobs, newest first; `after` is the last job of the previous page."""
+@dataclass(frozen=True)
+class JobFilter:
+    """What a listing of jobs keeps: this status, runs of this pipeline, runs this schedule
+    started (a name that matches nothing keeps nothing)."""
+
+    status: str | None = None
+    pipeline: str | None = None
+    schedule: str | None = None
+
+
+def list_jobs(
+    session: Session, tenant: str, *, after: Job | None, limit: int, only: JobFilter = JobFilter()
+) -> list[Job]:
+    """The tenant's jobs that `only` keeps, newest first; `after` is the last job of the
+    previous page."""
     query = select(Job).where(Job.tenant == tenant)
+    if only.status is not None:
+        query = query.where(Job.status == only.status)
+    if only.schedule is not None:
+        query = query.where(Job.schedule == only.schedule)
+    if only.pipeline is not None:
+        query = query.join(Pipeline, Pipeline.id == Job.pipeline_id).where(
+            Pipeline.tenant == tenant, Pipeline.name == only.pipeline
+        )
     if after is not None:
         query = query.where(
             or_(

@@ -10,11 +10,18 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app.core.errors import ConflictError, NotFoundError, TransientError
+from kiln.app import job_lookup
+from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db.models import Ingest, Job, JobStatus, Schedule, utcnow
 from kiln.app.dispatch.stub import BrokenDispatcher, IngestStep, RecordingDispatcher
 from kiln.app.ingest import Source
-from kiln.app.schedules import ScheduleRequest, add_schedule, remove_schedule, run_due
+from kiln.app.schedules import (
+    ScheduleRequest,
+    add_schedule,
+    check_cron,
+    remove_schedule,
+    run_due,
+)
 from kiln.app.tenants import allow_bucket
 
 NIGHTLY = ScheduleRequest("acme", "nightly", "0 2 * * *", Source("s3://photos/"), "phash")
@@ -176,10 +183,80 @@ def test_a_schedule_asked_to_retry_failures_retries_them_on_every_run(
 def test_a_schedule_with_bad_options_is_refused_when_added(
     session: Session, sessions: sessionmaker[Session], options: dict[str, object], sentence: str
 ) -> None:
-    from kiln.app.core.errors import InputError
-
     request = ScheduleRequest(**{**NIGHTLY.__dict__, "name": "other", "options": options})
     with pytest.raises(InputError, match=sentence):
         add_schedule(session, request)
     with sessions() as other:
         assert other.scalar(select(Schedule).where(Schedule.name == "other")) is None
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("@daily", "@daily"),
+        ("@Hourly", "@hourly"),
+        ("@weekly", "@weekly"),
+        ("@monthly", "@monthly"),
+        ("@yearly", "@yearly"),
+        ("@annually", "@annually"),
+        ("0 2 * * *", "0 2 * * *"),
+        (" 30  4 1 * mon ", "30 4 1 * mon"),
+        ("*/15 * * * *", "*/15 * * * *"),
+    ],
+)
+def test_a_cron_expression_or_a_shorthand_is_taken(given: str, stored: str) -> None:
+    assert check_cron(given) == stored
+
+
+WHAT = (
+    "A cron expression is five fields, minute hour day-of-month month weekday, in UTC "
+    "(e.g. '0 2 * * *': 02:00 every day), or one of @hourly, @daily, @weekly, @monthly, @yearly."
+)
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [
+        ("0 2 * *", "'0 2 * *' has 4 fields, not five."),
+        ("0 2 * * * *", "'0 2 * * * *' has 6 fields, not five."),
+        ("", "'' has 0 fields, not five."),
+        ("daily", "'daily' has 1 field, not five."),
+        ("@reboot", "'@reboot' is not a cron expression Kiln knows."),
+        (
+            "61 * * * *",
+            "'61 * * * *' is not a cron expression: a field is out of range (minute 0-59, "
+            "hour 0-23, day 1-31, month 1-12, weekday 0-6 or sun-sat).",
+        ),
+        (
+            "a b c d e",
+            "'a b c d e' is not a cron expression: a field is not a number, a name, a range "
+            "(1-5), a list (1,3), a step (*/15) or *.",
+        ),
+    ],
+)
+def test_a_cron_that_is_not_one_says_what_one_is(given: str, why: str) -> None:
+    with pytest.raises(InputError) as raised:
+        check_cron(given)
+    assert str(raised.value) == f"{why} {WHAT}"
+
+
+def test_a_daily_schedule_runs_at_the_next_midnight_utc(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    add_schedule(session, ScheduleRequest(**{**NIGHTLY.__dict__, "name": "d", "cron": "@daily"}))
+    schedule = schedule_of(sessions, "d")
+    assert schedule.cron == "@daily"
+    when = schedule.next_run_at.replace(tzinfo=None)
+    now = utcnow().replace(tzinfo=None)
+    assert (when.hour, when.minute, when.second) == (0, 0, 0)
+    assert timedelta(0) < when - now <= timedelta(days=1)
+
+
+def test_a_scheduled_run_names_its_schedule_and_pipeline(
+    session: Session, sessions: sessionmaker[Session]
+) -> None:
+    (job_id,) = run_due(session, RecordingDispatcher(), now=later(2))
+    with sessions() as other:
+        job = other.get(Job, job_id)
+        assert job is not None and job.schedule == "nightly"
+        assert job_lookup.pipeline_name(other, job) == "nightly"

@@ -184,10 +184,18 @@ def test_the_readmes_service_steps_run_as_written(
     }
     assert exported == {
         "KILN_DATABASE_URL", "KILN_BROKER_URL", "KILN_STORAGE_URL", "KILN_S3_ENDPOINT_URL",
-        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "KILN_API_KEY", "KILN_API_URL",
     }  # fmt: skip
     others = [line.split()[0] for line in lines if not line.startswith(("export ", "kiln "))]
-    assert others == ["createdb", "curl"]  # createdb: `fresh_database`; curl: below
+    # pip: this test runs in the environment it made; createdb: `fresh_database`; curl: below
+    assert others == ["pip", "createdb", "curl"]
+    assert lines[0].startswith("pip install '.[cpu]'")
+    # the CLI's variables are set before the first command that needs them (the API's start)
+    first_api = next(i for i, line in enumerate(lines) if line.startswith("kiln api"))
+    assert all(
+        any(line.startswith(f"export {name}=") for line in lines[:first_api])
+        for name in ("KILN_API_KEY", "KILN_API_URL")
+    )
 
     broker = claim_redis_db()
     try:
@@ -207,6 +215,14 @@ def test_the_readmes_service_steps_run_as_written(
         key = ""
         said: dict[str, str] = {}
         for line in lines:
+            if given := re.match(r"export KILN_API_KEY=\$\((kiln [^)]*)\)", line):
+                made = run_kiln(env, *shlex.split(given.group(1))[1:])
+                assert made.returncode == 0, f"{line}\n{made.stderr}"
+                key = env["KILN_API_KEY"] = made.stdout.strip()
+                continue
+            if given := re.match(r"export KILN_API_URL=(\S+)", line):
+                env["KILN_API_URL"] = given.group(1).replace(":8000", f":{api_port}")
+                continue
             if not line.startswith("kiln "):
                 continue
             words = [ports.get(w, w) for w in shlex.split(line, comments=True)[1:]]
@@ -216,8 +232,6 @@ def test_the_readmes_service_steps_run_as_written(
             done = run_kiln(env, *words)
             assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
             said[" ".join(words[:2])] = flat(done.stdout)
-            if words[:2] == ["keys", "create"]:
-                key = done.stdout.strip().splitlines()[-1]
 
         assert said["db upgrade"].startswith(
             f"Upgraded the database at {fresh_database} from empty"
@@ -237,9 +251,14 @@ def test_the_readmes_service_steps_run_as_written(
         assert ready.status_code == 200, ready.text
         assert ready.json()["checks"] == {"database": "ok", "broker": "ok", "storage": "ok"}
 
+        assert re.fullmatch(r"kiln_[0-9a-f]{8}_\S+", key), key  # stdout is the key alone
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
             job = upload(http).json()
             assert wait_done(http, job["id"])["counts"]["succeeded"] == 1
+            # the CLI finds the API and the key where the block set them
+            status = run_kiln(env, "status", job["id"][:8])
+            assert status.returncode == 0, status.stderr
+            assert flat(status.stdout).startswith(f"job {job['id']} completed: 1 succeeded")
             # acme may read s3://photos (the README's --bucket), but no such bucket exists:
             # the user's error, on its item, not the server's 503
             named = http.post(

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from kiln.app import fleet, jobs, results, video
+from kiln.app import fleet, job_lookup, jobs, results, video
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep, get_context
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (
@@ -30,7 +30,7 @@ from kiln.app.api.schemas import (
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, TransientError
 from kiln.app.db import queries
-from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, utcnow
+from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -78,6 +78,10 @@ def job_out(
         waiting_for_worker=_waiting_for_worker(request, session, report),
         listing=c.listing,
         source=job.source,
+        pipeline=job_lookup.pipeline_name(session, job),
+        schedule=job.schedule,
+        output=job.output,
+        options=job.options or {},
         results_url=str(request.url_for("get_results", job_id=job.id)),
         error=job.error,
     )
@@ -247,12 +251,20 @@ def list_jobs(
     after: Annotated[
         str | None, Query(max_length=36, description="`next` from the last page")
     ] = None,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+    pipeline: Annotated[
+        str | None, Query(max_length=128, description="Runs of this pipeline only.")
+    ] = None,
+    schedule: Annotated[
+        str | None, Query(max_length=128, description="Runs this schedule started only.")
+    ] = None,
 ) -> JobsPage:
-    """Your jobs, newest first."""
+    """Your jobs, newest first; optionally of one status, pipeline or schedule."""
     cursor = queries.tenant_job(session, tenant, after) if after else None
     if after and cursor is None:
         raise InputError(f"{after!r} is not a cursor from this listing.")
-    page = queries.list_jobs(session, tenant, after=cursor, limit=limit)
+    only = queries.JobFilter(status_, pipeline, schedule)
+    page = queries.list_jobs(session, tenant, after=cursor, limit=limit, only=only)
     return JobsPage(
         jobs=[job_out(request, session, job) for job in page],
         next=page[-1].id if len(page) == limit else None,
@@ -293,7 +305,7 @@ async def get_job(
             return out
         # Pushed closes wake us at once; re-reading now and then covers a missed one.
         recheck = RECHECK_LISTENING_S if context.waiters.listening else RECHECK_POLLING_S
-        await context.waiters.wait(job_id, min(remaining, recheck))
+        await context.waiters.wait(out.id, min(remaining, recheck))
 
 
 @router.get("/{job_id}/items", response_model=ItemsPage, responses=ERRORS)
@@ -306,8 +318,8 @@ def list_items(
     after: Annotated[int, Query(ge=0, description="`next` from the last page")] = 0,
 ) -> ItemsPage:
     """The job's items in submission order, optionally of one status."""
-    jobs.get_job(session, tenant, job_id)
-    page = queries.list_items(session, job_id, status=status_, after=after, limit=limit)
+    job = jobs.get_job(session, tenant, job_id)
+    page = queries.list_items(session, job.id, status=status_, after=after, limit=limit)
     return ItemsPage(
         items=[
             ItemOut(
@@ -344,7 +356,7 @@ def get_results(
         iterate_in_threadpool(results.stream_parquet(place)),
         media_type="application/vnd.apache.parquet",
         headers={
-            "Content-Disposition": f'attachment; filename="{job_id}.parquet"',
+            "Content-Disposition": f'attachment; filename="{job.id}.parquet"',
             "X-Kiln-Job-Status": job.status,
         },
     )
@@ -365,18 +377,18 @@ def get_groups(
     job = jobs.get_job(session, tenant, job_id)
     if queries.is_open(job):
         raise ConflictError(
-            f"Job {job_id} is still {job.status}; its groups are made when it closes."
+            f"Job {job.id} is still {job.status}; its groups are made when it closes."
         )
     place = results.place_for(context.store, job.id, job.output, s3)
     if not place.store.exists(results.manifest_key(place)):  # its close steps write it last
         raise TransientError(
-            f"Job {job_id} has just closed and its groups are still being written; "
+            f"Job {job.id} has just closed and its groups are still being written; "
             "ask again in a moment."
         )
     return Response(
         results.groups_parquet(place),
         media_type="application/vnd.apache.parquet",
-        headers={"Content-Disposition": f'attachment; filename="{job_id}-groups.parquet"'},
+        headers={"Content-Disposition": f'attachment; filename="{job.id}-groups.parquet"'},
     )
 
 
@@ -399,7 +411,7 @@ def get_result_urls(
         manifest, shards = results.presign_results(place, expires)
     except ConflictError:
         raise ConflictError(
-            f"Presigned URLs need S3 storage; download through /v1/jobs/{job_id}/results."
+            f"Presigned URLs need S3 storage; download through /v1/jobs/{job.id}/results."
         ) from None
     return ResultUrlsOut(
         job_id=job.id,

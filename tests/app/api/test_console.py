@@ -317,3 +317,17 @@ def test_a_job_whose_worker_stopped_renewing_says_it_is_stalled(
     job = browser.get(f"/v1/jobs/{job_id}", headers=bearer(acme_key)).json()
     assert job["counts"]["running"] == 1 and job["counts"]["pending"] == 0
     assert job["stalled_since"] is not None
+
+
+def test_a_job_page_answers_to_the_eight_characters_it_shows(
+    browser: TestClient, acme_key: str, new_key: Callable[[str], str]
+) -> None:
+    job = submit(browser, acme_key)
+    sign_in(browser, acme_key)
+    page = browser.get(f"/console/jobs/{job[:8]}")
+    assert page.status_code == 200, page.text[:500]
+    assert f'hx-get="/console/jobs/{job}/items"' in page.text  # its parts ask by the whole id
+    for path in ("/summary", "/items", "/throughput.json", "/results.parquet"):
+        assert browser.get(f"/console/jobs/{job[:8]}{path}").status_code == 200, path
+    sign_in(browser, new_key("globex"))
+    assert browser.get(f"/console/jobs/{job[:8]}").status_code == 404

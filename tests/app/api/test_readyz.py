@@ -5,6 +5,7 @@ tests/integration/test_setup.py."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,3 +125,22 @@ def test_what_says_the_schema_is_behind(said: str, missing: bool) -> None:
     from kiln.app.api.errors import _schema_missing
 
     assert _schema_missing(OperationalError("INSERT …", {}, Exception(said))) is missing
+
+
+def test_readyz_logs_no_alembic_lines_and_an_upgrade_still_does(
+    client: TestClient, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each /readyz reads the schema's revision; Alembic, which logs its setup each time it is
+    configured (nine lines on a process's first call, two after), is not asked. `kiln db
+    upgrade` still logs the migrations it runs."""
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(2):
+            assert checks(client)["database"] == "ok"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("alembic")] == []
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="alembic"):
+        migrate.upgrade(get_settings(data_dir=settings.data_dir / "fresh"))
+    ran = [r.getMessage() for r in caplog.records if r.name == "alembic.runtime.migration"]
+    assert any(line.startswith("Running upgrade") for line in ran), ran
+    assert f"-> {migrate.head()}," in ran[-1]

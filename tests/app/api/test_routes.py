@@ -144,6 +144,20 @@ def test_a_job_says_when_no_worker_is_running(
     assert [j["waiting_for_worker"] for j in listed] == [False]
 
 
+def test_the_jobs_listing_keeps_a_status_and_refuses_one_there_is_not(client: TestClient) -> None:
+    job = submit(client)
+
+    def listed(**only: str) -> list[str]:
+        return [j["id"] for j in client.get("/v1/jobs", params=only).json()["jobs"]]
+
+    assert listed(status="queued") == [job["id"]]
+    assert listed(status="completed") == listed(pipeline="nightly") == listed(schedule="n") == []
+    assert_sentence(client.get("/v1/jobs", params={"status": "done"}), 422, "status", "'queued'")
+    assert (job["pipeline"], job["schedule"], job["output"], job["options"]) == (
+        None, None, None, {},
+    )  # fmt: skip
+
+
 def test_chunk_messages_carry_ids_not_bytes(client: TestClient, settings: Settings) -> None:
     job = submit(client, n=2)
     [message] = queued_messages(settings)

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, leases, queries
-from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
+from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Pipeline, utcnow
 from kiln.app.db.session import unit_of_work
 
 
@@ -423,6 +423,42 @@ def test_list_jobs_cursor_inside_a_tie_returns_the_rest_of_it(session: Session) 
     cursor = session.get(Job, "b" * 8)
     assert [j.id for j in queries.list_jobs(session, "acme", after=cursor, limit=10)] == ["a" * 8]
     assert [j.id for j in queries.list_jobs(session, "acme", after=None, limit=10)] == ids[::-1]
+
+
+def test_list_jobs_keeps_a_status_a_pipelines_runs_and_a_schedules_runs(
+    session: Session,
+) -> None:
+    nightly = Pipeline(tenant="acme", name="nightly", source={"s3": "s3://b/"}, model="phash")
+    theirs = Pipeline(tenant="globex", name="nightly", source={"s3": "s3://b/"}, model="phash")
+    session.add_all([nightly, theirs])
+    session.flush()
+    base = utcnow()
+    by_hand = make_job(session, status=JobStatus.COMPLETED, created_at=base)
+    scheduled = make_job(session, status=JobStatus.FAILED, created_at=base + timedelta(seconds=1))
+    other = make_job(session, status=JobStatus.FAILED, created_at=base + timedelta(seconds=2))
+    foreign = make_job(session, tenant="globex", created_at=base + timedelta(seconds=3))
+    by_hand.pipeline_id = scheduled.pipeline_id = nightly.id
+    scheduled.schedule = "nightly"
+    foreign.pipeline_id, foreign.schedule = theirs.id, "nightly"
+    session.commit()
+
+    def listed(**only: str) -> list[str]:
+        kept = queries.JobFilter(**only)
+        return [j.id for j in queries.list_jobs(session, "acme", after=None, limit=10, only=kept)]
+
+    assert listed() == [other.id, scheduled.id, by_hand.id]
+    assert listed(status="failed") == [other.id, scheduled.id]
+    assert listed(pipeline="nightly") == [scheduled.id, by_hand.id]
+    assert listed(schedule="nightly") == [scheduled.id]
+    assert listed(pipeline="nightly", status="completed") == [by_hand.id]
+    assert listed(pipeline="weekly") == listed(schedule="weekly") == []
+    first = queries.list_jobs(
+        session, "acme", after=None, limit=1, only=queries.JobFilter("failed")
+    )
+    rest = queries.list_jobs(
+        session, "acme", after=first[0], limit=5, only=queries.JobFilter("failed")
+    )
+    assert [j.id for j in first + rest] == [other.id, scheduled.id]
 
 
 def test_items_a_fallback_took_are_counted_once(session: Session) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.app import quotas, tenants
+from kiln.app import outputs, quotas, tenants
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
@@ -26,6 +26,7 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from kiln.app.observability.tracing import traced
+from kiln.app.results import S3Factory
 from kiln.app.sources import parse_s3_uri
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
@@ -114,14 +115,22 @@ class BulkRequest:
 
 @traced("kiln.bulk.submit")
 def submit_bulk(
-    session: Session, dispatcher: Dispatcher, request: BulkRequest, most_open: int | None = None
+    session: Session,
+    dispatcher: Dispatcher,
+    request: BulkRequest,
+    most_open: int | None = None,
+    *,
+    s3: S3Factory | None = None,
 ) -> Submitted:
     """Record the job and its ingest state, then send the first ingest message. `most_open`:
-    the tenant's cap on open jobs (`quotas.check_open_jobs`)."""
+    the tenant's cap on open jobs (`quotas.check_open_jobs`). `s3`: Kiln's S3 clients, to
+    probe the job's `output` first (the API's door; a caller without one skips the probe)."""
     if request.idempotency_key:
         existing = by_idempotency_key(session, request.tenant, request.idempotency_key)
         if existing is not None:
             return Submitted(existing, created=False)
+    if s3 is not None and request.output:  # before the unit: no lock held while S3 answers
+        outputs.check_output(session, request.tenant, request.output, s3)
     with unit_of_work(session):
         quotas.check_open_jobs(session, request.tenant, most_open)
         job = stage_bulk(session, request)
@@ -170,7 +179,7 @@ def _check(session: Session, request: BulkRequest) -> tuple[ModelInfo, dict[str,
         raise InputError(f"Model {model.name!r} takes text; a bucket source holds images.")
     request.source.check()
     if request.output:
-        parse_s3_uri(request.output)
+        outputs.output_prefix(request.output)
     options = check_options(session, request.tenant, model, request.options)
     check_places(session, request.tenant, request.source, request.output)
     return model, options
@@ -178,7 +187,9 @@ def _check(session: Session, request: BulkRequest) -> tuple[ModelInfo, dict[str,
 
 def check_places(session: Session, tenant: str, source: Source, output: str | None) -> None:
     """The tenant may read the source's bucket and write results to the output's."""
-    tenants.check_buckets(session, tenant, [source.uri, *([output] if output else [])])
+    tenants.check_buckets(session, tenant, [source.uri])
+    if output:
+        tenants.check_buckets(session, tenant, [output], verb="write to")
 
 
 def _pipeline(session: Session, request: BulkRequest) -> Pipeline:

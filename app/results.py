@@ -99,7 +99,7 @@ def place_for(store: ObjectStore, job_id: str, output: str | None, s3: S3Factory
 
     bucket, prefix = parse_s3_uri(output)
     folder = f"{prefix.strip('/')}/{job_id}/".lstrip("/")
-    return Place(S3Store(s3(), bucket), folder)
+    return Place(S3Store(s3(), bucket, output=output), folder)
 
 
 def library_place(store: ObjectStore, pipeline_id: int, model_ref: str) -> Place:

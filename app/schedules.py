@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from kiln.app import outputs
 from kiln.app.catalog import get_model
 from kiln.app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from kiln.app.db.dialect import on_postgres
@@ -33,7 +34,7 @@ from kiln.app.ingest import (
 )
 from kiln.app.jobs import check_options
 from kiln.app.observability.tracing import traced
-from kiln.app.sources import parse_s3_uri
+from kiln.app.results import S3Factory
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +98,26 @@ def next_run(cron: str, after: datetime) -> datetime:
     return croniter(check_cron(cron), after).get_next(datetime)
 
 
-def add_schedule(session: Session, request: ScheduleRequest) -> Schedule:
+def add_schedule(
+    session: Session, request: ScheduleRequest, *, s3: S3Factory | None = None
+) -> Schedule:
+    """Record the schedule once its parts are checked; `s3`: Kiln's S3 clients, to probe its
+    `output` as a bulk job's is (`outputs.check_output`)."""
     if not re.fullmatch(NAME_PATTERN, request.name):
         raise InputError("A schedule name is letters, digits, '.', '_' or '-' (up to 128).")
     cron = check_cron(request.cron)
     when = next_run(cron, utcnow())
     request.source.check()
     if request.output:
-        parse_s3_uri(request.output)
+        outputs.output_prefix(request.output)
     try:
         model = get_model(session, request.model, request.tenant)
     except NotFoundError as error:
         raise InputError(str(error)) from None
     check_options(session, request.tenant, model, request.options)  # runs pin their own
     check_places(session, request.tenant, request.source, request.output)
+    if s3 is not None and request.output:
+        outputs.check_output(session, request.tenant, request.output, s3)
     schedule = Schedule(
         tenant=request.tenant,
         name=request.name,

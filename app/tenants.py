@@ -82,15 +82,18 @@ def check_bucket(session: Session, tenant: str, uri_or_bucket: str) -> None:
     check_buckets(session, tenant, [uri_or_bucket])
 
 
-def check_buckets(session: Session, tenant: str, uris_or_buckets: Iterable[str]) -> None:
-    """`check_bucket` for many URIs (a job's inputs) with one query."""
+def check_buckets(
+    session: Session, tenant: str, uris_or_buckets: Iterable[str], verb: str = "read"
+) -> None:
+    """`check_bucket` for many URIs (a job's inputs) with one query. `verb` says what the
+    tenant would do there ("read", or "write to" for an output): one list allows both."""
     wanted = {bucket_of(u) for u in uris_or_buckets}
     if not wanted:
         return
     missing = sorted(wanted - allowed_buckets(session, tenant))
     if missing:
         raise ForbiddenError(
-            f"Tenant {tenant!r} may not read bucket {missing[0]!r}; an operator can allow it "
+            f"Tenant {tenant!r} may not {verb} bucket {missing[0]!r}; an operator can allow it "
             f"with `kiln tenants allow-bucket {tenant} {missing[0]}`."
         )
 

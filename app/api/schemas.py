@@ -217,8 +217,10 @@ class JobsPage(BaseModel):
 class ItemOut(BaseModel):
     key: str
     status: str
-    error: str | None
-    attempts: int
+    error: str | None = Field(
+        description="Why it failed; on a pending item, what stopped its last run."
+    )
+    attempts: int = Field(description="Runs that took it (at most KILN_MAX_ATTEMPTS).")
     duration_ms: float | None
     outputs: dict[str, Any] | None
     answered_by: str | None = Field(None, description="The model ref whose outputs these are.")

@@ -160,6 +160,17 @@ def _check_output(output: Path) -> None:
             f"--output {str(output)!r}: the folder {str(output.parent)!r} cannot be made "
             f"({error.strerror or error})."
         ) from None
+    existed = output.exists()
+    try:  # opened for writing, not os.access: ACLs, read-only mounts, links answer truly
+        with output.open("ab"):
+            pass
+        if not existed:
+            output.unlink()
+    except OSError as error:
+        raise InputError(
+            f"--output {str(output)!r} cannot be written ({error.strerror or error}); name "
+            "another file."
+        ) from None
 
 
 @contextmanager

@@ -21,6 +21,13 @@ class InputError(KilnError):
     """The input itself is bad: fail that item (or request) with this sentence."""
 
 
+class OutputError(InputError):
+    """The job's output (the user's `s3://` prefix for its results) cannot be written for a
+    reason retrying cannot fix: its bucket is missing, refuses Kiln, or is no bucket name. At
+    submission a 422; in a worker the job fails at once with this sentence (no retry, no
+    re-run of inference it could not store)."""
+
+
 class NotFoundError(KilnError):
     """The thing asked for does not exist for this tenant."""
 

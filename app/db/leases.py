@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from kiln.app.db import dialect
+from kiln.app.db import counters, dialect
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -130,6 +130,57 @@ def take(
     return sorted((LeasedItem(*row) for row in rows), key=lambda item: item.id)
 
 
+def gave_up(max_attempts: int) -> str:
+    """The sentence of an item given up on (its last recorded error follows it, if any)."""
+    return (
+        f"Kiln gave up on this input after {max_attempts} attempts; each run stopped before "
+        "finishing it (a worker crash, a lost lease or repeated transient errors)."
+    )
+
+
+def give_up(
+    session: Session,
+    job_id: str,
+    chunk: int,
+    item_ids: Sequence[int],
+    owner: str,
+    max_attempts: int,
+) -> int:
+    """Fail, counted, the chunk's takeable items already taken `max_attempts` times, with the
+    reason and the last error a run recorded on them (`release`); how many. Checked on the
+    locked rows, before `take` counts one more attempt, so an item's attempts never pass the
+    limit, however many copies of its chunk run: a failure recorded here needs no shard
+    write to stick (the chunk's shard picks it up as an earlier result)."""
+    now = utcnow()
+    spent = (
+        select(Item.id)
+        .where(Item.job_id == job_id, dialect.among(session, Item.id, item_ids))
+        .where(_takeable(owner, now), Item.attempts >= max_attempts)
+        .order_by(Item.id)
+        .with_for_update()
+    )
+    sentence = gave_up(max_attempts)
+    error = case(
+        (Item.error.is_(None), literal(sentence)),
+        else_=literal(f"{sentence} The last error recorded: ") + Item.error,
+    )
+    result = session.execute(
+        update(Item)
+        .where(Item.id.in_(spent))
+        .values(
+            status=ItemStatus.FAILED,
+            error=error,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    failed = int(result.rowcount)  # type: ignore[attr-defined]
+    counters.add(session, job_id, counters.slot_of(chunk), counters.Tally(failed=failed))
+    return failed
+
+
 @dataclass(frozen=True)
 class TakenChunk:
     """What a chunk run took: its items (none when another live run holds them) and its job."""
@@ -140,10 +191,17 @@ class TakenChunk:
 
 
 def take_chunk(
-    session: Session, job_id: str, item_ids: Sequence[int], owner: str, lease_s: float
+    session: Session,
+    job_id: str,
+    chunk: int,
+    item_ids: Sequence[int],
+    owner: str,
+    lease_s: float,
+    max_attempts: int,
 ) -> TakenChunk | None:
     """Take a chunk's open items and read its job (no lock on its row); None when the job no
-    longer exists."""
+    longer exists. Items already run `max_attempts` times fail instead (`give_up`)."""
+    give_up(session, job_id, chunk, item_ids, owner, max_attempts)
     items = take(session, job_id, item_ids, owner, lease_s)
     job = job_facts(session, job_id)
     if job is None:
@@ -209,18 +267,24 @@ def holds(session: Session, job_id: str, owner: str) -> int:
     return int(session.scalar(select(func.count()).where(_held_by(job_id, owner))) or 0)
 
 
-def release(session: Session, job_id: str, owner: str) -> int:
-    """Hand the items back (a run that stops without results): pending, no owner."""
-    result = session.execute(
-        update(Item)
-        .where(_held_by(job_id, owner))
-        .values(
-            status=ItemStatus.PENDING,
-            lease_owner=None,
-            lease_expires_at=None,
-            queued_at=utcnow(),  # the task's retry message is on its way
-        )
-    )
+def release(
+    session: Session, job_id: str, owner: str, reason: str | None = None, charged: bool = True
+) -> int:
+    """Hand the items back (a run that stops without results): pending, no owner. `reason`:
+    why the run stopped, kept as the items' error until a run finishes them (an item given up
+    on says it). Not `charged`: the attempt is not counted against the items (Kiln's own setup
+    stopped the run, not anything about them)."""
+    values: dict[str, Any] = {
+        "status": ItemStatus.PENDING,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "queued_at": utcnow(),  # the task's retry message is on its way
+    }
+    if reason is not None:
+        values["error"] = reason
+    if not charged:
+        values["attempts"] = case((Item.attempts > 0, Item.attempts - 1), else_=0)
+    result = session.execute(update(Item).where(_held_by(job_id, owner)).values(values))
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 

@@ -8,9 +8,20 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    ParamValidationError,
+)
 
-from kiln.app.core.errors import InputError, NotFoundError, SetupError, TransientError
+from kiln.app.core.errors import (
+    InputError,
+    NotFoundError,
+    OutputError,
+    SetupError,
+    TransientError,
+)
 from kiln.app.sources import parse_s3_uri
 from kiln.app.storage.base import NewObject, check_key
 
@@ -20,6 +31,7 @@ if TYPE_CHECKING:
 PUT_CONCURRENCY = 8  # boto3 clients are thread-safe; S3 answers each PUT in its own time
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _DENIED = {"AccessDenied", "403", "AllAccessDisabled"}
+_BAD_NAME = {"InvalidBucketName"}
 
 
 def make_s3_client(settings: StoreSettings) -> Any:
@@ -53,8 +65,37 @@ def translate(error: Exception, where: str) -> Exception:
             return NotFoundError(f"No object at {where}.")
         if code in _DENIED:
             return InputError(f"Access to {where} was refused ({code}).")
+        if code in _BAD_NAME:
+            return InputError(f"{where} does not name a valid bucket.")
         return TransientError(f"S3 error at {where}: {code or error}.")
+    if isinstance(error, ParamValidationError):  # botocore refused the name before sending
+        return InputError(f"{where} is not a valid S3 location.")
     return TransientError(f"Could not reach S3 for {where}: {error}.")
+
+
+def output_error(
+    error: Exception, bucket: str, output: str, verb: str = "write to"
+) -> OutputError | None:
+    """The sentence for a use of a job's `output` (`verb`: "write to", "read") that retrying
+    cannot fix (the bucket is missing, refuses Kiln's credentials, or is no bucket name),
+    naming the output as the user gave it; None for any other failure (throttling, 5xx, a
+    network fault: transient)."""
+    code = _code(error) if isinstance(error, ClientError) else ""
+    if code == "NoSuchBucket":
+        return OutputError(
+            f"The output bucket '{bucket}' does not exist ({output}): create it or name "
+            "another --output."
+        )
+    if code in _DENIED:
+        return OutputError(
+            f"Kiln may not {verb} the output bucket '{bucket}' ({output}): S3 refused its "
+            f"credentials ({code}); grant them access there or name another --output."
+        )
+    if code in _BAD_NAME or isinstance(error, ParamValidationError):
+        return OutputError(
+            f"'{bucket}' is not a valid bucket name ({output}): name another --output."
+        )
+    return None
 
 
 def read_object(client: Any, uri: str, max_bytes: int) -> bytes:
@@ -81,13 +122,24 @@ def missing_bucket(bucket: str) -> SetupError:
 class S3Store:
     """A bucket (and a prefix in it). `own` marks Kiln's own store (`KILN_STORAGE_URL`):
     there a missing or refused bucket is the service's misconfiguration (`SetupError`, 503),
-    not the user's error it is in a bucket the user named (a job's `output`)."""
+    not the user's error it is in a bucket the user named. `output`: the job's `output` as the
+    user named it, when this is that bucket: a write it refuses for good raises `OutputError`
+    naming it (reads keep their own sentences)."""
 
-    def __init__(self, client: Any, bucket: str, prefix: str = "", *, own: bool = False) -> None:
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        prefix: str = "",
+        *,
+        own: bool = False,
+        output: str | None = None,
+    ) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.own = own
+        self.output = output
 
     @classmethod
     def from_url(cls, url: str, client: Any, *, own: bool = False) -> S3Store:
@@ -111,6 +163,15 @@ class S3Store:
                 )
         return translate(error, where)
 
+    def _written(self, error: Exception, where: str, verb: str = "write to") -> Exception:
+        """A failure to use the bucket: an output's own sentence where retrying cannot fix it
+        (`verb` says how it was used), else what `_translate` says."""
+        if self.output is not None:
+            refused = output_error(error, self.bucket, self.output, verb)
+            if refused is not None:
+                return refused
+        return self._translate(error, where)
+
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
 
@@ -119,7 +180,7 @@ class S3Store:
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
         except (ClientError, BotoCoreError) as error:
-            raise self._translate(error, self.describe(key)) from error
+            raise self._written(error, self.describe(key)) from error
 
     def put_new(self, objects: Sequence[NewObject]) -> None:
         """Side by side: an upload's objects go up PUT_CONCURRENCY at a time."""
@@ -153,14 +214,14 @@ class S3Store:
             for page in pages:
                 for entry in page.get("Contents", []):
                     yield entry["Key"][len(self.prefix) :]
-        except (ClientError, BotoCoreError) as error:
-            raise self._translate(error, self.describe(prefix)) from error
+        except (ClientError, BotoCoreError) as error:  # an output's listing: its shards
+            raise self._written(error, self.describe(prefix), "read") from error
 
     def delete(self, key: str) -> None:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
         except (ClientError, BotoCoreError) as error:
-            raise self._translate(error, self.describe(key)) from error
+            raise self._written(error, self.describe(key)) from error
 
     def bucket_exists(self) -> bool:
         """Whether the bucket is there (HEAD); a refusal or an unreachable S3 raises."""

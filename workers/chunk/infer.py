@@ -1,7 +1,7 @@
 """A chunk's rows answered: each through the job's model — what the content cache already
 knows first, the rest prep → batch → engine (`answer.py`) — then those it failed or refused
 through the job's fallback model, fetched afresh, in the same run, before anything is written.
-An item a run has already been given up on `max_attempts` times fails with the reason.
+(An item already run `max_attempts` times is never leased: the lease fails it, `leases.give_up`.)
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ def answer_chunk(
     """Every leased input through the job's model, then those it failed or refused through the
     job's fallback model (if it names one and takes them)."""
     rows = ChunkRows(lease.items)
-    _give_up_on_retried(rows, runtime.settings.max_attempts)
     _run(runtime, lease, lease.model, rows, rows.open(), held, urgent, report)
     if lease.fallback is not None:
         _fall_back(runtime, lease, lease.fallback, rows, held, urgent, report)
@@ -157,17 +156,4 @@ def _fall_back(
             either = blameless[row] or bool(rows.blameless[row])  # one may say nothing of it
             rows.fail(
                 row, f"{first[row]} The fallback model {ref!r} failed too: {again}", None, either
-            )
-
-
-def _give_up_on_retried(rows: ChunkRows, max_attempts: int) -> None:
-    """An item leased more than `max_attempts` times keeps killing or losing its runs: fail
-    it with the reason rather than letting it crash workers forever."""
-    for row, item in enumerate(rows.items):
-        if item.attempts > max_attempts:
-            rows.fail(
-                row,
-                f"Kiln gave up on this input after {max_attempts} attempts; each run stopped "
-                "before finishing it (a worker crash, a lost lease or repeated transient errors).",
-                blameless=True,
             )

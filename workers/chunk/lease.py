@@ -13,6 +13,7 @@ from typing import Any
 from kiln.app import results, video
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
+from kiln.app.core.errors import KilnError, SetupError, plain_reason
 from kiln.app.db import leases, queries
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import OPEN_JOB_STATUSES, JobStatus
@@ -44,6 +45,7 @@ class Lease:
     fallback: Fallback | None = None  # the job's fallback model, if it names one
     sampling: Sampling | None = None  # how the job samples its videos
     cancelling: bool = False  # the job was cancelled: what this run took, it cancels
+    failed: bool = False  # the job failed: its items ended with it, nothing is left to write
 
 
 def take(
@@ -55,7 +57,9 @@ def take(
     settings = runtime.settings
     with runtime.sessions() as session:
         with unit_of_work(session):
-            taken = leases.take_chunk(session, job_id, item_ids, owner, settings.lease_s)
+            taken = leases.take_chunk(
+                session, job_id, chunk, item_ids, owner, settings.lease_s, settings.max_attempts
+            )
         if taken is None:
             return None
         job = taken.job
@@ -81,19 +85,35 @@ def take(
         fallback=fallback,
         sampling=job_sampling(settings, job.options),
         cancelling=job.status == JobStatus.CANCELLING,
+        failed=job.status == JobStatus.FAILED,
     )
 
 
-def release(runtime: WorkerRuntime, job_id: str, owner: str) -> None:
-    """Give the run's items back (its lease ends now rather than when it runs out)."""
+def release(
+    runtime: WorkerRuntime, job_id: str, owner: str, error: BaseException | None = None
+) -> None:
+    """Give the run's items back (its lease ends now rather than when it runs out), with the
+    `error` that stopped the run as their reason, should Kiln give up on them; a run stopped
+    by Kiln's own setup (`SetupError`) does not count against them."""
+    reason = stop_reason(error) if error is not None else None
+    charged = not isinstance(error, SetupError)
     try:
         with runtime.sessions() as session, unit_of_work(session):
-            leases.release(session, job_id, owner)
+            leases.release(session, job_id, owner, reason, charged)
     except Exception as error:  # the database is away: the lease simply runs out
         log.warning(
             "could not release lease %s of job %s: %s", owner, job_id, error,
             extra={"job_id": job_id},
         )  # fmt: skip
+
+
+def stop_reason(error: BaseException) -> str:
+    """What stopped a run, in a sentence for its items: Kiln's own for its errors, the
+    exception's kind and first line for the rest (a bug, a driver's fault)."""
+    if isinstance(error, KilnError):
+        return str(error)
+    kind, words = type(error).__name__, plain_reason(error)
+    return f"The run stopped with {kind}" + ("." if words == kind else f": {words}.")
 
 
 def job_sampling(settings: Settings, options: dict[str, Any] | None) -> video.Sampling:

@@ -12,7 +12,9 @@ runs, handed what it needs:
 - `close.close_after_chunk`: the job's close, if this chunk was its last.
 
 The process's lease keeper holds the lease meanwhile; a cancel or a lost lease stops the run
-(`Held`). Every write is idempotent, so a redelivered chunk is harmless.
+(`Held`). Every write is idempotent, so a redelivered chunk is harmless. A write the job's
+output refuses for good (`OutputError`: its bucket missing or refusing Kiln) fails the whole
+job at once (`close.fail.fail_for_output`): no retry, and no chunk of it runs inference again.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 
+from kiln.app.core.errors import OutputError
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.observability.tracing import annotate
 from kiln.workers.chunk import lease as leasing
@@ -31,6 +34,7 @@ from kiln.workers.chunk.infer import answer_chunk
 from kiln.workers.chunk.stats import ChunkReport, count
 from kiln.workers.chunk.write import write_chunk
 from kiln.workers.close.close import close_after_chunk
+from kiln.workers.close.fail import fail_for_output
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,9 @@ def process_chunk(
         log.info("chunk %s/%d: another run holds it; dropping this copy", job_id, chunk,
                  extra=where)  # fmt: skip
         return report
+    if lease.failed:  # its items ended with the job; its output may be what failed
+        log.info("chunk %s/%d: the job has failed; dropping", job_id, chunk, extra=where)
+        return report
     try:
         with runtime.leases.hold(job_id, owner, watched=bool(lease.items)) as held:
             if lease.cancelling:  # items a retry or the reconciler handed back: none runs
@@ -76,12 +83,16 @@ def process_chunk(
             timer = time.monotonic()
             held.writing = True
             fields = shard_fields(lease.model, lease.fallback)
-            wrote = write_chunk(runtime, lease, rows, fields, stages=urgent)
-            if wrote is not None:
-                report.job_status = close_after_chunk(runtime, lease, wrote, fields)
+            try:
+                wrote = write_chunk(runtime, lease, rows, fields, stages=urgent)
+                if wrote is not None:
+                    report.job_status = close_after_chunk(runtime, lease, wrote, fields)
+            except OutputError as error:  # retrying cannot fix it: the job ends now
+                report.job_status = fail_for_output(runtime, job_id, error)
             report.seconds["write"] = time.monotonic() - timer
-    except BaseException:
-        leasing.release(runtime, job_id, owner)  # so the task's retry can take the items at once
+    except BaseException as error:
+        # so the task's retry can take the items at once, and they keep what stopped the run
+        leasing.release(runtime, job_id, owner, error)
         raise
     statuses = Counter(str(status) for status in rows.statuses())  # for the worker's metrics
     runtime.chunk_stats.record(lease.model.ref, statuses, report.seconds, report.cached)

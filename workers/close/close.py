@@ -15,10 +15,12 @@ import pyarrow as pa
 from sqlalchemy.orm import Session
 
 from kiln.app import results
+from kiln.app.core.errors import OutputError
 from kiln.app.db import leases, queries
 from kiln.app.db.session import unit_of_work
 from kiln.workers.chunk.fallback import job_fallback, shard_fields
 from kiln.workers.chunk.lease import Lease
+from kiln.workers.close.fail import fail_for_output
 from kiln.workers.close.manifest import ensure_manifest
 from kiln.workers.close.steps import close_steps
 from kiln.workers.runtime import WorkerRuntime
@@ -77,7 +79,14 @@ def close_if_done(
 def close_finished_job(runtime: WorkerRuntime, job_id: str) -> str | None:
     """The reconciler's close of an open job whose items have all ended (its last chunk's run
     stopped between committing its results and closing the job); returns the final status if
-    this call closed it."""
+    this call closed it. An output that refuses its shards fails the job instead."""
+    try:
+        return _close_finished_job(runtime, job_id)
+    except OutputError as error:
+        return fail_for_output(runtime, job_id, error)
+
+
+def _close_finished_job(runtime: WorkerRuntime, job_id: str) -> str | None:
     with runtime.sessions() as session:
         job = leases.job_facts(session, job_id)
         if job is None:

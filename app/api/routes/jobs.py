@@ -125,6 +125,7 @@ async def create_job(
     response: Response,
     context: ContextDep,
     tenant: TenantDep,
+    s3: S3Dep,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
 ) -> JobOut:
     """Submit a job: multipart uploads (`model` + `files`), JSON `inputs`, or a JSON `source`
@@ -135,7 +136,9 @@ async def create_job(
         with context.sessions() as session:
             if isinstance(job_request, BulkRequest):
                 most_open = context.settings.tenant_max_open_jobs
-                submitted = submit_bulk(session, context.dispatcher, job_request, most_open)
+                submitted = submit_bulk(
+                    session, context.dispatcher, job_request, most_open, s3=s3
+                )  # its output probed (outputs.check_output)
             else:
                 submitted = context.submit_job(session, job_request)
             if not submitted.created:

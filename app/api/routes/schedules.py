@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from kiln.app import schedules
-from kiln.app.api.deps import SessionDep, TenantDep
+from kiln.app.api.deps import S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import error_responses
 from kiln.app.api.schemas import ScheduleCreate, ScheduleOut
 from kiln.app.db.models import Schedule
@@ -26,7 +26,9 @@ def schedule_out(schedule: Schedule) -> ScheduleOut:
     response_model=ScheduleOut,
     responses={**ERRORS, **error_responses(400)},
 )
-def create_schedule(body: ScheduleCreate, session: SessionDep, tenant: TenantDep) -> ScheduleOut:
+def create_schedule(
+    body: ScheduleCreate, session: SessionDep, tenant: TenantDep, s3: S3Dep
+) -> ScheduleOut:
     """Run `model` over `source` at each `cron` time (UTC), incrementally: each run processes
     only new or changed objects. A run never starts while the previous one is going."""
     given = body.source
@@ -35,7 +37,7 @@ def create_schedule(body: ScheduleCreate, session: SessionDep, tenant: TenantDep
         tenant, body.name, body.cron, source, body.model, body.output, body.options,
         body.retry_failed,
     )  # fmt: skip
-    return schedule_out(schedules.add_schedule(session, request))
+    return schedule_out(schedules.add_schedule(session, request, s3=s3))
 
 
 @router.get("", response_model=list[ScheduleOut], responses=ERRORS)

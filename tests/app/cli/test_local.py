@@ -93,6 +93,10 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_run(
     assert f"the folder '{blocker}' cannot be made" in text
     folder = refused(kiln, str(photos), "--model", "phash", "-o", str(tmp_path))
     assert "is a folder; name a .parquet file" in folder
+    dangling = tmp_path / "results.parquet"
+    dangling.symlink_to(tmp_path / "gone" / "results.parquet")  # a link to nowhere
+    broken = refused(kiln, str(photos), "--model", "phash", "-o", str(dangling))
+    assert f"--output '{dangling}' cannot be written (No such file or directory)" in broken
 
 
 def test_a_good_run_draws_the_bar_then_the_summary(

@@ -7,7 +7,7 @@ from datetime import timedelta
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from kiln.app.db import leases, queries
+from kiln.app.db import counters, leases, queries
 from kiln.app.db.models import Item, ItemStatus, JobStatus, utcnow
 from tests.app.db.test_queries import items_of, make_job, result_row
 
@@ -123,3 +123,67 @@ def test_stranded_chunks_wait_out_the_grace_and_mark_sent_restarts_it(session: S
     leases.mark_sent(session, stranded[0].item_ids)
     session.commit()
     assert leases.stranded_chunks(session, older_than_s=60) == []
+
+
+def test_release_keeps_what_stopped_the_run_and_may_not_charge_it(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING])
+    ids = _ids(session, job.id)
+    leases.take(session, job.id, ids, "run-a", 60)
+    leases.release(session, job.id, "run-a", "Could not reach S3 for s3://out/x.")
+    item = items_of(session, job.id)[0]
+    assert (item.status, item.attempts, item.error) == (
+        ItemStatus.PENDING, 1, "Could not reach S3 for s3://out/x."
+    )  # fmt: skip
+    leases.take(session, job.id, ids, "run-b", 60)
+    leases.release(session, job.id, "run-b", "Kiln's storage bucket is missing.", charged=False)
+    assert items_of(session, job.id)[0].attempts == 1  # Kiln's setup, not the item: not counted
+
+
+LIMIT = 3
+
+
+def take_chunk(session: Session, job_id: str, owner: str) -> leases.TakenChunk | None:
+    taken = leases.take_chunk(session, job_id, 0, _ids(session, job_id), owner, 60, LIMIT)
+    session.commit()
+    return taken
+
+
+def test_an_item_is_never_taken_past_the_limit_and_fails_with_the_last_error(
+    session: Session,
+) -> None:
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
+    for run in range(LIMIT):
+        taken = take_chunk(session, job.id, f"run-{run}")
+        assert taken is not None and len(taken.items) == 2
+        leases.release(session, job.id, f"run-{run}", f"Stopped by fault {run}.")
+        session.commit()
+    assert [i.attempts for i in items_of(session, job.id)] == [LIMIT, LIMIT]
+
+    last = take_chunk(session, job.id, "run-last")
+    assert last is not None and last.items == [] and not last.held_elsewhere
+    items = items_of(session, job.id)
+    assert [i.attempts for i in items] == [LIMIT, LIMIT]  # the limit, never past it
+    assert {i.status for i in items} == {ItemStatus.FAILED}
+    assert items[0].error == (
+        f"{leases.gave_up(LIMIT)} The last error recorded: Stopped by fault {LIMIT - 1}."
+    )
+    tally = counters.read(session, job.id)
+    assert (tally.failed, tally.open) == (2, 0)
+    assert counters.difference(session, job.id) == counters.Tally()
+
+
+def test_duplicate_runs_of_a_chunk_count_one_attempt_each_and_stop_at_the_limit(
+    session: Session,
+) -> None:
+    """Copies of one chunk's message (the reconciler's, a redelivery) racing: only a copy that
+    takes the items counts an attempt, so the limit holds however many copies run."""
+    job = make_job(session, [ItemStatus.PENDING])
+    for run in range(LIMIT * 3):
+        taken = take_chunk(session, job.id, f"run-{run}")
+        duplicate = take_chunk(session, job.id, f"copy-{run}")
+        assert duplicate is not None and duplicate.items == []
+        if taken is not None and taken.items:
+            _expire(session, job.id)  # the run dies; its lease runs out
+    item = items_of(session, job.id)[0]
+    assert item.attempts == LIMIT and item.status == ItemStatus.FAILED
+    assert item.error == leases.gave_up(LIMIT)  # no run recorded an error

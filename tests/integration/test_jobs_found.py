@@ -169,7 +169,12 @@ def test_kiln_jobs_lists_filters_and_finds_a_job_by_its_first_eight_characters(
     assert (job["pipeline"], job["schedule"]) == (pipeline, None)
     assert job["output"] == f"s3://{BUCKET}/found-out/{tag}/"
     assert job["options"] == {"max_distance": 6}
-    assert job["source"] == {"s3": source, "include": ["*.jpg"], "exclude": []}
+    assert job["source"] == {
+        "s3": source,
+        "include": ["*.jpg"],
+        "exclude": [],
+        "case_sensitive": False,
+    }
     run = tenant.http.get(f"/v1/jobs/{scheduled_id[:8]}").json()
     assert (run["pipeline"], run["schedule"]) == (schedule, schedule)
     plain = tenant.http.get(f"/v1/jobs/{upload_id[:8]}").json()

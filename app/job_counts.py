@@ -1,0 +1,49 @@
+"""What a job's counts mean together: the one reading the API, the CLI and the console share.
+
+A job's `total` is what its run must do: its items. Its progress is the items that ended
+(succeeded, failed or cancelled) plus those answered whose chunk has not written them yet, over
+that total — never more than the total, so never past 100%. A bulk run over a pipeline also
+says what its listing left alone: objects unchanged since the pipeline's last run (`skipped`)
+and objects gone since then (`deleted`). They are not items: they are in neither the total nor
+the progress, and are shown beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Each count of objects a run left alone, and what a person calls it, in the order shown. A new
+# kind (known failures kept, objects a filter left out) is one line here.
+LEFT_ALONE: tuple[tuple[str, str], ...] = (
+    ("skipped", "unchanged"),
+    ("deleted", "deleted at source"),
+)
+
+
+def done(ended: int, answered: int, total: int) -> int:
+    """Items ended and items answered but not yet written, never more than `total`: rows
+    answered by a run whose chunk is being written are, for a moment, counted in both."""
+    return max(0, min(total, ended + answered))
+
+
+def percent(done: int, total: int, closed: bool) -> float:
+    """`done` of `total` in percent, never past 100. A job with nothing to do is at 0 while
+    it may still get items (it is open), and at 100 once closed."""
+    if total <= 0:
+        return 100.0 if closed else 0.0
+    return min(100.0, 100.0 * max(0, done) / total)
+
+
+def left_alone(counts: Mapping[str, object]) -> list[tuple[str, int]]:
+    """(what it is called, how many) for each count of objects the run left alone, in
+    `LEFT_ALONE` order; a count `counts` lacks is 0."""
+    return [(word, _number(counts.get(name))) for name, word in LEFT_ALONE]
+
+
+def left_alone_text(counts: Mapping[str, object]) -> str:
+    """`1,386 unchanged, 30 deleted at source`: what a run left alone, in a sentence's words."""
+    return ", ".join(f"{n:,} {word}" for word, n in left_alone(counts))
+
+
+def _number(value: object) -> int:
+    return value if isinstance(value, int) else 0

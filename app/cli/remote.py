@@ -126,9 +126,14 @@ def watch(client: Any, job_id: str) -> dict[str, Any]:
     if console.is_terminal and errors.is_terminal:
         job = _bar(client, job)
     else:
-        job = watch_lines.follow(lambda: client.job(job_id), job, console.print)
+        job = watch_lines.follow(lambda: client.job(job_id), job, _log_line)
     _print_job(job)
     return job
+
+
+def _log_line(line: str) -> None:
+    """One line of a log as it is, however long: not wrapped at 80 columns, no markup read."""
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def _bar(client: Any, job: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +202,7 @@ def _print_job(job: dict[str, Any]) -> None:
         line += f", {c['cancelled']} cancelled"
     if job.get("source"):
         line += f"; {job_counts.left_alone_text(c)}"
-    console.print(line)
+    console.print(line, soft_wrap=True)  # one line in a log too, however long
     if job.get("stalled_since"):
         console.print(
             f"[yellow]Stalled since {_clock(job['stalled_since'])}: a worker holding some items "

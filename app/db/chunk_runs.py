@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
@@ -57,6 +57,15 @@ def publish(session: Session, runs: Sequence[RunTally]) -> None:
         ),
         rows,
     )
+
+
+def touch(session: Session, owners: Sequence[str]) -> None:
+    """Runs writing their results: still alive, their rows as they are. An update, not an
+    upsert: a row its run's write has deleted meanwhile stays deleted."""
+    if owners:
+        session.execute(
+            update(ChunkRun).where(ChunkRun.owner.in_(list(owners))).values(updated_at=utcnow())
+        )
 
 
 def forget(session: Session, owners: Sequence[str]) -> None:

@@ -21,8 +21,8 @@ LEFT_ALONE: tuple[tuple[str, str], ...] = (
 
 
 def done(ended: int, answered: int, total: int) -> int:
-    """Items ended and items answered but not yet written, never more than `total`: rows
-    answered by a run whose chunk is being written are, for a moment, counted in both."""
+    """Items ended and items answered but not yet written, never more than `total` (a guard:
+    `jobs.progress` reads the two so they agree, a chunk's rows in one or the other)."""
     return max(0, min(total, ended + answered))
 
 

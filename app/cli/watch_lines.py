@@ -21,7 +21,7 @@ POLL_S = 2.0  # how often the job is asked
 
 
 def progress_line(job: dict[str, Any]) -> str:
-    """`job 4665f751 running: 512 of 1,487 done (34%), 500 succeeded, 12 failed, 40 running;
+    """`job 4665f751 running: 512 done of 1,487 (34%), 500 succeeded, 12 failed, 40 running;
     58.1 items/s, ETA 0:17; 1,386 unchanged, 30 deleted at source`."""
     c = job["counts"]
     total, done = c["total"], c.get("done", 0)

@@ -370,7 +370,14 @@ def test_a_failed_items_card_shows_its_sentence_and_asks_for_no_thumbnail(
 ) -> None:
     """Its thumbnail would answer 422 (what failed it is often the picture itself), which a
     browser draws as a broken image: its sentence takes the picture's place."""
-    job_id = submit(browser, acme_key, name="broken.png")
+    answer = browser.post(
+        "/v1/jobs",
+        headers=bearer(acme_key),
+        data={"model": "phash"},
+        files=[("files", ("broken.png", b"not a picture", "image/png"))],
+    )
+    assert answer.status_code == 202, answer.text
+    job_id = answer.json()["id"]
     with sessions() as session, unit_of_work(session):
         session.execute(
             update(Item)
@@ -385,3 +392,6 @@ def test_a_failed_items_card_shows_its_sentence_and_asks_for_no_thumbnail(
         grid,
     )
     assert grid.count("is not a picture Kiln can read") == 1  # said once, where it is seen
+    asked = browser.get(f"/console/jobs/{job_id}/thumbnail", params={"key": "broken.png"})
+    assert asked.status_code == 422  # asked anyway: still a sentence, not a broken image
+    assert "Item &#39;broken.png&#39; is not a picture Kiln can read." in asked.text

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app import families, quotas, sources, tenants, video
+from kiln.app import families, job_counts, quotas, sources, tenants, throughput, video
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
@@ -317,6 +317,7 @@ def get_job(session: Session, tenant: str, job_id: str) -> Job:
 RATE_WINDOW_S = 60.0  # an open job's items/s: over its last minute, so the ETA is steady
 ETA_AFTER_SHARE = 0.1  # a job younger than the window gives an ETA once this share is done
 STALE_RENEWALS = 4  # leases unrenewed this many renewal periods (at least 10 s): their run stopped
+READ_TRIES = 3  # reads of a job's counters and activity until they agree (`_consistent`)
 
 
 @dataclass(frozen=True)
@@ -358,8 +359,8 @@ class Progress:
     @property
     def processed(self) -> int:
         """Items ended, and items answered whose chunk has not written them yet: what a
-        progress bar shows (it moves between chunk commits)."""
-        return self.counts.done + min(self.answered, self.running)
+        progress bar shows (it moves between chunk commits), never more than the total."""
+        return job_counts.done(self.counts.done, self.answered, self.counts.total)
 
 
 def progress(
@@ -377,8 +378,8 @@ def progress(
         return Progress(job, counts, rate, started, finished, created)
     now = utcnow()
     window_start = max(started, now - timedelta(seconds=RATE_WINDOW_S))
-    activity = queries.job_activity(session, job.id, window_start, timing.lease_s, timing.stale_s)
-    rate = _live_rate(counts, activity, started, now)
+    counts, activity = _consistent(session, job, counts, window_start, timing)
+    rate = _live_rate(activity, window_start, now)
     answered = min(activity.in_flight.answered, activity.running)
     left = counts.pending - answered
     # No ETA while listing (the total grows), stalled (some items wait on the reconciler), or
@@ -394,20 +395,36 @@ def progress(
     )  # fmt: skip
 
 
-def _live_rate(
-    counts: queries.Counts, activity: queries.Activity, started: datetime, now: datetime
-) -> float | None:
-    """Items/s of an open job. Younger than RATE_WINDOW_S: everything processed (ended, or
-    answered in a chunk still running) over its age. Older: items that ended in the last
-    RATE_WINDOW_S, or, when chunks commit rarer than that, the rate its running chunks answer
-    rows at — whichever is higher (a job between two commits is not idle)."""
-    age = (now - started).total_seconds()
-    if age <= 0:
-        return None
-    if age <= RATE_WINDOW_S:
-        ended = counts.succeeded + counts.failed
-        return round((ended + min(activity.in_flight.answered, activity.running)) / age, 2)
-    return round(max(activity.recent / RATE_WINDOW_S, activity.in_flight.per_second), 2)
+def _consistent(
+    session: Session,
+    job: Job,
+    counts: queries.Counts,
+    window_start: datetime,
+    timing: LeaseTiming,
+) -> tuple[queries.Counts, queries.Activity]:
+    """The job's activity, read with counts it agrees with. A chunk's write adds its rows to
+    the counters and deletes its run's answered rows in one transaction: one that commits
+    between the two reads would leave its rows out of both (the bar steps back by a chunk) or
+    in both. So the counters are read again after the activity, and the pair again while they
+    moved (at most a few times: a busy job gets the last pair)."""
+    for _ in range(READ_TRIES):
+        activity = queries.job_activity(
+            session, job.id, window_start, timing.lease_s, timing.stale_s
+        )
+        again = queries.job_counts(session, job.id, bulk=job.source is not None)
+        if again == counts:
+            break
+        counts = again
+    return counts, activity
+
+
+def _live_rate(activity: queries.Activity, window_start: datetime, now: datetime) -> float | None:
+    """Items/s of an open job over its last RATE_WINDOW_S (or its age, when younger): the items
+    worked in the window, each run's items spread over the run (`throughput`), those written
+    and those answered in runs still going."""
+    spans = [*activity.recent, *activity.in_flight.spans]
+    per_second = throughput.rate(spans, window_start.timestamp(), now.timestamp())
+    return None if per_second is None else round(per_second, 2)
 
 
 def _overall_rate(

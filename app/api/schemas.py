@@ -129,7 +129,15 @@ class ScheduleOut(BaseModel):
 
 
 class CountsOut(BaseModel):
-    total: int
+    total: int = Field(
+        description="What the run must do: the job's items (a bulk run's listing adds to it "
+        "while `listing`; a video's frames add to it as it is expanded)."
+    )
+    done: int = Field(
+        0,
+        description="Progress over `total`, never more: the items that ended (succeeded, "
+        "failed, cancelled) and those answered whose chunk has not written them yet.",
+    )
     succeeded: int
     failed: int
     pending: int = Field(description="Items no worker holds yet.")
@@ -138,8 +146,16 @@ class CountsOut(BaseModel):
         0, description="Of the running items, those answered whose chunk has not written them yet."
     )
     cancelled: int
-    skipped: int = 0
-    deleted: int = 0
+    skipped: int = Field(
+        0,
+        description="A pipeline's rerun: objects unchanged since its last run, left alone. Not "
+        "items: in neither `total` nor `done`.",
+    )
+    deleted: int = Field(
+        0,
+        description="A pipeline's rerun: objects gone since its last run. Not items: in neither "
+        "`total` nor `done`.",
+    )
     known_failed: int = Field(
         0,
         description="Pipeline runs: unchanged objects whose input failed with this model version "
@@ -165,7 +181,8 @@ class JobOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     items_per_second: float | None = Field(
-        description="Open: items finished per second over the last minute; closed: the run's."
+        description="Open: items worked per second over the last minute (each chunk run's "
+        "items spread over the run, written or answered); closed: the run's."
     )
     eta_seconds: float | None = None
     stalled_since: datetime | None = Field(

@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from kiln.app import job_counts
+from kiln.app.cli import watch_lines
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
 from kiln.app.cli.verdict import Ended, Kind, decide
 from kiln.app.core.errors import KilnError
@@ -227,10 +229,27 @@ def verdict(client: Any, job: dict[str, Any]) -> int:
 
 
 def watch(client: Any, job_id: str) -> dict[str, Any]:
+    """Follow the job until it closes, then print its summary: a live bar in a terminal, else
+    (cron, `| tee`: where the bar draws nothing) a plain line now and then (`watch_lines`)."""
+    job: dict[str, Any] = client.job(job_id)  # before the bar: a job not there is a sentence
+    if console.is_terminal and errors.is_terminal:
+        job = _bar(client, job)
+    else:
+        job = watch_lines.follow(lambda: client.job(job_id), job, _log_line)
+    _print_job(job)
+    return job
+
+
+def _log_line(line: str) -> None:
+    """One line of a log as it is, however long: not wrapped at 80 columns, no markup read."""
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def _bar(client: Any, job: dict[str, Any]) -> dict[str, Any]:
     """A live bar until the job closes: done of total, items/s and the API's ETA. While a bulk
     job is still listing its bucket, or its videos are being expanded into frames, the total
     grows (and while listing the ETA is unknown)."""
-    job: dict[str, Any] = client.job(job_id)  # before the bar: a job not there is a sentence
+    job_id = job["id"]
     with Progress(
         TextColumn(job_id[:8]),
         BarColumn(),
@@ -245,16 +264,14 @@ def watch(client: Any, job_id: str) -> dict[str, Any]:
             bar.update(
                 task,
                 total=None if job.get("listing") else c["total"],
-                completed=c["succeeded"] + c["failed"] + c["cancelled"] + c.get("answered", 0),
+                completed=c["done"],
                 rate=_rate(job),
                 eta=_eta(job),
             )
             if job["status"] in ("completed", "failed", "cancelled"):
-                break
+                return job
             time.sleep(0.5)
             job = client.job(job_id)
-    _print_job(job)
-    return job
 
 
 def _rate(job: dict[str, Any]) -> str:
@@ -293,12 +310,8 @@ def _print_job(job: dict[str, Any]) -> None:
     if c.get("cancelled"):
         line += f", {c['cancelled']} cancelled"
     if job.get("source"):
-        line += f"; {c.get('skipped', 0)} unchanged, {c.get('deleted', 0)} deleted"
-        if known := c.get("known_failed"):
-            line += f", {known} known failure{'' if known == 1 else 's'} kept"
-        if c.get("excluded"):
-            line += f"; {c['excluded']} left out by the filters"
-    console.print(line)
+        line += f"; {job_counts.left_alone_text(c)}"
+    console.print(line, soft_wrap=True)  # one line in a log too, however long
     if job.get("stalled_since"):
         console.print(
             f"[yellow]Stalled since {_clock(job['stalled_since'])}: a worker holding some items "

@@ -9,14 +9,14 @@ frames were made."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, video
+from kiln.app import job_counts, jobs, video
 from kiln.app.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job
@@ -54,13 +54,18 @@ class JobView:
 
     @property
     def done(self) -> int:
-        """Items ended, skipped, deleted, or answered in a chunk still running."""
-        return self.counts.done + self.counts.skipped + self.counts.deleted + self.answered
+        """Items ended, or answered in a chunk still running: the progress over the total
+        (`job_counts`: what the run left alone is shown apart, never in it)."""
+        return job_counts.done(self.counts.done, self.answered, self.counts.total)
 
     @property
     def percent(self) -> float:
-        total = self.counts.total
-        return 100.0 * self.done / total if total else (0.0 if self.open else 100.0)
+        return job_counts.percent(self.done, self.counts.total, closed=not self.open)
+
+    @property
+    def left_alone(self) -> list[tuple[str, int]]:
+        """(what, how many) of the objects a bulk run's listing left alone."""
+        return job_counts.left_alone(asdict(self.counts)) if self.bulk else []
 
     @property
     def bulk(self) -> bool:

@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
 from kiln.app.db.models import ChunkRun, aware, utcnow
+from kiln.app.throughput import Span
 
 
 @dataclass(frozen=True)
@@ -28,11 +29,11 @@ class RunTally:
 
 @dataclass(frozen=True)
 class InFlight:
-    """A job's live runs together: rows answered and not yet written, and the rate they were
-    answered at (each run's answered rows over its age, summed: the runs work at once)."""
+    """A job's live runs together: rows answered and not yet written, and each run's answered
+    rows as worked from its start to now (for the job's rate, `throughput`)."""
 
     answered: int = 0
-    per_second: float = 0.0
+    spans: tuple[Span, ...] = ()
 
 
 def publish(session: Session, runs: Sequence[RunTally]) -> None:
@@ -58,6 +59,15 @@ def publish(session: Session, runs: Sequence[RunTally]) -> None:
     )
 
 
+def touch(session: Session, owners: Sequence[str]) -> None:
+    """Runs writing their results: still alive, their rows as they are. An update, not an
+    upsert: a row its run's write has deleted meanwhile stays deleted."""
+    if owners:
+        session.execute(
+            update(ChunkRun).where(ChunkRun.owner.in_(list(owners))).values(updated_at=utcnow())
+        )
+
+
 def forget(session: Session, owners: Sequence[str]) -> None:
     """Runs that ended (their results are written, or they gave their items back)."""
     if owners:
@@ -71,13 +81,14 @@ def in_flight(session: Session, job_id: str, fresh_since: datetime) -> InFlight:
             ChunkRun.job_id == job_id, ChunkRun.updated_at >= fresh_since
         )
     ).all()
-    now = utcnow()
-    answered, rate = 0, 0.0
-    for count, started in rows:
-        answered += int(count)
-        age = (now - (aware(started) or now)).total_seconds()
-        rate += count / age if age > 0 else 0.0
-    return InFlight(answered, rate)
+    now = utcnow().timestamp()
+    spans = tuple(Span(min(now, _epoch(started, now)), now, int(count)) for count, started in rows)
+    return InFlight(sum(span.items for span in spans), spans)
+
+
+def _epoch(stamp: datetime | None, default: float) -> float:
+    moment = aware(stamp)
+    return moment.timestamp() if moment is not None else default
 
 
 def purge(session: Session, older_than: datetime) -> int:

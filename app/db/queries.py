@@ -27,6 +27,7 @@ from kiln.app.db.models import (
 )
 from kiln.app.db.notify import notify_job_closed
 from kiln.app.sources import VIDEO_SUFFIXES
+from kiln.app.throughput import Span
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Activity:
     """What an open job's items are doing now (a few indexed reads, whatever the job's size)."""
 
     running: int = 0  # leased by a chunk run: in prep or in a batch
-    recent: int = 0  # finished (succeeded or failed) since the window's start
+    recent: list[Span] = field(default_factory=list)  # finished since the window's start
     stalled_since: datetime | None = None  # the last renewal of leases nobody renews any more
     in_flight: chunk_runs.InFlight = field(default_factory=chunk_runs.InFlight)  # not written
 
@@ -93,17 +94,33 @@ def job_activity(
             Item.job_id == job_id, Item.status == ItemStatus.RUNNING
         )
     ).one()
-    recent = session.scalar(
-        select(func.count()).where(
-            Item.job_id == job_id,
-            Item.finished_at >= window_start,
-            Item.status.in_((ItemStatus.SUCCEEDED, ItemStatus.FAILED)),
-        )
-    )
+    recent = finished_spans(session, job_id, window_start)
     expires = aware(oldest)
     stalled = expires - timedelta(seconds=lease_s) if expires is not None else None
     flying = chunk_runs.in_flight(session, job_id, now - timedelta(seconds=stale_s))
-    return Activity(int(running), int(recent or 0), stalled, flying)
+    return Activity(int(running), recent, stalled, flying)
+
+
+def finished_spans(session: Session, job_id: str, since: datetime | None = None) -> list[Span]:
+    """The job's items that succeeded or failed (since `since`), as worked from their lease to
+    their write: one `Span` per run that wrote them (its items share both times), so a range
+    read of `ix_items_job_finished` grouped to a row per chunk run, not per item."""
+    query = select(Item.started_at, Item.finished_at, func.count()).where(
+        Item.job_id == job_id,
+        Item.finished_at.is_not(None),
+        Item.status.in_((ItemStatus.SUCCEEDED, ItemStatus.FAILED)),
+    )
+    if since is not None:
+        query = query.where(Item.finished_at >= since)
+    rows = session.execute(query.group_by(Item.started_at, Item.finished_at)).all()
+    spans = []
+    for started, finished, count in rows:
+        end = aware(finished)
+        assert end is not None  # selected so
+        begun = aware(started)  # None: it ended never leased (a failed job ended what waited)
+        start = begun if begun is not None and begun <= end else end
+        spans.append(Span(start.timestamp(), end.timestamp(), int(count)))
+    return spans
 
 
 def tenant_job(session: Session, tenant: str, job_id: str) -> Job | None:

@@ -14,7 +14,8 @@ from devstack.images import solid
 from kiln.app import jobs as jobs_module
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
-from kiln.app.db import counters
+from kiln.app.db import chunk_runs, counters
+from kiln.app.db.chunk_runs import RunTally
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.dispatch.stub import BrokenDispatcher, Enqueued, RecordingDispatcher
 from kiln.app.jobs import (
@@ -503,6 +504,81 @@ def test_progress_says_since_when_a_worker_stopped_renewing(
     assert report.stalled_since is not None
     assert abs((report.stalled_since - last_renewed).total_seconds()) < 1
     assert report.eta_seconds is None  # what waits on the reconciler has no ETA
+
+
+def test_a_running_jobs_rate_spreads_each_run_over_its_time(
+    session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
+) -> None:
+    """A chunk leased 100 s ago and written 40 s ago counts the third of its rows worked in the
+    last minute, not all of them at its write; a run still going counts the rows it answered
+    since it started."""
+    job = submit(session, store, dispatcher, settings, n=10).job
+    ids = [i.id for i in items_of(session, job.id)]
+    now = utcnow()
+    session.execute(
+        update(Item)
+        .where(Item.id.in_(ids[:6]))
+        .values(
+            status=ItemStatus.SUCCEEDED,
+            started_at=now - timedelta(seconds=100),
+            finished_at=now - timedelta(seconds=40),
+        )
+    )
+    fresh = now + timedelta(seconds=TIMING.lease_s)
+    session.execute(
+        update(Item)
+        .where(Item.id.in_(ids[6:]))
+        .values(status=ItemStatus.RUNNING, lease_owner="run", lease_expires_at=fresh)
+    )
+    chunk_runs.publish(session, [RunTally("run", job.id, 3, now - timedelta(seconds=30))])
+    counters.repair(session, job.id)  # the edits above bypass the counters
+    job.status, job.started_at = JobStatus.RUNNING, now - timedelta(seconds=100)
+    session.commit()
+
+    report = progress(session, job, TIMING)
+    assert report.items_per_second == pytest.approx((2 + 3) / 60, abs=0.01)
+    assert (report.processed, report.answered, report.running) == (9, 3, 4)
+
+
+def test_a_chunk_written_between_two_reads_is_counted_once(
+    session: Session,
+    store: LocalStore,
+    dispatcher: RecordingDispatcher,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chunk's write moves its rows from its run's answered rows to the counters in one
+    transaction; committed after the counters were read and before the runs were, it was in
+    neither, and the bar stepped back by a chunk. The counters are read again until the two
+    agree."""
+    job = submit(session, store, dispatcher, settings, n=8).job
+    ids = [i.id for i in items_of(session, job.id)]
+    fresh = utcnow() + timedelta(seconds=TIMING.lease_s)
+    session.execute(
+        update(Item)
+        .where(Item.id.in_(ids))
+        .values(status=ItemStatus.RUNNING, lease_owner="run", lease_expires_at=fresh)
+    )
+    chunk_runs.publish(session, [RunTally("run", job.id, 5, utcnow() - timedelta(seconds=5))])
+    job.status, job.started_at = JobStatus.RUNNING, utcnow() - timedelta(seconds=10)
+    session.commit()
+    real = jobs_module.queries.job_activity
+    writes = []
+
+    def written_meanwhile(*args: object, **kwargs: object) -> object:
+        if not writes:  # the run writes its first five rows, once, just before the first read
+            writes.append(True)
+            finished = update(Item).where(Item.id.in_(ids[:5]))
+            session.execute(finished.values(status=ItemStatus.SUCCEEDED, finished_at=utcnow()))
+            counters.add(session, job.id, 0, counters.Tally(succeeded=5))
+            chunk_runs.forget(session, ["run"])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    before = jobs_module.queries.job_counts(session, job.id, bulk=False)
+    monkeypatch.setattr(jobs_module.queries, "job_activity", written_meanwhile)
+    report = progress(session, job, TIMING, before)
+    assert writes and report.counts.succeeded == 5
+    assert report.processed == 5  # not 0: the five are in the counters now
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 from PIL import Image, ImageChops
@@ -15,7 +16,9 @@ from playwright.sync_api import Page, expect
 
 from devstack.images import near_copy, photo, words
 from tests.browser.conftest import Watched, key_of, screenshot, sign_in, thumbs_loaded
+from tests.integration.test_bulk import put_objects, run_pipeline
 from tests.integration.test_http_jobs import upload, wait_done
+from tests.stack import SOURCE_BUCKET
 from tests.workers.models.yolo import LABELS, SIZE, tiny_yolo
 
 OPEN = ("queued", "running", "listing")
@@ -84,23 +87,31 @@ def test_a_job_runs_to_completion_without_a_reload(
 
 
 def test_a_failed_item_shows_its_sentence(
-    watched: Watched, api_url: str, client: httpx.Client
+    watched: Watched, api_url: str, client: httpx.Client, log_dir: Path
 ) -> None:
+    """In its picture's place: no thumbnail is asked for (it would answer 422, drawn as a
+    broken image)."""
     files = {"good.jpg": photo(1), "broken.jpg": b"this is not a picture"}
     job_id = submitted(client, files, "phash")
     wait_done(client, job_id)
     page = watched.page
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
     sign_in(page, api_url, key_of(client))
     page.goto(f"{api_url}/console/jobs/{job_id}")
+    expect(page.locator("#items figure.item")).to_have_count(2)
+    thumbs_loaded(page)  # the good one's
+    screenshot(page, "job-failed-item", log_dir, full_page=True)
     page.click("nav.filters a[data-status=failed]")
     card = page.locator("#items figure.item")
     expect(card).to_have_count(1)
     expect(card.locator(".key")).to_have_text("broken.jpg")
-    sentence = card.locator("details.why .sentence")
-    expect(sentence).to_be_hidden()
-    card.locator("details.why summary").click()
+    sentence = card.locator(".no-picture .sentence")
     expect(sentence).to_be_visible()
     expect(sentence).to_contain_text("neither an image nor a video")
+    expect(card.locator("img")).to_have_count(0)
+    assert not [url for url in asked if "/thumbnail?" in url and "broken.jpg" in url]
+    assert [url for url in asked if "/thumbnail?" in url and "good.jpg" in url]
     assert not watched.problems
 
 
@@ -280,4 +291,38 @@ def test_duplicate_groups_side_by_side(
     expect(page.locator(".tag", has_text="identical bytes")).not_to_have_count(0)
     thumbs_loaded(page)
     screenshot(page, "groups", log_dir)
+    assert not watched.problems
+
+
+def test_an_incremental_rerun_reads_done_of_what_it_had_to_do(
+    watched: Watched, api_url: str, client: httpx.Client, s3: Any, log_dir: Path
+) -> None:
+    """A pipeline's rerun with 3 objects to do and 8 left alone (7 unchanged, 1 deleted): the
+    list and the job's page read 3 of 3, 100% — the console once counted the left-alone in
+    done (367%) — and show the left-alone apart."""
+    prefix = "browser-rerun/"
+    keys = [f"{prefix}img-{i:02d}.jpg" for i in range(10)]
+    put_objects(s3, keys, seed=3)
+    assert run_pipeline(client, prefix, "browser-rerun")["status"] == "completed"
+    put_objects(s3, [*keys[:2], f"{prefix}new.jpg"], seed=4)  # 2 changed, 1 new
+    s3.delete_object(Bucket=SOURCE_BUCKET, Key=keys[-1])
+    rerun = run_pipeline(client, prefix, "browser-rerun")
+    assert (rerun["counts"]["total"], rerun["counts"]["skipped"]) == (3, 7)
+    page = watched.page
+    sign_in(page, api_url, key_of(client))
+    row = page.locator(f"tr[data-job='{rerun['id']}']")
+    expect(row.locator(".percent")).to_have_text("100%")
+    expect(row.locator("td.num").first).to_contain_text("3 / 3")
+    expect(row.locator(".left-alone")).to_have_text("7 unchanged, 1 deleted at source")
+    screenshot(page, "jobs-rerun", log_dir)
+    page.goto(f"{api_url}/console/jobs/{rerun['id']}")
+    summary = page.locator("#summary")
+    expect(summary.locator(".percent")).to_have_text("100%")
+    expect(summary.locator(".left-alone dt")).to_have_text(
+        ["Unchanged (not in total)", "Deleted at source (not in total)"]
+    )
+    expect(summary.locator(".left-alone dd")).to_have_text(["7", "1"])
+    for percent in page.locator(".percent").all_inner_texts():
+        assert float(percent.rstrip("%")) <= 100
+    screenshot(page, "job-rerun", log_dir, full_page=True)
     assert not watched.problems

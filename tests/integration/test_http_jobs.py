@@ -49,6 +49,7 @@ def test_fifty_images_end_to_end(
     assert job["status"] == "completed"
     assert job["counts"] == {
         "total": 50,
+        "done": 50,
         "succeeded": 50,
         "failed": 0,
         "pending": 0,

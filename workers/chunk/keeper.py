@@ -130,6 +130,9 @@ class Leases:
             runs = [h for h in self._held.values() if h.watched and not self._overran(h)]
             ended, self._ended = self._ended, []
             tallies = self._progress(runs, renew)
+            # A run writing its results publishes no more (its write deletes its row), but its
+            # row stays fresh: a slow write must not drop its rows from the job's progress.
+            writing = [h.owner for h in runs if h.writing] if renew else []
         if not runs and not ended:
             return
         with self._sessions() as session, unit_of_work(session):
@@ -138,6 +141,7 @@ class Leases:
             statuses = leases.job_statuses(session, {h.job_id for h in runs})
             chunk_runs.forget(session, ended)
             chunk_runs.publish(session, tallies)
+            chunk_runs.touch(session, writing)
         if renew:
             self._renewed = time.monotonic()
         for run in runs:

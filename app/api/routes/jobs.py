@@ -55,6 +55,7 @@ def job_out(
         status=job.status,
         counts=CountsOut(
             total=c.total,
+            done=report.processed,
             succeeded=c.succeeded,
             failed=c.failed,
             pending=report.waiting,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import suppress
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Annotated, Any
 
 import pyarrow as pa
@@ -13,10 +14,9 @@ import pyarrow.compute as pc
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, results, thumbnails
+from kiln.app import jobs, results, throughput, thumbnails
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep, S3Dep
 from kiln.app.catalog import ModelInfo, get_model
@@ -24,7 +24,8 @@ from kiln.app.console import views
 from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
 from kiln.app.console.pages import ConsoleDep, ConsoleState, render
 from kiln.app.core.errors import ConflictError
-from kiln.app.db.models import Item, ItemStatus, Job, aware, utcnow
+from kiln.app.db import chunk_runs, queries
+from kiln.app.db.models import ItemStatus, Job, aware, utcnow
 from kiln.app.results import S3Factory
 
 router = APIRouter(prefix="/console/jobs", include_in_schema=False)
@@ -276,33 +277,25 @@ def job_cancel(
 
 
 def _throughput(context: ApiContext, tenant: str, job_id: str) -> dict[str, Any]:
-    """Items finished per second over the job's life, in up to `THROUGHPUT_BUCKETS` steps:
-    asked once per page view (not polled); the page adds live points as it watches."""
+    """Items worked per second over the job's life, in up to `THROUGHPUT_BUCKETS` steps: each
+    chunk run's items spread over the run (`throughput`), so a steady job is a steady line and
+    not its chunks' writes; asked once per page view (not polled); the page adds live points
+    (the job's rate) as it watches."""
+    settings = context.settings
     with context.sessions() as session:
         job = jobs.get_job(session, tenant, job_id)
         start, end = aware(job.started_at), aware(job.finished_at)
         if start is None:
             return {"t": [], "rate": []}
-        end = end or utcnow()
-        width = max(1.0, (end - start).total_seconds() / THROUGHPUT_BUCKETS)
-        since = func.extract("epoch", Item.finished_at) - start.timestamp()
-        bucket = func.floor(since / width).label("bucket")
-        rows = session.execute(
-            select(bucket, func.count())
-            .where(Item.job_id == job.id, Item.finished_at.is_not(None))
-            .group_by(bucket)
-            .order_by(bucket)
-        ).all()
-    counts = {int(b): int(n) for b, n in rows if b is not None and b >= 0}
-    if not counts:
+        spans = queries.finished_spans(session, job.id)
+        if end is None:  # rows answered in runs still going, as the job's rate counts them
+            fresh = utcnow() - timedelta(seconds=jobs.LeaseTiming.of(settings).stale_s)
+            spans += chunk_runs.in_flight(session, job.id, fresh).spans
+    if not spans:
         return {"t": [], "rate": []}
-    steps = range(max(counts) + 1)
-    # From the job's start at 0: a job done within one bucket is still a line, not a lone
-    # point (which would stretch the time axis over years).
-    return {
-        "t": [start.timestamp()] + [start.timestamp() + (i + 1) * width for i in steps],
-        "rate": [0.0] + [round(counts.get(i, 0) / width, 2) for i in steps],
-    }
+    last = (end or utcnow()).timestamp()
+    t, rate = throughput.series(spans, start.timestamp(), last, THROUGHPUT_BUCKETS)
+    return {"t": t, "rate": rate}
 
 
 @router.get("/{job_id}/throughput.json")

@@ -60,21 +60,20 @@ async function throughput() {
   const data = [past.t, past.rate];
   const plot = chart(box, "Items per second", "items/s", box.clientWidth || 800);
   plot.setData(data);
-  // Live points from the summary that htmx refreshes every 2 s: no extra request.
-  let last = null;
+  // Live points from the summary that htmx refreshes every 2 s: no extra request. Each is the
+  // job's rate as the API gives it (over the last minute, each chunk run's items spread over
+  // the run), not the change in `done` since the last sample: that moves in blocks and chunks,
+  // and would draw a steady job as spikes between zeros.
   let open = document.getElementById("summary")?.hasAttribute("hx-get");
   document.body.addEventListener("htmx:afterSwap", (event) => {
     const path = event.detail.pathInfo?.requestPath || "";
     if (!path.endsWith("/summary")) return; // an items page or a filter: not a new sample
     const summary = document.getElementById("summary"); // swapped in whole: find it again
     if (!summary) return;
-    const now = Date.now() / 1000;
-    const done = Number(summary.dataset.done);
-    if (last) {
-      push(data, now, Math.max(0, (done - last.done) / (now - last.t)));
+    if (summary.dataset.rate && summary.hasAttribute("hx-get")) {
+      push(data, Date.now() / 1000, Number(summary.dataset.rate));
       plot.setData(data);
     }
-    last = { t: now, done: done };
     if (open && !summary.hasAttribute("hx-get")) {
       open = false; // it just closed: reload the items once
       document.body.dispatchEvent(new Event("kiln:closed"));

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.auth import revoke_key
 from kiln.app.console.security import POLICY
-from kiln.app.db import worker_facts
-from kiln.app.db.models import Item, Job, utcnow
+from kiln.app.db import counters, worker_facts
+from kiln.app.db.models import Ingest, Item, Job, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.thumbnails import thumbnail
 from tests.app.api.conftest import TestClient, bearer
@@ -331,3 +331,81 @@ def test_a_job_page_answers_to_the_eight_characters_it_shows(
         assert browser.get(f"/console/jobs/{job[:8]}{path}").status_code == 200, path
     sign_in(browser, new_key("globex"))
     assert browser.get(f"/console/jobs/{job[:8]}").status_code == 404
+
+
+def percents(page: str) -> list[float]:
+    """Every percent the page shows, as text and as its bars' values."""
+    shown = re.findall(r'<span class="percent">([\d.]+)%</span>', page)
+    bars = re.findall(r'<progress max="100" value="([\d.]+)"', page)
+    assert shown and len(shown) == len(bars), "the page shows no progress"
+    return [float(p) for p in shown + bars]
+
+
+@pytest.mark.parametrize("status", ["running", "completed"])
+def test_an_incremental_rerun_is_never_past_100_percent(
+    browser: TestClient, acme_key: str, sessions: sessionmaker[Session], status: str
+) -> None:
+    """A pipeline's rerun with one object to do, 1,386 unchanged and 30 deleted: the console
+    counted those in done, not in the total (13,518%). Progress is over the total; what the
+    listing left alone is shown apart."""
+    job_id = submit(browser, acme_key)
+    now = utcnow()
+    with sessions() as session, unit_of_work(session):
+        item = "succeeded" if status == "completed" else "pending"
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status=status, source={"s3": "s3://photos/2026/"}, started_at=now,
+                    finished_at=now if status == "completed" else None)
+        )  # fmt: skip
+        session.execute(
+            update(Item).where(Item.job_id == job_id).values(status=item, finished_at=now)
+        )
+        session.add(Ingest(job_id=job_id, done=True, listed=1417, skipped=1386, deleted=30))
+        counters.repair(session, job_id)  # the edits above bypass the counters
+    sign_in(browser, acme_key)
+    done = 1 if status == "completed" else 0
+    for path in ("/console/", f"/console/jobs/{job_id}", f"/console/jobs/{job_id}/summary"):
+        page = browser.get(path).text
+        assert max(percents(page)) <= 100, path
+        assert "1,386 unchanged" in page or "Unchanged (not in total)" in page, path
+    rows = browser.get("/console/jobs/rows").text
+    assert re.search(rf"{done} / 1<.*1,386 unchanged, 30 deleted at source", rows)
+    summary = browser.get(f"/console/jobs/{job_id}/summary").text
+    assert f'data-done="{done}" data-total="1"' in summary
+    assert re.search(r"<dt>Unchanged \(not in total\)</dt><dd>1,386</dd>", summary)
+    assert re.search(r"<dt>Deleted at source \(not in total\)</dt><dd>30</dd>", summary)
+    api = browser.get(f"/v1/jobs/{job_id}", headers=bearer(acme_key)).json()["counts"]
+    assert (api["done"], api["total"], api["skipped"], api["deleted"]) == (done, 1, 1386, 30)
+
+
+def test_a_failed_items_card_shows_its_sentence_and_asks_for_no_thumbnail(
+    browser: TestClient, acme_key: str, sessions: sessionmaker[Session]
+) -> None:
+    """Its thumbnail would answer 422 (what failed it is often the picture itself), which a
+    browser draws as a broken image: its sentence takes the picture's place."""
+    answer = browser.post(
+        "/v1/jobs",
+        headers=bearer(acme_key),
+        data={"model": "phash"},
+        files=[("files", ("broken.png", b"not a picture", "image/png"))],
+    )
+    assert answer.status_code == 202, answer.text
+    job_id = answer.json()["id"]
+    with sessions() as session, unit_of_work(session):
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id)
+            .values(status="failed", error="Item 'broken.png' is not a picture Kiln can read.")
+        )
+    sign_in(browser, acme_key)
+    grid = browser.get(f"/console/jobs/{job_id}/items").text
+    assert "/thumbnail?" not in grid and 'class="thumb"' not in grid
+    assert re.search(
+        r'<div class="no-picture"><p class="sentence">Item &#39;broken.png&#39; is not a picture',
+        grid,
+    )
+    assert grid.count("is not a picture Kiln can read") == 1  # said once, where it is seen
+    asked = browser.get(f"/console/jobs/{job_id}/thumbnail", params={"key": "broken.png"})
+    assert asked.status_code == 422  # asked anyway: still a sentence, not a broken image
+    assert "Item &#39;broken.png&#39; is not a picture Kiln can read." in asked.text

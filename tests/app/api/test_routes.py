@@ -110,9 +110,10 @@ def test_submit_multipart_is_accepted_and_queued(client: TestClient, settings: S
     assert job["status"] == "queued"
     assert job["model"] == "detector"
     assert job["counts"] == {
-        "total": 4, "succeeded": 0, "failed": 0, "pending": 4, "running": 0, "answered": 0,
-        "cancelled": 0, "skipped": 0, "deleted": 0, "fell_back": 0, "fell_back_succeeded": 0,
-        "expanding": 0, "known_failed": 0, "excluded": 0,
+        "total": 4, "done": 0, "succeeded": 0, "failed": 0, "pending": 4, "running": 0,
+        "answered": 0, "cancelled": 0, "skipped": 0, "deleted": 0, "fell_back": 0,
+        "fell_back_succeeded": 0, "expanding": 0, "known_failed": 0,
+        "excluded": 0,
     }  # fmt: skip
     assert job["results_url"] == f"http://testserver/v1/jobs/{job['id']}/results"
     assert job["started_at"] is None and job["items_per_second"] is None
@@ -440,9 +441,10 @@ def test_cancel_then_cancel_again(client: TestClient) -> None:
     job = response.json()
     assert job["status"] == "cancelled"
     assert job["counts"] == {
-        "total": 4, "succeeded": 0, "failed": 0, "pending": 0, "running": 0, "answered": 0,
-        "cancelled": 4, "skipped": 0, "deleted": 0, "fell_back": 0, "fell_back_succeeded": 0,
-        "expanding": 0, "known_failed": 0, "excluded": 0,
+        "total": 4, "done": 4, "succeeded": 0, "failed": 0, "pending": 0, "running": 0,
+        "answered": 0, "cancelled": 4, "skipped": 0, "deleted": 0, "fell_back": 0,
+        "fell_back_succeeded": 0, "expanding": 0, "known_failed": 0,
+        "excluded": 0,
     }  # fmt: skip
     assert job["finished_at"] is not None
     items = client.get(f"/v1/jobs/{job_id}/items").json()["items"]

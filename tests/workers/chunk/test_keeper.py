@@ -7,16 +7,17 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import event, select, update
 
 from devstack.images import solid
 from kiln.app import results
 from kiln.app.db import chunk_runs, leases
 from kiln.app.db.models import ChunkRun, Item, ItemStatus, Job, JobStatus, utcnow
+from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import LeaseTiming, cancel_job, progress
 from kiln.workers.chunk import answer as answer_module
@@ -299,6 +300,31 @@ def test_the_keeper_publishes_what_a_run_has_answered_until_it_ends(
             assert (report.running, report.answered) == (len(ids), 2)
             assert report.processed == 2
     assert _eventually(lambda: answered() == 0)
+    keeper.close()
+
+
+def test_a_run_writing_its_results_stays_in_the_jobs_progress(runtime: WorkerRuntime) -> None:
+    """A run writing its results publishes no more (its write deletes its row, which a publish
+    would bring back), but the keeper keeps its row fresh: a write slower than the staleness
+    limit dropped its answered rows from the job's progress until the write committed."""
+    job_id, calls = submit(runtime)
+    _take(runtime, job_id, calls[0].item_ids, "run-w", lease_s=30)
+    keeper = Leases(runtime.sessions, lease_s=30, renew_s=0.05)
+
+    def touched() -> datetime | None:
+        with runtime.sessions() as session:
+            return session.scalar(select(ChunkRun.updated_at).where(ChunkRun.owner == "run-w"))
+
+    with keeper.hold(job_id, "run-w") as held:
+        held.answered = 2
+        assert _eventually(lambda: touched() is not None)
+        held.writing = True
+        first = touched()
+        assert _eventually(lambda: (touched() or first) > first)  # type: ignore[operator]
+        with runtime.sessions() as session, unit_of_work(session):
+            chunk_runs.forget(session, ["run-w"])  # the write's unit of work
+        time.sleep(0.2)  # renewal ticks: the row stays gone
+        assert touched() is None
     keeper.close()
 
 

@@ -53,7 +53,15 @@ def test_percent_never_passes_100_whatever_it_is_given() -> None:
 def test_left_alone_reads_what_the_api_gives() -> None:
     """A count the API (or an older one) leaves out is 0; each is named as the CLI and the
     console show it."""
-    assert left_alone({}) == [(word, 0) for _, word in LEFT_ALONE]
+    shown_at_zero = [word for _, word, always in LEFT_ALONE if always]
+    assert left_alone({}) == [(word, 0) for word in shown_at_zero]
+    assert left_alone({"known_failed": 1, "excluded": 40})[2:] == [
+        ("known failure kept", 1),
+        ("left out by the filters", 40),
+    ]
+    assert left_alone_text({"skipped": 3, "known_failed": 11}) == (
+        "3 unchanged, 0 deleted at source, 11 known failures kept"
+    )
     assert left_alone_text({"skipped": 1386, "deleted": 30}) == (
         "1,386 unchanged, 30 deleted at source"
     )

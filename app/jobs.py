@@ -317,7 +317,6 @@ def get_job(session: Session, tenant: str, job_id: str) -> Job:
 RATE_WINDOW_S = 60.0  # an open job's items/s: over its last minute, so the ETA is steady
 ETA_AFTER_SHARE = 0.1  # a job younger than the window gives an ETA once this share is done
 STALE_RENEWALS = 4  # leases unrenewed this many renewal periods (at least 10 s): their run stopped
-READ_TRIES = 3  # reads of a job's counters and activity until they agree (`_consistent`)
 
 
 @dataclass(frozen=True)
@@ -369,18 +368,20 @@ def progress(
     """Counts and timings; for an open job also what runs now (and how much of it is answered,
     not yet written), its rate and the ETA that rate gives, and whether a worker holding its
     items stopped renewing them (`stalled_since`, until another run takes them over)."""
-    counts = counts or queries.job_counts(session, job.id, bulk=job.source is not None)
     started, finished = aware(job.started_at), aware(job.finished_at)
     created = aware(job.created_at)
     assert created is not None
     if started is None or finished is not None or not queries.is_open(job):
+        counts = counts or queries.job_counts(session, job.id, bulk=job.source is not None)
         rate = _overall_rate(counts, started, finished)
         return Progress(job, counts, rate, started, finished, created)
+    # An open job's counts are read beside its activity, not before (`_consistent`); one
+    # read before that would be a third read of counters a busy job writes all the time.
     now = utcnow()
     window_start = max(started, now - timedelta(seconds=RATE_WINDOW_S))
-    counts, activity = _consistent(session, job, counts, window_start, timing)
+    counts, activity, answered_rows = _consistent(session, job, window_start, timing)
     rate = _live_rate(activity, window_start, now)
-    answered = min(activity.in_flight.answered, activity.running)
+    answered = min(answered_rows, activity.running)
     left = counts.pending - answered
     # No ETA while listing (the total grows), stalled (some items wait on the reconciler), or
     # in a young job's first tenth (its rate still carries the model's loading).
@@ -396,34 +397,29 @@ def progress(
 
 
 def _consistent(
-    session: Session,
-    job: Job,
-    counts: queries.Counts,
-    window_start: datetime,
-    timing: LeaseTiming,
-) -> tuple[queries.Counts, queries.Activity]:
-    """The job's activity, read with counts it agrees with. A chunk's write adds its rows to
-    the counters and deletes its run's answered rows in one transaction: one that commits
-    between the two reads would leave its rows out of both (the bar steps back by a chunk) or
-    in both. So the counters are read again after the activity, and the pair again while they
-    moved (at most a few times: a busy job gets the last pair)."""
-    for _ in range(READ_TRIES):
-        activity = queries.job_activity(
-            session, job.id, window_start, timing.lease_s, timing.stale_s
-        )
-        again = queries.job_counts(session, job.id, bulk=job.source is not None)
-        if again == counts:
-            break
-        counts = again
-    return counts, activity
+    session: Session, job: Job, window_start: datetime, timing: LeaseTiming
+) -> tuple[queries.Counts, queries.Activity, int]:
+    """The job's activity, and its counts with its live runs' answered rows read in one
+    statement (`queries.counts_and_answered`): a chunk's write moves its rows from the one to
+    the other in one transaction, and read apart a write between them left a chunk out of both
+    (the bar stepped back by a chunk) or in both. One read each: a busy job's counters are
+    written all the time, and read again until they agreed they cost its polls twice."""
+    activity = queries.job_activity(session, job.id, window_start, timing.lease_s, timing.stale_s)
+    fresh_since = utcnow() - timedelta(seconds=timing.stale_s)
+    counts, answered = queries.counts_and_answered(
+        session, job.id, job.source is not None, fresh_since
+    )
+    return counts, activity, answered
 
 
 def _live_rate(activity: queries.Activity, window_start: datetime, now: datetime) -> float | None:
     """Items/s of an open job over its last RATE_WINDOW_S (or its age, when younger): the items
-    worked in the window, each run's items spread over the run (`throughput`), those written
-    and those answered in runs still going."""
-    spans = [*activity.recent, *activity.in_flight.spans]
-    per_second = throughput.rate(spans, window_start.timestamp(), now.timestamp())
+    written in the window, and the rows answered by runs still going, each run's spread over
+    the run (`throughput`) so a chunk's write moves its rows from one to the other, not the
+    rate."""
+    low, high = window_start.timestamp(), now.timestamp()
+    written = throughput.Span(low, high, activity.recent)
+    per_second = throughput.rate([written, *activity.in_flight.spans], low, high)
     return None if per_second is None else round(per_second, 2)
 
 

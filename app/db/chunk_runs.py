@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import ScalarSelect, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
@@ -72,6 +72,16 @@ def forget(session: Session, owners: Sequence[str]) -> None:
     """Runs that ended (their results are written, or they gave their items back)."""
     if owners:
         session.execute(delete(ChunkRun).where(ChunkRun.owner.in_(list(owners))))
+
+
+def answered_sum(job_id: str, fresh_since: datetime) -> ScalarSelect[int]:
+    """The rows the job's live runs (touched since `fresh_since`) answered, as a subquery to
+    read in the same statement as the job's counters (`counters.read_with`)."""
+    return (
+        select(func.coalesce(func.sum(ChunkRun.answered), 0))
+        .where(ChunkRun.job_id == job_id, ChunkRun.updated_at >= fresh_since)
+        .scalar_subquery()
+    )
 
 
 def in_flight(session: Session, job_id: str, fresh_since: datetime) -> InFlight:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, literal, select
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
@@ -74,12 +74,18 @@ def ended(statuses: Iterable[str], fell_back: Iterable[str] = ()) -> Tally:
 
 def read(session: Session, job_id: str) -> Tally:
     """The job's counts: a sum over at most COUNTER_SLOTS rows."""
+    return read_with(session, job_id, literal(0))[0]
+
+
+def read_with(session: Session, job_id: str, beside: ColumnElement[int]) -> tuple[Tally, int]:
+    """The job's counts and `beside` (a scalar subquery) in one statement: one snapshot, so a
+    transaction that moves rows between the two is seen wholly or not at all."""
+    sums = (func.coalesce(func.sum(getattr(JobCounter, name)), 0) for name in COUNTED)
     row = session.execute(
-        select(*(func.coalesce(func.sum(getattr(JobCounter, name)), 0) for name in COUNTED)).where(
-            JobCounter.job_id == job_id
-        )
+        select(*sums, beside.label("beside")).where(JobCounter.job_id == job_id)
     ).one()
-    return Tally(*(int(n) for n in row))
+    *counted, other = row
+    return Tally(*(int(n) for n in counted)), int(other or 0)
 
 
 def recount(session: Session, job_id: str) -> Tally:

@@ -53,7 +53,21 @@ class Counts:
 def job_counts(session: Session, job_id: str, bulk: bool = True) -> Counts:
     """The job's counters (a few rows, whatever the job's size; `counters` says why they
     cannot drift) and, for a bulk job (`bulk`), its listing's progress."""
-    tally = counters.read(session, job_id)
+    return _counts(session, job_id, bulk, counters.read(session, job_id))
+
+
+def counts_and_answered(
+    session: Session, job_id: str, bulk: bool, fresh_since: datetime
+) -> tuple[Counts, int]:
+    """The job's counts and its live runs' answered rows (`chunk_runs.answered_sum`), read in
+    one statement: a chunk's write moves its rows from the one to the other in one
+    transaction, so two reads could see them in neither (the bar stepped back) or in both."""
+    answered = chunk_runs.answered_sum(job_id, fresh_since)
+    tally, answered_rows = counters.read_with(session, job_id, answered)
+    return _counts(session, job_id, bulk, tally), answered_rows
+
+
+def _counts(session: Session, job_id: str, bulk: bool, tally: counters.Tally) -> Counts:
     ingest = session.get(Ingest, job_id) if bulk else None
     return Counts(
         skipped=ingest.skipped if ingest else 0,
@@ -76,7 +90,7 @@ class Activity:
     """What an open job's items are doing now (a few indexed reads, whatever the job's size)."""
 
     running: int = 0  # leased by a chunk run: in prep or in a batch
-    recent: list[Span] = field(default_factory=list)  # finished since the window's start
+    recent: int = 0  # finished (succeeded or failed) since the window's start
     stalled_since: datetime | None = None  # the last renewal of leases nobody renews any more
     in_flight: chunk_runs.InFlight = field(default_factory=chunk_runs.InFlight)  # not written
 
@@ -94,11 +108,19 @@ def job_activity(
             Item.job_id == job_id, Item.status == ItemStatus.RUNNING
         )
     ).one()
-    recent = finished_spans(session, job_id, window_start)
+    # A count, not `finished_spans`: this is read on every poll of an open job, and grouping a
+    # busy job's last minute by run costs twice the count (bench bigjob: GET p50 ×2.4).
+    recent = session.scalar(
+        select(func.count()).where(
+            Item.job_id == job_id,
+            Item.finished_at >= window_start,
+            Item.status.in_((ItemStatus.SUCCEEDED, ItemStatus.FAILED)),
+        )
+    )
     expires = aware(oldest)
     stalled = expires - timedelta(seconds=lease_s) if expires is not None else None
     flying = chunk_runs.in_flight(session, job_id, now - timedelta(seconds=stale_s))
-    return Activity(int(running), recent, stalled, flying)
+    return Activity(int(running), int(recent or 0), stalled, flying)
 
 
 def finished_spans(session: Session, job_id: str, since: datetime | None = None) -> list[Span]:

@@ -506,12 +506,12 @@ def test_progress_says_since_when_a_worker_stopped_renewing(
     assert report.eta_seconds is None  # what waits on the reconciler has no ETA
 
 
-def test_a_running_jobs_rate_spreads_each_run_over_its_time(
+def test_a_running_jobs_rate_counts_written_rows_and_spreads_runs_still_going(
     session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
 ) -> None:
-    """A chunk leased 100 s ago and written 40 s ago counts the third of its rows worked in the
-    last minute, not all of them at its write; a run still going counts the rows it answered
-    since it started."""
+    """Over the last minute: the rows written in it (a count: read on every poll), and a run
+    still going counts the rows it answered spread from its start to now — so its write moves
+    them from one to the other without a step."""
     job = submit(session, store, dispatcher, settings, n=10).job
     ids = [i.id for i in items_of(session, job.id)]
     now = utcnow()
@@ -536,7 +536,7 @@ def test_a_running_jobs_rate_spreads_each_run_over_its_time(
     session.commit()
 
     report = progress(session, job, TIMING)
-    assert report.items_per_second == pytest.approx((2 + 3) / 60, abs=0.01)
+    assert report.items_per_second == pytest.approx((6 + 3) / 60, abs=0.01)
     assert (report.processed, report.answered, report.running) == (9, 3, 4)
 
 
@@ -549,8 +549,8 @@ def test_a_chunk_written_between_two_reads_is_counted_once(
 ) -> None:
     """A chunk's write moves its rows from its run's answered rows to the counters in one
     transaction; committed after the counters were read and before the runs were, it was in
-    neither, and the bar stepped back by a chunk. The counters are read again until the two
-    agree."""
+    neither, and the bar stepped back by a chunk. The counters and the runs' answered rows
+    are now read in one statement."""
     job = submit(session, store, dispatcher, settings, n=8).job
     ids = [i.id for i in items_of(session, job.id)]
     fresh = utcnow() + timedelta(seconds=TIMING.lease_s)

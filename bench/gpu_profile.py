@@ -70,6 +70,9 @@ def parse(lines: Iterable[str]) -> dict[str, Process]:
             continue
         thread, rest = tail.groups()
         process = found.setdefault(pid, Process(text))
+        # The newest command line named wins: a prep process sampled between its fork and its
+        # exec still shows its parent's (`kiln run …`), or none before py-spy read it.
+        process.command = text or process.command
         process.root = process.root and not parents
         samples = int(count)
         process.samples += samples

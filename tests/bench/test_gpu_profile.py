@@ -45,6 +45,16 @@ def test_the_process_py_spy_started_is_the_engine_even_unnamed() -> None:
     assert role(other["30"]) == "other"  # a child that is neither prep nor named kiln
 
 
+def test_a_prep_process_sampled_before_its_exec_is_still_prep() -> None:
+    """Spawned prep processes are forked, then exec'd: sampled in between, a child still shows
+    `kiln run`'s command line (CI counted two engines). Its newest command line says what it is."""
+    forked = f"{ENGINE};{ENGINE.replace('10', '22')};thread (22): MainThread;fork (a.py:1) 1"
+    later = f"{ENGINE};{PREP.format(22)};thread (22): MainThread;prepare (images.py:70) 9"
+    found = parse([*RAW, forked, later])
+    assert role(found["22"]) == "prep"
+    assert "engine: 1 process(es)" in summarise(found, rate=100)
+
+
 def test_the_command_samples_the_gil_of_the_whole_tree(tmp_path) -> None:  # type: ignore[no-untyped-def]
     prefix = command(tmp_path / "raw.txt")
     assert prefix[1:3] == ["record", "--gil"] and "--subprocesses" in prefix

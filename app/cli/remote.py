@@ -219,12 +219,12 @@ def verdict(client: Any, job: dict[str, Any]) -> int:
     if said is None:
         return 0
     if decided.code == 0:
-        console.print(escape(said), highlight=False)
+        console.print(escape(said), highlight=False, soft_wrap=True)  # one line in a log
         return 0
     if decided.first_error and (first := client.first_error(job["id"])):
         said += f" The first error: {first}"
     prefix = "" if decided.kind == Kind.CANCELLED else "[red]error:[/red] "
-    errors.print(prefix + escape(said), highlight=False)
+    errors.print(prefix + escape(said), highlight=False, soft_wrap=True)
     return decided.code
 
 

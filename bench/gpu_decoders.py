@@ -3,7 +3,7 @@ bench's 640×480 JPEGs into pixels, and how that scales with threads — the num
 `KILN_JPEG_DECODER`'s order and the CPU/GPU decode split.
 
 Rows (each a rate over `seconds` after a warm-up, batches of 64):
-- per GPU decoder (`workers/prep/decoders.py`: nvImageCodec with all its backends, with the
+- per GPU decoder (`workers/device/decoders.py`: nvImageCodec with all its backends, with the
   hardware engines only and with CUDA only; torchvision's nvJPEG) and 1, 2 and 4 threads, each
   thread on its own CUDA stream with its own decoder state: decode only, then decode + the
   device fit to ResNet-50's 224 crop (`device_pixels.fit_batch`) at the best thread count;
@@ -47,7 +47,7 @@ def gpu_decoders() -> dict[str, Callable[[], Any]]:
     """Subject name → a maker of that decoder (it may raise: the row then says why)."""
     import torch
 
-    from kiln.workers.prep import decoders
+    from kiln.workers.device import decoders
 
     makers: dict[str, Callable[[], Any]] = {}
     for name, backends in NVIMGCODEC.items():
@@ -78,7 +78,7 @@ def threaded_rate(
     import torch
 
     from kiln.app.model_spec import Preprocessing
-    from kiln.workers.prep import device_pixels
+    from kiln.workers.device import pixels as device_pixels
 
     pre = Preprocessing(input_size=224)
     device = torch.device("cuda")

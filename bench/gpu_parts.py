@@ -231,8 +231,8 @@ def _infer(engine: TorchEngine, name: str, buffer: Any) -> object:
 def _staged_fed_rows(s: Settings, sink: Sink) -> None:
     """The engine as a worker with the staged pipeline drives it (issue 33): as many caller
     threads as the pipeline holds batches, each gathering into its own staging buffer and
-    running it through upload → forward → outputs (`device_stages.HostStages`)."""
-    from kiln.workers.models.device_stages import HostStages
+    running it through upload → forward → outputs (`device.image_stages.HostStages`)."""
+    from kiln.workers.device.image_stages import HostStages
 
     engine, _seconds = build_engine(s, True, runners=1)
     stages = HostStages("bench", engine, engine.inputs[0].name)

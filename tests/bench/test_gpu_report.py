@@ -139,7 +139,7 @@ def test_a_kiln_run_row_carries_what_its_pipelines_said(tmp_path: Path) -> None:
         "\n".join([
             "Running here, embedded (SQLite and files under /x).",  # the command's own line
             json.dumps({"level": "INFO", "logger": "kiln.workers.runtime", "message": "ok"}),
-            json.dumps({"level": "INFO", "logger": "kiln.workers.engines.stages",
+            json.dumps({"level": "INFO", "logger": "kiln.workers.device.stages",
                         "message": said + "; per stage: {}"}),
             "[1, 2]",  # JSON, not an object
         ]) + "\n"

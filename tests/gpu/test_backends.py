@@ -27,6 +27,7 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
+from kiln.workers.device.pixels import nvjpeg_available
 from kiln.workers.engines.base import MemoryAccount
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.engines.select import EngineFactory, Host, candidates
@@ -34,7 +35,6 @@ from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models.detect import DetectorPipeline, YoloPipeline, model_path
 from kiln.workers.models.direct import run_direct
 from kiln.workers.ops.device import list_gpus
-from kiln.workers.prep.device_pixels import nvjpeg_available
 from tests.workers.models.halves import Row, batch_of, prepare
 from tests.workers.models.yolo import LABELS as YOLO_LABELS
 from tests.workers.models.yolo import SIZE as YOLO_SIZE

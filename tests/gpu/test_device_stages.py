@@ -5,7 +5,7 @@ answers with many batches in flight.
 
 Skipped, with the reason, where no GPU or no CUDA torch is present (KILN_REQUIRE_GPU=1 makes
 that an error, as in test_torch_cuda.py). On the CPU the same stages run behind stand-ins:
-tests/workers/engines/test_stages.py and tests/workers/models/test_device_stages.py.
+tests/workers/device/test_stages.py and tests/workers/device/test_image_stages.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _decoders() -> dict[str, Any]:
-    from kiln.workers.prep import decoders
+    from kiln.workers.device import decoders
 
     found = {name: decoders.jpeg_decoder(name, "cuda") for name in decoders.DECODERS}
     return {name: d for name, d in found.items() if d is not None}
@@ -69,9 +69,9 @@ def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: P
     callers as the pipeline holds: each batch's logits are the serial path's."""
     from devstack.images import truncated_jpeg
     from kiln.app.model_spec import Preprocessing
-    from kiln.workers.models.device_stages import DeviceOptions, ImageStages, answer, decode_rows
-    from kiln.workers.prep import device_pixels
-    from kiln.workers.prep.device_pixels import read_header
+    from kiln.workers.device import pixels as device_pixels
+    from kiln.workers.device.image_stages import DeviceOptions, ImageStages, answer, decode_rows
+    from kiln.workers.device.pixels import read_header
 
     if not _decoders():
         pytest.skip("no GPU JPEG decoder works here")
@@ -104,7 +104,7 @@ def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: P
 
 
 def test_staged_upload_forward_outputs_give_infers_answers(classifier: Path) -> None:
-    from kiln.workers.models.device_stages import HostStages
+    from kiln.workers.device.image_stages import HostStages
 
     engine = _engine(classifier, runners=1)
     stages = HostStages("t", engine, "images")
@@ -130,7 +130,7 @@ def test_a_graph_set_the_staged_forward_lent_back_is_safe_for_the_next_borrower(
     before its replay has run — and by callers of `infer` on streams of their own: each
     borrower's stream waits for the set's last queued use (`GraphSet.released`), so every
     answer is its batch's."""
-    from kiln.workers.models.device_stages import HostStages
+    from kiln.workers.device.image_stages import HostStages
 
     engine = _engine(classifier, runners=1)
     stages = HostStages("t", engine, "images")

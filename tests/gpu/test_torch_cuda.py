@@ -124,7 +124,7 @@ def test_nvjpeg_and_the_batched_fit_on_the_gpu() -> None:
     import torch
 
     from kiln.app.model_spec import Preprocessing
-    from kiln.workers.prep import device_pixels as di
+    from kiln.workers.device import pixels as di
     from kiln.workers.prep.pixels import decode_image, fit_image
 
     if not di.nvjpeg_available("cuda"):
@@ -147,7 +147,7 @@ def test_the_nvjpeg_op_loads_without_torchvision() -> None:
     torch._dynamo with sympy, on the way to a worker's first answer)."""
     script = (
         "import sys, time; import torch; t = time.perf_counter()\n"
-        "from kiln.workers.prep.device_pixels import nvjpeg_available\n"
+        "from kiln.workers.device.pixels import nvjpeg_available\n"
         "ok = nvjpeg_available('cuda')\n"
         "print(ok, round(time.perf_counter() - t, 2), 'torchvision' in sys.modules,"
         " 'torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n"

@@ -28,7 +28,7 @@ class Refusal(InputError):
 
 @runtime_checkable
 class Staged(Protocol):
-    """A pipeline whose batches go through overlapped stages (`device_stages`): `in_flight`
+    """A pipeline whose batches go through overlapped stages (`device/image_stages.py`): `in_flight`
     batches keep every stage busy (0: it runs batches one after another)."""
 
     in_flight: int

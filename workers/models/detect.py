@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
+from kiln.workers.device.image_stages import DEFAULT_OPTIONS, DeviceOptions
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, row_errors
-from kiln.workers.models.device_stages import DEFAULT_OPTIONS, DeviceOptions
 from kiln.workers.models.image_model import ImageModelPipeline
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Placement

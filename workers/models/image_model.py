@@ -7,8 +7,8 @@ how it reads that row.
 The prep processes decode and fit each image into the model's slot (`workers/prep/images.py`);
 a batch arrives here as uint8 pixels and is normalised where the engine keeps it. On the
 PyTorch CUDA engine with a GPU JPEG decoder, images are decoded, fitted and normalised on the
-GPU for the whole batch (`device_pixels`), as overlapped stages (`device_stages`): prep only
-checks the header, and an image that fails to decode fails its own row."""
+GPU for the whole batch (`workers/device/`), as overlapped stages: prep only checks the header,
+and an image that fails to decode fails its own row."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
-from kiln.workers.engines.base import Closable, DeviceFeeds, Engine, HostStaging
-from kiln.workers.engines.uint8_input import Normalization
-from kiln.workers.models.base import Answers, Batch
-from kiln.workers.models.device_stages import (
+from kiln.workers.device import decoders
+from kiln.workers.device import pixels as device_pixels
+from kiln.workers.device.image_stages import (
     DEFAULT_OPTIONS,
     DeviceAnswer,
     DeviceOptions,
@@ -29,7 +28,9 @@ from kiln.workers.models.device_stages import (
     answer,
     decode_rows,
 )
-from kiln.workers.prep import decoders, device_pixels
+from kiln.workers.engines.base import Closable, DeviceFeeds, Engine, HostStaging
+from kiln.workers.engines.uint8_input import Normalization
+from kiln.workers.models.base import Answers, Batch
 from kiln.workers.prep.images import FIT_WIDTH, placement_row
 from kiln.workers.prep.slots import SlotLayout
 from kiln.workers.prep.spec import PrepSpec, prep_spec

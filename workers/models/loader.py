@@ -12,11 +12,11 @@ from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage import ObjectStore
+from kiln.workers.device.image_stages import DeviceOptions
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed, vector_groups
 from kiln.workers.models.base import JobClosed, Pipeline
-from kiln.workers.models.device_stages import DeviceOptions
 
 # Registered families: an ONNX file from Kiln's store, fed as its spec declares.
 _REGISTERED: dict[str, Callable[..., Pipeline]] = {

@@ -66,7 +66,7 @@ class HeaderPrep:
         self.max_pixels = max_pixels
 
     def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
-        from kiln.workers.prep.device_pixels import read_header
+        from kiln.workers.device.pixels import read_header
 
         encoded = images_only(data)
         header = read_header(encoded, max_pixels=self.max_pixels)

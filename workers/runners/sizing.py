@@ -37,8 +37,8 @@ def batch_size(
 
 def batch_runners(engine_runners: int, pipeline: Pipeline) -> int:
     """The model's Batcher threads: one per engine runner, or for a staged device pipeline
-    (`device_stages`) as many batches as its stages and queues hold, so every stage has work
-    while the others do theirs (each thread waits on its batch's trip)."""
+    (`workers/device/`) as many batches as its stages and queues hold, so every stage has
+    work while the others do theirs (each thread waits on its batch's trip)."""
     runners = min(engine_runners, pipeline.max_runners)
     if isinstance(pipeline, Staged) and pipeline.in_flight:
         return max(runners, pipeline.in_flight)

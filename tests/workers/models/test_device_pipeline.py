@@ -40,7 +40,7 @@ from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import image_model
 from kiln.workers.models.base import Batch
 from kiln.workers.models.detect import DetectorPipeline, model_path
-from kiln.workers.models.device_stages import DeviceOptions
+from kiln.workers.device.image_stages import DeviceOptions
 from kiln.workers.models.direct import run_direct
 from kiln.workers.prep.spec import build
 

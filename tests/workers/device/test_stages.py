@@ -1,4 +1,4 @@
-"""The staged device pipeline (`engines/stages.py`) on the CPU, behind stand-in stages: batches
+"""The staged device pipeline (`device/stages.py`) on the CPU, behind stand-in stages: batches
 overlap across stages, queues bound what is in flight, a stage's failure is its batch's alone,
 device work is ordered by events and handed over between streams (a recording stand-in for
 CUDA's), and `close` finishes what was submitted. What only a GPU shows (real streams and
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kiln.workers.engines.stages import CpuStreams, Stage, StagedPipeline, Work
+from kiln.workers.device.stages import CpuStreams, Stage, StagedPipeline, Work
 
 STEP_S = 0.03
 
@@ -227,7 +227,7 @@ def test_a_batch_put_in_while_the_pipeline_closes_is_answered(
     slow queue) while `close` runs: its batch still gets its answer, not a wait for ever."""
     import queue as queues
 
-    from kiln.workers.engines import stages as module
+    from kiln.workers.device import stages as module
 
     class SlowPut(queues.Queue[Any]):
         def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:

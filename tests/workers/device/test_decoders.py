@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from kiln.workers.prep.decoders import batch_or_alone
+from kiln.workers.device.decoders import batch_or_alone
 
 
 class Refuses:

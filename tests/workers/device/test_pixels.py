@@ -25,13 +25,13 @@ from PIL import Image
 from devstack.images import photo, truncated_jpeg
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
+from kiln.workers.device import decoders
+from kiln.workers.device.decoders import TorchvisionJpeg
+from kiln.workers.device.pixels import Header, read_header, supports
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.classify import ClassifyPipeline
 from kiln.workers.models.detect import YoloPipeline
 from kiln.workers.models.image_model import ImageModelPipeline
-from kiln.workers.prep import decoders
-from kiln.workers.prep.decoders import TorchvisionJpeg
-from kiln.workers.prep.device_pixels import Header, read_header, supports
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Decoded, Letterbox, Squash, decode_image, fit_image, fit_size
 from tests.support import run_torch_child
@@ -54,7 +54,7 @@ PIPELINE_MAX, PIPELINE_MEAN, DRAFTED_MEAN = 6, 0.1, 2.5
 
 CHILD = """
 import sys
-from tests.workers.prep.test_device_pixels import run_torch
+from tests.workers.device.test_pixels import run_torch
 run_torch(sys.argv[1])
 """
 
@@ -133,8 +133,8 @@ def run_torch(where: str) -> None:
     the metas; then the error, orientation and engine checks."""
     import torch
 
+    from kiln.workers.device import pixels as di
     from kiln.workers.engines.uint8_input import Normalization, TorchNormalization
-    from kiln.workers.prep import device_pixels as di
 
     folder = Path(where)
     listing = json.loads((folder / "cases.json").read_text())
@@ -173,7 +173,7 @@ def describe(meta: dict[str, Any]) -> dict[str, Any]:
 
 def decode_errors(folder: Path, names: list[str]) -> list[str | list[int]]:
     """A batch of good and bad images: each bad one is its own error, the good ones decode."""
-    from kiln.workers.prep import device_pixels as di
+    from kiln.workers.device import pixels as di
 
     good = (folder / "png-up.img").read_bytes()
     batch = [good] + [(folder / f"{name}.img").read_bytes() for name in names] + [good]
@@ -184,7 +184,7 @@ def decode_errors(folder: Path, names: list[str]) -> list[str | list[int]]:
 def a_decoded_frame_travels_as_pixels(folder: Path) -> list[Any]:
     """A video frame (decoded in prep, HWC RGB) beside an image's bytes in one batch: it is
     the device's CHW tensor of those very pixels; the image decodes as ever."""
-    from kiln.workers.prep import device_pixels as di
+    from kiln.workers.device import pixels as di
 
     good = (folder / "png-up.img").read_bytes()
     frame = np.random.default_rng(7).integers(0, 256, (36, 64, 3), dtype=np.uint8)
@@ -200,7 +200,7 @@ def orientations_match() -> dict[str, bool]:
     import torch
     from PIL import ImageOps
 
-    from kiln.workers.prep.device_pixels import orient
+    from kiln.workers.device.pixels import orient
 
     stored = np.random.default_rng(5).integers(0, 256, (5, 7, 3), dtype=np.uint8)
     found = {}
@@ -220,7 +220,7 @@ def routed_through_a_stand_in(folder: Path) -> dict[str, Any]:
     image. The real nvJPEG has not run here."""
     import torch
 
-    from kiln.workers.prep import device_pixels as di
+    from kiln.workers.device import pixels as di
 
     calls: list[int] = []
 

@@ -1,7 +1,7 @@
-"""An image model's batches on the GPU as overlapped stages (`engines/stages.py`). Where the GPU
+"""An image model's batches on the GPU as overlapped stages (`device/stages.py`). Where the GPU
 decodes (`ImageStages`):
 
-    decode   the JPEGs with the GPU's decoder (`prep/decoders.py`), the rest with Pillow;
+    decode   the JPEGs with the GPU's decoder (`device/decoders.py`), the rest with Pillow;
              one thread per decoder state (nvImageCodec: `KILN_DECODE_THREADS`)
     fit      to the model's input square, uint8 NHWC (`device_pixels.fit_batch`)
     forward  the engine's graph (or eager module), outputs left on the device
@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.app.core.errors import InputError
+from kiln.workers.device import decoders
+from kiln.workers.device import pixels as device_pixels
+from kiln.workers.device.decoders import JpegDecoder
+from kiln.workers.device.stages import CpuStreams, CudaStreams, Stage, StagedPipeline, Work
 from kiln.workers.engines.base import DeviceFeeds
-from kiln.workers.engines.stages import CpuStreams, CudaStreams, Stage, StagedPipeline, Work
-from kiln.workers.prep import decoders, device_pixels
-from kiln.workers.prep.decoders import JpegDecoder
 
 if TYPE_CHECKING:
     from kiln.app.model_spec import Preprocessing

@@ -24,8 +24,8 @@ from PIL import JpegImagePlugin
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
-from kiln.workers.prep import decoders
-from kiln.workers.prep.decoders import JpegDecoder
+from kiln.workers.device import decoders
+from kiln.workers.device.decoders import JpegDecoder
 from kiln.workers.prep.pixels import (
     Letterbox,
     Squash,

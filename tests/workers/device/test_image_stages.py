@@ -1,4 +1,4 @@
-"""An image model's four device stages (`models/device_stages.py`) on torch's CPU, in a child
+"""An image model's four device stages (`device/image_stages.py`) on torch's CPU, in a child
 process (this one stays torch-free, as a worker does): Pillow stands in for the GPU decoder
 and a stand-in engine for the forward pass. The staged answer is the serial one, image for
 image, with many batches in flight from many callers; an image that does not decode gets a row
@@ -17,7 +17,7 @@ from tests.support import run_torch_child
 
 CHILD = """
 import sys
-from tests.workers.models.test_device_stages import run_torch
+from tests.workers.device.test_image_stages import run_torch
 run_torch(sys.argv[1])
 """
 MAX_PIXELS = 50_000_000
@@ -45,9 +45,9 @@ def run_torch(where: str) -> None:
 
     from devstack.images import photo, truncated_jpeg
     from kiln.app.model_spec import Preprocessing
-    from kiln.workers.models.device_stages import DeviceOptions, ImageStages, decode_rows
-    from kiln.workers.prep import device_pixels
-    from kiln.workers.prep.device_pixels import read_header
+    from kiln.workers.device import pixels as device_pixels
+    from kiln.workers.device.image_stages import DeviceOptions, ImageStages, decode_rows
+    from kiln.workers.device.pixels import read_header
 
     pre = Preprocessing(input_size=64, fit="letterbox")
     engine = StandInEngine()

@@ -9,7 +9,13 @@
 
 Each decodes on the calling thread's current CUDA stream and gives, per JPEG, an upright-as-
 stored CHW uint8 tensor on the device, or None where it refused the image (Pillow decodes it
-then: `device_pixels`). `torch`, `torchvision` and nvImageCodec are imported inside functions.
+then: `device_pixels`). A JPEG is any buffer (bytes, or a memoryview of shared memory). A
+tensor given back may be a view of the decoder's own memory, alive while the tensor is: the
+caller copies it (`device_pixels.decode_groups` stacks each size) on the same stream before
+it crosses to another. Each torch call releases the GIL, which the engine's process pays for
+(issue 38): torchvision's takes the batch in three (`joined`: its bytes as one tensor, a view
+per JPEG), nvImageCodec's in two per image (its images come one DLPack capsule each).
+`torch`, `torchvision` and nvImageCodec are imported inside functions.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ class JpegDecoder(Protocol):
     name: str
     concurrent: bool  # whether threads may decode at once (each with its own state)
 
-    def decode(self, datas: Sequence[bytes], device: Any) -> list[Any | None]:
+    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
         """Per JPEG a CHW uint8 tensor on `device` (orientation as stored), or None."""
         ...
 
@@ -51,12 +57,23 @@ class TorchvisionJpeg:
     def __init__(self, op: Callable[[list[Any], Any], list[Any]]) -> None:
         self._op = op
 
-    def decode(self, datas: Sequence[bytes], device: Any) -> list[Any | None]:
+    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
         import torch
 
         settle(torch, device)
-        encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in datas]
+        encoded = joined(torch, datas)
         return batch_or_alone(lambda some: self._op(some, device), encoded, DECODE_ERRORS)
+
+
+def joined(torch: Any, datas: Sequence[bytes | memoryview]) -> list[Any]:
+    """The JPEGs as 1-D uint8 host tensors, as torchvision's op takes them: one copy of the
+    batch's bytes, one tensor over it, one view per JPEG (three torch calls, not one per
+    JPEG: each releases the GIL)."""
+    if not datas:
+        return []
+    lengths = [memoryview(data).nbytes for data in datas]
+    flat = torch.frombuffer(bytearray().join(datas), dtype=torch.uint8)  # writable: no copy
+    return list(torch.split(flat, lengths))
 
 
 class NvImageCodecJpeg:
@@ -90,7 +107,7 @@ class NvImageCodecJpeg:
             )  # fmt: skip
         return decoder
 
-    def decode(self, datas: Sequence[bytes], device: Any) -> list[Any | None]:
+    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
         import torch
 
         settle(torch, device)
@@ -98,7 +115,9 @@ class NvImageCodecJpeg:
         # images one by one, and one it refuses alone to the CPU, which decodes it or says why
         return batch_or_alone(lambda some: self._decode(torch, some, device), datas, (Exception,))
 
-    def _decode(self, torch: Any, datas: Sequence[bytes], device: Any) -> list[Any | None]:
+    def _decode(
+        self, torch: Any, datas: Sequence[bytes | memoryview], device: Any
+    ) -> list[Any | None]:
         module = self._nvimgcodec
         stream = torch.cuda.current_stream(device)
         sources = [module.CodeStream(bytes(data)) for data in datas]
@@ -106,7 +125,7 @@ class NvImageCodecJpeg:
         images = self._decoder().decode(
             sources, params=self._params, cuda_stream=stream.cuda_stream
         )
-        return [None if image is None else _owned(torch, image) for image in images]
+        return [None if image is None else _chw(torch, image) for image in images]
 
 
 def batch_or_alone(
@@ -139,11 +158,12 @@ def settle(torch: Any, device: Any) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def _owned(torch: Any, image: Any) -> Any:
-    """An nvImageCodec image as a CHW tensor of torch's own memory: nvImageCodec frees its
-    buffer on the decoding stream when the image goes, which a later stage's stream would not
-    wait for (the copy is 0.9 MB a 640×480 image, on the same stream: microseconds)."""
-    return torch.from_dlpack(image).clone().permute(2, 0, 1)
+def _chw(torch: Any, image: Any) -> Any:
+    """An nvImageCodec image as a CHW tensor over its memory (the tensor keeps the image
+    alive). nvImageCodec frees that memory on the decoding stream when the image goes, which
+    a later stage's stream would not wait for: the caller's stack copies it first, on the
+    decoding stream (`device_pixels.decode_groups`), so it never crosses."""
+    return torch.from_dlpack(image).permute(2, 0, 1)
 
 
 @functools.cache

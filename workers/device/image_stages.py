@@ -2,14 +2,20 @@
 decodes (`ImageStages`):
 
     decode   the JPEGs with the GPU's decoder (`device/decoders.py`), the rest with Pillow;
-             one thread per decoder state (nvImageCodec: `KILN_DECODE_THREADS`)
-    fit      to the model's input square, uint8 NHWC (`device_pixels.fit_batch`)
+             one thread per decoder state (nvImageCodec: `KILN_DECODE_THREADS`); hands fit
+             one stacked tensor per size (`device_pixels.decode_groups`)
+    fit      to the model's input square, uint8 NHWC, one resize per size, the sizes one
+             after another (`device_pixels.fit_groups`)
     forward  the engine's graph (or eager module), outputs left on the device
-    outputs  copied back into pinned memory and waited for: the batch's answer
+    outputs  copied back into pinned memory and waited for: the batch's answer, its rows put
+             back in the batch's order in one scatter
 
 Where the prep processes decoded on the CPU (`HostStages`): upload, forward, outputs. What a
-batch carries from stage to stage is in its `Work.values`; a batch none of whose images
-decoded fails at `decode` (the Batcher then splits it, as it does any failed batch).
+batch carries from stage to stage is in its `Work.values` (device tensors, handed over: one
+per size, never one per image) and `Work.host`; a batch none of whose images decoded fails
+at `decode` (the Batcher then splits it, as it does any failed batch). Every step works per
+batch: a torch call releases the GIL, so a stage's calls stay a handful a batch, whatever its
+length (tests/workers/device/test_torch_calls.py counts them).
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ from kiln.app.core.errors import InputError
 from kiln.workers.device import decoders
 from kiln.workers.device import pixels as device_pixels
 from kiln.workers.device.decoders import JpegDecoder
-from kiln.workers.device.stages import CpuStreams, CudaStreams, Stage, StagedPipeline, Work
+from kiln.workers.device.stages import (
+    CpuStreams,
+    CudaStreams,
+    Stage,
+    StagedPipeline,
+    Streams,
+    Work,
+)
 from kiln.workers.engines.base import DeviceFeeds
 
 if TYPE_CHECKING:
@@ -45,38 +58,43 @@ DEFAULT_OPTIONS = DeviceOptions()
 
 @dataclass(frozen=True)
 class DeviceAnswer:
-    """A batch's answer: the engine's first output with a row per image (zeros where the
-    image failed), the failures by row, and the fits made (rows that decoded, in order)."""
+    """A batch's answer: the engine's first output with a row per row of the batch (zeros
+    where the image failed), the failures by row, and the fits made: per size group, its
+    rows and their fit (`{"fit": Letterbox | Squash}`, `{}` for a crop)."""
 
     output: np.ndarray
     failed: dict[int, Exception]
-    good: list[int]
-    metas: list[dict[str, Any]]
+    fits: list[tuple[np.ndarray, dict[str, Any]]]
+
+    @property
+    def good(self) -> list[int]:
+        """The rows that decoded, in order."""
+        return sorted(int(row) for rows, _meta in self.fits for row in rows)
 
 
 def decode_rows(
     rows: list[tuple[Any, Any]], device: Any, max_pixels: int, decoder: JpegDecoder | None
-) -> tuple[list[Any], dict[int, Exception], list[int]]:
-    """The rows' images decoded on `device`: those that decoded, the failures by row, and
-    which rows decoded. Raises when none did (one row: its own error)."""
-    images = device_pixels.decode_batch(
+) -> tuple[list[device_pixels.Group], dict[int, InputError]]:
+    """The rows' images decoded on `device`, a stack per size, and the failures by row.
+    Raises when none decoded (one row: its own error)."""
+    groups, failed = device_pixels.decode_groups(
         [data for data, _header in rows], device, max_pixels=max_pixels,
         headers=[header for _data, header in rows], decoder=decoder,
     )  # fmt: skip
-    failed: dict[int, Exception] = {
-        i: image for i, image in enumerate(images) if isinstance(image, InputError)
-    }
-    good = [i for i in range(len(images)) if i not in failed]
-    if not good:  # nothing to run: the Batcher splits the batch, each row its error
+    if not groups:  # nothing to run: the Batcher splits the batch, each row its error
         raise failed[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
-    return [images[i] for i in good], failed, good
+    return groups, failed
 
 
-def answer(rows: int, output: np.ndarray, failed: dict[int, Exception], good: list[int],
-           metas: list[dict[str, Any]]) -> DeviceAnswer:  # fmt: skip
+def answer(rows: int, output: np.ndarray, failed: dict[int, InputError], order: np.ndarray,
+           fits: list[tuple[np.ndarray, dict[str, Any]]]) -> DeviceAnswer:  # fmt: skip
+    """The batch's answer from the engine's output for its fitted rows (`order`: the batch's
+    row of each), in one scatter (none when every row decoded, in order)."""
+    if len(order) == rows and np.array_equal(order, np.arange(rows)):
+        return DeviceAnswer(output, dict(failed), fits)
     full = np.zeros((rows, *output.shape[1:]), dtype=output.dtype)
-    full[good] = output
-    return DeviceAnswer(full, failed, good, metas)
+    full[order] = output
+    return DeviceAnswer(full, dict(failed), fits)
 
 
 class _Forward:
@@ -110,11 +128,11 @@ class HostStages(_Forward):
     def upload(self, work: Work) -> None:
         pixels = work.payload
         tensor = _torch().from_numpy(pixels)
-        work.values.update(pixels=tensor.to(self.engine.device, non_blocking=True),
-                           rows=len(pixels))  # fmt: skip
+        work.values["pixels"] = tensor.to(self.engine.device, non_blocking=True)
+        work.host["rows"] = len(pixels)
 
     def outputs(self, work: Work) -> None:
-        work.result = self._host(work, work.values["rows"])
+        work.result = self._host(work, work.host["rows"])
 
     def close(self) -> None:
         self.pipeline.close()
@@ -124,21 +142,25 @@ def _on_cuda(engine: DeviceFeeds) -> bool:
     return getattr(engine.device, "type", str(engine.device)) == "cuda"
 
 
-def _streams(engine: DeviceFeeds) -> CudaStreams | CpuStreams:
+def _streams(engine: DeviceFeeds) -> Streams:
     return CudaStreams(_torch(), engine.device) if _on_cuda(engine) else CpuStreams()
 
 
 class ImageStages(_Forward):
-    """The four stages for one model on one engine; `pipeline.run(rows)` → `DeviceAnswer`."""
+    """The four stages for one model on one engine; `pipeline.run(rows)` → `DeviceAnswer`.
+    `decoder` and `streams` (default: the GPU's decoder and streams on a CUDA engine, Pillow
+    and none elsewhere) are given by a stand-in device and by the tests."""
 
     def __init__(
         self, name: str, engine: DeviceFeeds, input_name: str, pre: Preprocessing,
-        max_pixels: int, options: DeviceOptions,
+        max_pixels: int, options: DeviceOptions, *, decoder: JpegDecoder | None = None,
+        streams: Streams | None = None,
     ) -> None:  # fmt: skip
         self.engine, self.input_name, self.pre = engine, input_name, pre
         self.device, self.max_pixels = engine.device, max_pixels
-        gpu = _on_cuda(engine)
-        self.decoder = decoders.jpeg_decoder(options.decoder, str(engine.device)) if gpu else None
+        if decoder is None and _on_cuda(engine):
+            decoder = decoders.jpeg_decoder(options.decoder, str(engine.device))
+        self.decoder = decoder
         concurrent = self.decoder is not None and self.decoder.concurrent
         threads = options.decode_threads if concurrent else 1
         stages = [
@@ -147,7 +169,7 @@ class ImageStages(_Forward):
             Stage("forward", self.forward),
             Stage("outputs", self.outputs),
         ]
-        self.pipeline = StagedPipeline(f"{name}-device", stages, _streams(engine))
+        self.pipeline = StagedPipeline(f"{name}-device", stages, streams or _streams(engine))
 
     @property
     def decoder_name(self) -> str:
@@ -155,18 +177,20 @@ class ImageStages(_Forward):
 
     def decode(self, work: Work) -> None:
         rows = work.payload
-        images, failed, good = decode_rows(rows, self.device, self.max_pixels, self.decoder)
-        work.values.update(images=images, failed=failed, good=good, rows=len(rows))
+        groups, failed = decode_rows(rows, self.device, self.max_pixels, self.decoder)
+        work.values["images"] = [group.pixels for group in groups]  # handed over: one a size
+        work.host.update(groups=groups, failed=failed, rows=len(rows))
 
     def fit(self, work: Work) -> None:
-        pixels, metas = device_pixels.fit_batch(work.values.pop("images"), self.pre)
-        work.values.update(pixels=pixels, metas=metas)
+        del work.values["images"]  # the groups hold them
+        fitted = device_pixels.fit_groups(work.host.pop("groups"), self.pre, self.device)
+        work.values["pixels"] = fitted.pixels
+        work.host.update(order=fitted.order, fits=fitted.fits)
 
     def outputs(self, work: Work) -> None:
-        good = work.values["good"]
-        output = self._host(work, len(good))
-        v = work.values
-        work.result = answer(v["rows"], output, v["failed"], good, v["metas"])
+        host = work.host
+        output = self._host(work, len(host["order"]))
+        work.result = answer(host["rows"], output, host["failed"], host["order"], host["fits"])
 
     def close(self) -> None:
         self.pipeline.close()

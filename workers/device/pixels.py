@@ -64,10 +64,10 @@ class Header:
     nvjpeg: bool
 
 
-def read_header(data: bytes, *, max_pixels: int) -> Header:
+def read_header(data: bytes | memoryview, *, max_pixels: int) -> Header:
     """The cheap checks a task thread can make before a batch decodes: an image Kiln reads,
     under the pixel cap. Bad input raises `InputError` with `decode_image`'s sentences."""
-    image = open_image(data, max_pixels)
+    image = open_image(cast(bytes, data), max_pixels)  # any buffer: Pillow reads a BytesIO
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Pillow warns on odd EXIF; the CPU path ignores it too
         orientation = int(image.getexif().get(0x0112) or 1)
@@ -77,68 +77,173 @@ def read_header(data: bytes, *, max_pixels: int) -> Header:
     jpeg = isinstance(image, JpegImagePlugin.JpegImageFile) and image.mode in _NVJPEG_MODES
     # nvJPEG decodes a truncated JPEG without an error (the missing rows come out grey), where
     # Pillow refuses it: a JPEG without its end marker goes to Pillow, which says why it fails.
-    complete = data.rstrip(b"\0").endswith(b"\xff\xd9")
-    return Header(width, height, orientation, jpeg and complete)
+    return Header(width, height, orientation, jpeg and _complete(data))
 
 
-def decode_batch(
-    datas: Sequence[bytes | np.ndarray],
+def _complete(data: bytes | memoryview) -> bool:
+    """Whether the JPEG ends with its end marker (zero padding after it allowed), read in
+    place: `data` may be a view of shared memory."""
+    view = memoryview(data).cast("B")
+    end = len(view)
+    while end > 0:  # a few KiB at a time from the end: padding may be long
+        start = max(0, end - 4096)
+        kept = len(bytes(view[start:end]).rstrip(b"\0"))
+        if kept:
+            last = start + kept  # one past the last byte that is not padding
+            return last >= 2 and view[last - 2] == 0xFF and view[last - 1] == 0xD9
+        end = start
+    return False
+
+
+@dataclass(frozen=True)
+class Group:
+    """A batch's images of one size, stacked: what the decode stage hands the fit stage, one
+    tensor per size rather than one per image (a camera's bucket is one or two sizes)."""
+
+    rows: np.ndarray  # the batch's rows these images are, in the stack's order (int64)
+    height: int
+    width: int
+    pixels: Any  # N × 3 × height × width, uint8, upright RGB, on the device
+
+
+Data = bytes | memoryview | np.ndarray  # an image's bytes (any buffer), or a decoded frame
+
+
+def decode_groups(
+    datas: Sequence[Data],
     device: Any,
     *,
     max_pixels: int,
     nvjpeg: bool | None = None,
-    headers: Sequence[Header] | None = None,
+    headers: Sequence[Header | InputError | None] | None = None,
     decoder: JpegDecoder | None = None,
-) -> list[Any]:
-    """Each image as an upright CHW uint8 RGB tensor on `device`, or the `InputError` that
-    says why it could not be decoded, in the order given. `nvjpeg` (default: on a CUDA
-    device) sends JPEGs through `decoder` (default: `decoders.jpeg_decoder()`, the GPU's best)
-    on the current stream. `headers`: read already (by the prep processes), so not read
-    again."""
+) -> tuple[list[Group], dict[int, InputError]]:
+    """The batch's images decoded on `device`, stacked by size, and the `InputError` of each
+    row that could not be decoded. A row is an image's bytes (bytes, or any buffer), or a
+    video frame decoded in prep (an HWC RGB uint8 array: uploaded as it is).
+
+    JPEGs nvJPEG may take (`Header.nvjpeg`) go to `decoder` in one call, when `nvjpeg` says
+    so (default: when a decoder is given, or on a CUDA device, where `decoders.jpeg_decoder()`
+    gives the GPU's best); the rest decode with Pillow on the host and are uploaded one stack
+    per size. `headers`: read already (by the prep processes), so not read again. The torch
+    calls are a few per size, whatever the batch's length, plus one per image the decoder
+    stores turned (EXIF): each releases the GIL, which the engine's process pays for."""
     import torch
 
     where = torch.device(device)
-    read: list[Header | InputError] = (
+    read = (
         list(headers) if headers is not None
-        else [_header_or_error(cast(bytes, data), max_pixels) for data in datas]
+        else [None if isinstance(d, np.ndarray) else _header_or_error(d, max_pixels)
+              for d in datas]
     )  # fmt: skip
-    results: list[Any] = list(read)  # errors stay; headers are replaced by pixels
+    failed = {i: h for i, h in enumerate(read) if isinstance(h, InputError)}
+    jpegs = [i for i, h in enumerate(read) if isinstance(h, Header) and h.nvjpeg
+             and not isinstance(datas[i], np.ndarray)]  # fmt: skip
+    use = (decoder is not None or where.type == "cuda") if nvjpeg is None else nvjpeg
+    on_device = _on_device(datas, read, jpegs, where, decoder) if use and jpegs else {}
+    on_host: dict[int, np.ndarray] = {}
     for i, data in enumerate(datas):
+        if i in failed or i in on_device:
+            continue
         if isinstance(data, np.ndarray):  # a video frame, decoded in prep: HWC RGB uint8
-            results[i] = torch.from_numpy(data).to(where, non_blocking=True).permute(2, 0, 1)
-    on_device = [i for i, h in enumerate(read) if isinstance(h, Header) and h.nvjpeg]
-    if (where.type == "cuda" if nvjpeg is None else nvjpeg) and on_device:
-        if decoder is None:
-            decoder = decoders.jpeg_decoder("auto", str(where))
-        jpegs = [cast(bytes, datas[i]) for i in on_device]
-        decoded = decoder.decode(jpegs, where) if decoder is not None else [None] * len(jpegs)
-        for i, tensor in zip(on_device, decoded, strict=True):
-            header = read[i]
-            if tensor is not None and isinstance(header, Header):
-                results[i] = orient(tensor, header.orientation)  # decoders leave EXIF be
-    for i, result in enumerate(results):
-        if isinstance(result, Header):  # not decoded on the device: Pillow, then upload
-            results[i] = _on_cpu(cast(bytes, datas[i]), where, max_pixels)
+            on_host[i] = data
+            continue
+        try:
+            decoded = decode_image(cast(bytes, data), max_pixels=max_pixels)  # any buffer
+            on_host[i] = np.asarray(decoded.image)
+        except InputError as error:
+            failed[i] = error
+    return _groups(torch, where, on_device, read, on_host), failed
+
+
+def _on_device(
+    datas: Sequence[Data], read: Sequence[Header | InputError | None], jpegs: list[int],
+    where: Any, decoder: JpegDecoder | None,
+) -> dict[int, Any]:  # fmt: skip
+    """The JPEGs the decoder took, upright (decoders leave EXIF be), by row."""
+    if decoder is None:
+        decoder = decoders.jpeg_decoder("auto", str(where))
+    if decoder is None:
+        return {}
+    decoded = decoder.decode([cast(bytes, datas[i]) for i in jpegs], where)
+    found = {}
+    for i, tensor in zip(jpegs, decoded, strict=True):
+        header = read[i]
+        if tensor is not None and isinstance(header, Header):
+            found[i] = orient(tensor, header.orientation)
+    return found
+
+
+def _groups(
+    torch: Any, where: Any, on_device: dict[int, Any],
+    read: Sequence[Header | InputError | None], on_host: dict[int, np.ndarray],
+) -> list[Group]:  # fmt: skip
+    """One stack per size: the device's images stacked (sized by their headers: no call per
+    image), the host's stacked on the host and uploaded in one copy (a size both have is two
+    groups: rare, and cheaper than joining them)."""
+    sizes: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    for i in on_device:
+        header = cast(Header, read[i])
+        sizes.setdefault((header.height, header.width), ([], []))[0].append(i)
+    for i, pixels in on_host.items():
+        sizes.setdefault((int(pixels.shape[0]), int(pixels.shape[1])), ([], []))[1].append(i)
+    groups: list[Group] = []
+    for device_rows, host_rows in sizes.values():
+        parts = []
+        if device_rows:
+            parts.extend(_stacked(torch, [on_device[i] for i in device_rows], device_rows))
+        if host_rows:
+            host = np.stack([on_host[i] for i in host_rows])  # a copy torch may share
+            parts.append((host_rows, torch.from_numpy(host).to(where).permute(0, 3, 1, 2)))
+        groups.extend(_group(rows, pixels) for rows, pixels in parts)  # a mixed size: two
+    return groups
+
+
+def _stacked(torch: Any, images: list[Any], rows: list[int]) -> list[tuple[list[int], Any]]:
+    """`images` (of one size, their headers say) as one stack; should a decoder have made
+    one another size than its header gives, as one stack per size it made."""
+    try:
+        return [(rows, torch.stack(images))]
+    except RuntimeError:  # sizes differ: read them (a call per image, on this rare path)
+        by_size: dict[tuple[int, ...], list[int]] = {}
+        for n, image in enumerate(images):
+            by_size.setdefault(tuple(image.shape), []).append(n)
+        return [([rows[n] for n in ns], torch.stack([images[n] for n in ns]))
+                for ns in by_size.values()]  # fmt: skip
+
+
+def _group(rows: list[int], pixels: Any) -> Group:
+    height, width = (int(side) for side in pixels.shape[-2:])  # what was made, not said
+    return Group(np.asarray(rows, dtype=np.int64), height, width, pixels)
+
+
+def decode_batch(
+    datas: Sequence[Data],
+    device: Any,
+    *,
+    max_pixels: int,
+    nvjpeg: bool | None = None,
+    headers: Sequence[Header | InputError | None] | None = None,
+    decoder: JpegDecoder | None = None,
+) -> list[Any]:
+    """`decode_groups` image by image: each an upright CHW uint8 RGB tensor on `device` (a
+    view of its group's stack), or the `InputError` that says why it could not be decoded, in
+    the order given (tools and tests; the stages keep the groups)."""
+    groups, failed = decode_groups(
+        datas, device, max_pixels=max_pixels, nvjpeg=nvjpeg, headers=headers, decoder=decoder
+    )
+    results: list[Any] = [failed.get(i) for i in range(len(datas))]
+    for group in groups:
+        for row, image in zip(group.rows.tolist(), group.pixels.unbind(0), strict=True):
+            results[row] = image
     return results
 
 
-def _header_or_error(data: bytes, max_pixels: int) -> Header | InputError:
+def _header_or_error(data: bytes | memoryview, max_pixels: int) -> Header | InputError:
     try:
         return read_header(data, max_pixels=max_pixels)
     except InputError as error:
         return error
-
-
-def _on_cpu(data: bytes, device: Any, max_pixels: int) -> Any:
-    """Kiln's CPU decode (no draft: the device resizes from full size), uploaded as CHW."""
-    import torch
-
-    try:
-        decoded = decode_image(data, max_pixels=max_pixels)
-    except InputError as error:
-        return error
-    pixels = np.array(decoded.image, dtype=np.uint8)  # a writable copy torch may share
-    return torch.from_numpy(pixels).permute(2, 0, 1).to(device)
 
 
 def orient(image: Any, orientation: int) -> Any:
@@ -165,40 +270,69 @@ def orient(image: Any, orientation: int) -> Any:
 # --- fitting -----------------------------------------------------------------------------
 
 
-def fit_batch(images: Sequence[Any], pre: Preprocessing) -> tuple[Any, list[dict[str, Any]]]:
-    """The engines' uint8 NHWC input for upright CHW uint8 `images` (all on one device), and
-    per image the fit the CPU path records (`{"fit": …}`). Images of one size are resized in
-    one call: a bucket's worth of camera photos is usually one or two sizes, not one kernel
-    launch per image."""
+@dataclass(frozen=True)
+class Fitted:
+    """A batch fitted: the engines' uint8 NHWC input, its images group after group; the
+    batch's row of each of them (`order`); and per group, its rows and the fit the CPU path
+    records (`{"fit": Letterbox | Squash}`, `{}` for a crop)."""
+
+    pixels: Any
+    order: np.ndarray
+    fits: list[tuple[np.ndarray, dict[str, Any]]]
+
+
+def fit_groups(groups: Sequence[Group], pre: Preprocessing, device: Any) -> Fitted:
+    """The model's input for the decode stage's groups: one resize per group (about ten
+    torch calls each, whatever its length), written group after group."""
     import torch
 
     if not supports(pre):
         raise ValueError(f"The {pre.resize_filter} filter has no torch kernel; fit on the CPU.")
     size = pre.input_size
-    if not images:
-        return torch.empty((0, size, size, 3), dtype=torch.uint8), []
-    groups: dict[tuple[int, int], list[int]] = {}
+    order = np.concatenate([g.rows for g in groups]) if groups else np.zeros(0, np.int64)
+    parts = [fit_group(g.pixels, pre, g.height, g.width) for g in groups]
+    fits = [(g.rows, meta) for g, (_fitted, meta) in zip(groups, parts, strict=True)]
+    if len(parts) == 1:  # the common case: no copy into place
+        return Fitted(_nhwc(parts[0][0]), order, fits)
+    out = torch.empty((len(order), size, size, 3), dtype=torch.uint8, device=device)
+    start = 0
+    for group, (fitted, _meta) in zip(groups, parts, strict=True):
+        stop = start + len(group.rows)
+        out[start:stop].copy_(fitted.permute(0, 2, 3, 1))  # whole values: the cast is exact
+        start = stop
+    return Fitted(out, order, fits)
+
+
+def fit_batch(images: Sequence[Any], pre: Preprocessing) -> tuple[Any, list[dict[str, Any]]]:
+    """`fit_groups` for CHW uint8 `images` one by one (tools and tests): the input in the
+    images' order, and each image's fit."""
+    import torch
+
+    device = images[0].device if images else "cpu"
+    sizes: dict[tuple[int, int], list[int]] = {}
     for i, image in enumerate(images):
-        groups.setdefault((int(image.shape[-2]), int(image.shape[-1])), []).append(i)
+        sizes.setdefault((int(image.shape[-2]), int(image.shape[-1])), []).append(i)
+    groups = [Group(np.asarray(rows, dtype=np.int64), height, width,
+                    torch.stack([images[i] for i in rows]))
+              for (height, width), rows in sizes.items()]  # fmt: skip
+    fitted = fit_groups(groups, pre, device)
     metas: list[dict[str, Any]] = [{} for _ in images]
-    if len(groups) == 1:  # the common case: no scatter
-        fitted, meta = fit_group(torch.stack(list(images)), pre)
-        return _nhwc(fitted), [dict(meta) for _ in images]
-    out = torch.empty((len(images), size, size, 3), dtype=torch.uint8, device=images[0].device)
-    for members in groups.values():
-        fitted, meta = fit_group(torch.stack([images[i] for i in members]), pre)
-        out[members] = _nhwc(fitted)
-        for i in members:
+    for rows, meta in fitted.fits:
+        for i in rows.tolist():
             metas[i] = dict(meta)
-    return out, metas
+    if np.array_equal(fitted.order, np.arange(len(images))):
+        return fitted.pixels, metas
+    back = torch.as_tensor(np.argsort(fitted.order), device=device)  # each image's place
+    return fitted.pixels[back], metas
 
 
 def _nhwc(pixels: Any) -> Any:
-    """Whole, clipped float values → the uint8 NHWC contract (contiguous: the graph's copy
-    and channels_last both want NHWC memory)."""
+    """Whole, clipped float values → the uint8 NHWC contract: channels-last NCHW memory seen
+    as NHWC is contiguous NHWC (the graph's copy and channels_last both want it), in two
+    calls."""
     import torch
 
-    return pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+    return pixels.to(dtype=torch.uint8, memory_format=torch.channels_last).permute(0, 2, 3, 1)
 
 
 def fit_on_device(image: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
@@ -208,33 +342,54 @@ def fit_on_device(image: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
     return fitted[0], meta
 
 
-def fit_group(images: Any, pre: Preprocessing) -> tuple[Any, dict[str, Any]]:
-    """`fit_on_device` for an NCHW uint8 stack of images of one size, in one call per pass."""
+def fit_group(
+    images: Any, pre: Preprocessing, height: int | None = None, width: int | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """`fit_on_device` for an NCHW uint8 stack of images of one size (`height` × `width`, read
+    from the stack when not given), in one call per pass."""
     import torch
 
-    size, height, width = pre.input_size, int(images.shape[-2]), int(images.shape[-1])
+    size = pre.input_size
+    if height is None or width is None:
+        height, width = int(images.shape[-2]), int(images.shape[-1])
+    meta = meta_of(pre, width, height)
     if pre.fit == "crop":
         resized_w, resized_h = crop_resize_size(width, height, size, pre.crop_ratio)
         left, top = (resized_w - size) // 2, (resized_h - size) // 2
-        resized = resize(images, resized_w, resized_h, pre.resize_filter)
-        return resized[:, :, top : top + size, left : left + size], {}
+        resized = resize(images, resized_w, resized_h, pre.resize_filter, (height, width))
+        return resized[:, :, top : top + size, left : left + size], meta
     if pre.fit == "letterbox":
         new_w, new_h = letterbox_size(width, height, size)
         canvas = images.new_zeros((images.shape[0], 3, size, size), dtype=torch.float32)
-        canvas[:, :, :new_h, :new_w] = resize(images, new_w, new_h, pre.resize_filter)
-        return canvas, {"fit": Letterbox(size / max(width, height), width, height)}
-    squashed = resize(images, size, size, pre.resize_filter)
-    return squashed, {"fit": Squash(size / width, size / height, width, height)}
+        canvas[:, :, :new_h, :new_w] = resize(
+            images, new_w, new_h, pre.resize_filter, (height, width)
+        )
+        return canvas, meta
+    return resize(images, size, size, pre.resize_filter, (height, width)), meta
 
 
-def resize(images: Any, width: int, height: int, filter_name: str) -> Any:
-    """NCHW uint8 → `width` × `height` float32 holding whole pixel values. As Pillow does:
-    across first, then down, each pass rounded and clipped to uint8 (bicubic overshoots, and
-    Pillow clips the first pass before the second reads it)."""
+def meta_of(pre: Preprocessing, width: int, height: int) -> dict[str, Any]:
+    """The fit an image of `width` × `height` gets, as the CPU path records it: `{"fit":
+    Letterbox | Squash}`, or `{}` for a crop."""
+    size = pre.input_size
+    if pre.fit == "letterbox":
+        return {"fit": Letterbox(size / max(width, height), width, height)}
+    if pre.fit == "squash":
+        return {"fit": Squash(size / width, size / height, width, height)}
+    return {}
+
+
+def resize(
+    images: Any, width: int, height: int, filter_name: str, shape: tuple[int, int] | None = None
+) -> Any:
+    """NCHW uint8 (of `shape`, height × width, read from `images` when not given) → `width` ×
+    `height` float32 holding whole pixel values. As Pillow does: across first, then down, each
+    pass rounded and clipped to uint8 (bicubic overshoots, and Pillow clips the first pass
+    before the second reads it)."""
     import torch
 
     pixels = images.to(torch.float32)
-    in_h, in_w = int(images.shape[-2]), int(images.shape[-1])
+    in_h, in_w = shape if shape is not None else (int(images.shape[-2]), int(images.shape[-1]))
     if in_w != width:
         pixels = _pass(pixels, in_h, width, filter_name)
     if in_h != height:

@@ -10,8 +10,17 @@ device work of different batches overlaps on different streams, and only the las
 on the host (for its own copy back). Queues hold `depth` batches between stages: enough that a
 stage never starves while the one before it is busy, few enough to bound device memory.
 
-Device memory crossing stages is handed over (`Streams.hand_over`: torch's `record_stream`),
-so the caching allocator does not reuse a block the next stage's stream still reads.
+What a batch carries between stages is in two places (`Work`): `values`, device memory, each
+value a tensor or a list, tuple or dict of them, handed over to every later stage's stream
+(`Streams.hand_over`: torch's `record_stream`, so the caching allocator does not reuse a block
+that stream still reads); and `host`, everything else (row counts, failures, metas), never
+walked. A stage hands on per batch, not per row — one stacked tensor per size group, not one
+per image — because every torch call releases the GIL, and in the engine's process each
+release costs a quarter of a millisecond of waiting for it back (issue 38).
+
+A stage runs under `torch.cuda.stream(its stream)` only: never under a `torch.device` context,
+which would put a Python `__torch_function__` on each of its torch calls; its tensors are made
+with an explicit `device=`, or beside the tensors they come from.
 
 `Streams` is the only CUDA here: `CpuStreams` (no streams, no events) runs the same pipeline
 on the CPU in the tests, with stand-in stages.
@@ -45,7 +54,9 @@ class Streams(Protocol):
 
     def wait(self, stream: Any, event: Any) -> None: ...
 
-    def hand_over(self, value: Any, stream: Any) -> None: ...
+    def hand_over(self, values: dict[str, Any], stream: Any) -> None:
+        """`stream` will read `values`' tensors (made on another stage's stream)."""
+        ...
 
     def settle(self, event: Any) -> None:
         """Wait on the host until `event`'s device work is done."""
@@ -67,7 +78,7 @@ class CpuStreams:
     def wait(self, stream: Any, event: Any) -> None:
         return None
 
-    def hand_over(self, value: Any, stream: Any) -> None:
+    def hand_over(self, values: dict[str, Any], stream: Any) -> None:
         return None
 
     def settle(self, event: Any) -> None:
@@ -85,11 +96,11 @@ class CudaStreams:
     def new(self) -> Any:
         return self._torch.cuda.Stream(device=self._device)
 
-    @contextlib.contextmanager
-    def using(self, stream: Any) -> Iterator[None]:
-        # the device as the default too: tensors a stage makes land beside its inputs
-        with self._device, self._torch.cuda.stream(stream):
-            yield
+    def using(self, stream: Any) -> contextlib.AbstractContextManager[None]:
+        # the stream only (it makes its device the current one): a `torch.device` context
+        # would run Python on each torch call of the stage
+        context: contextlib.AbstractContextManager[None] = self._torch.cuda.stream(stream)
+        return context
 
     def record(self, stream: Any) -> Any:
         return stream.record_event()
@@ -98,29 +109,39 @@ class CudaStreams:
         if event is not None:
             stream.wait_event(event)
 
-    def hand_over(self, value: Any, stream: Any) -> None:
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                self.hand_over(item, stream)
-        elif isinstance(value, dict):
-            for item in value.values():
-                self.hand_over(item, stream)
-        elif getattr(value, "is_cuda", False):
-            value.record_stream(stream)
+    def hand_over(self, values: dict[str, Any], stream: Any) -> None:
+        for tensor in tensors_in(values):
+            if tensor.is_cuda:
+                tensor.record_stream(stream)
 
     def settle(self, event: Any) -> None:
         if event is not None:
             event.synchronize()
 
 
+def tensors_in(value: Any) -> Iterator[Any]:
+    """The tensors in a `Work.values` entry: a tensor, or lists, tuples, dicts of them (a
+    value of another type is not device memory, and is skipped)."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif hasattr(value, "record_stream"):
+        yield value
+
+
 @dataclass
 class Work:
-    """One batch on its way: what it came with, what each stage leaves for the next
-    (`values`), its device work so far (`event`, on the last stage's stream), its answer."""
+    """One batch on its way: what it came with, what each stage leaves for the next — on the
+    device (`values`: handed over to each later stage's stream) and on the host (`host`) —,
+    its device work so far (`event`, on the last stage's stream), its answer."""
 
     payload: Any
     future: Future[Any] = field(default_factory=Future)
     values: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
     event: Any = None
     result: Any = None
 

@@ -332,11 +332,14 @@ class TorchEngine:
         check_names([s.name for s in self.inputs], tensors)
         ready = [tensors[s.name] for s in self.inputs]
         rows = int(ready[0].shape[0])
+        # The stage runs without the device as the default (it would cost a Python call per
+        # torch op); what runs the converted code (a capture, the eager forward) sets it.
         with self._torch.inference_mode():
             graphs = self.graphs
             if graphs is not None and rows <= graphs.sizes[-1]:
                 with graphs.lend() as graph_set:
-                    graph = self._graph(graph_set, bucket_for(rows, graphs.sizes))
+                    with self._transfers.on_device():
+                        graph = self._graph(graph_set, bucket_for(rows, graphs.sizes))
                     if graph is not None:
                         for static, tensor in zip(graph.inputs, ready, strict=True):
                             static[:rows].copy_(tensor, non_blocking=True)
@@ -344,7 +347,8 @@ class TorchEngine:
                         outputs = [value[:rows].clone() for value in graph.outputs]
                         self._queued_on(graph_set)
                         return outputs
-            return [value[:rows] for value in self._forward(ready)]
+            with self._transfers.on_device():
+                return [value[:rows] for value in self._forward(ready)]
 
     def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
         """`forward_tensors`' outputs on the host: copied on the current stream into this

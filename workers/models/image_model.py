@@ -129,9 +129,9 @@ class ImageModelPipeline:
         rows = batch.objects or []
         done = self.stages.pipeline.run(rows) if self.stages is not None else self._serial(rows)
         if batch.meta is not None:  # the fits the device made, as the CPU path records them
-            for i, meta in zip(done.good, done.metas, strict=True):
+            for group_rows, meta in done.fits:  # one write per size group, not per row
                 if "fit" in meta:
-                    batch.meta[i] = placement_row(meta["fit"])
+                    batch.meta[group_rows] = placement_row(meta["fit"])
         return done.output, done.failed
 
     def _serial(self, rows: list[tuple[Any, Any]]) -> DeviceAnswer:
@@ -140,10 +140,10 @@ class ImageModelPipeline:
         assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` takes
         decoder = decoders.jpeg_decoder(self.options.decoder, str(self.device))
         with engine.on_stream():
-            images, failed, good = decode_rows(rows, self.device, self.max_pixels, decoder)
-            pixels, metas = device_pixels.fit_batch(images, self.pre)
-            output = next(iter(engine.infer_tensors({self.input_name: pixels}).values()))
-        return answer(len(rows), output, failed, good, metas)
+            groups, failed = decode_rows(rows, self.device, self.max_pixels, decoder)
+            fitted = device_pixels.fit_groups(groups, self.pre, self.device)
+            output = next(iter(engine.infer_tensors({self.input_name: fitted.pixels}).values()))
+        return answer(len(rows), output, failed, fitted.order, fitted.fits)
 
     def _run(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
         """The engine's first output, one flat row per image, and the rows that failed."""

@@ -43,10 +43,12 @@ class StandInEngine:
 def run_torch(where: str) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    import torch
+
     from devstack.images import photo, truncated_jpeg
     from kiln.app.model_spec import Preprocessing
     from kiln.workers.device import pixels as device_pixels
-    from kiln.workers.device.image_stages import DeviceOptions, ImageStages, decode_rows
+    from kiln.workers.device.image_stages import DeviceOptions, ImageStages
     from kiln.workers.device.pixels import read_header
 
     pre = Preprocessing(input_size=64, fit="letterbox")
@@ -60,8 +62,12 @@ def run_torch(where: str) -> None:
         batches.append([(d, read_header(d, max_pixels=MAX_PIXELS)) for d in datas])
 
     def serial(rows: list[Any]) -> np.ndarray:
-        images, _failed, good = decode_rows(rows, engine.device, MAX_PIXELS, None)
-        pixels, _metas = device_pixels.fit_batch(images, pre)
+        """Image by image: each decoded, fitted alone, then the batch run at once."""
+        images = device_pixels.decode_batch([d for d, _h in rows], engine.device,
+                                            max_pixels=MAX_PIXELS)  # fmt: skip
+        good = [i for i, image in enumerate(images) if not isinstance(image, Exception)]
+        alone = [device_pixels.fit_on_device(images[i], pre)[0] for i in good]
+        pixels = torch.stack(alone).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
         out = engine.outputs_to_host(engine.forward_tensors({"images": pixels}), len(good))
         full = np.zeros((len(rows), 3), dtype=np.float32)
         full[good] = out["out"]
@@ -75,7 +81,7 @@ def run_torch(where: str) -> None:
         "failed": {str(k): str(v) for k, v in staged[2].failed.items()},
         "zero_row": staged[2].output[1].tolist(),
         "good": staged[2].good,
-        "fits": [sorted(m) for m in staged[0].metas],
+        "fits": [[rows.tolist(), sorted(meta)] for rows, meta in staged[0].fits],
         "decoder": stages.decoder_name,
         "stats": stages.pipeline.stats(),
     }  # fmt: skip
@@ -97,7 +103,8 @@ def test_staged_answers_are_the_serial_ones(tmp_path: Path) -> None:
     assert list(report["failed"]) == ["1"] and "image" in report["failed"]["1"].lower()
     assert report["zero_row"] == [0.0, 0.0, 0.0]
     assert report["good"] == [0, 2, 3, 4]
-    assert report["fits"][0] == ["fit"]  # letterbox: each image's placement, as the CPU path
+    # letterbox: each size group's placement, as the CPU path records it (5 sizes: 5 groups)
+    assert report["fits"] == [[[i], ["fit"]] for i in range(5)]
     assert report["all_bad"] == "InputError: No image of the batch decoded."
     stats = report["stats"]
     assert stats["decode"]["batches"] == stats["outputs"]["batches"] == 24

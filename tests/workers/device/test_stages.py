@@ -302,3 +302,77 @@ def test_a_close_past_its_timeout_fails_what_waits_and_the_slow_stage_still_stop
     for thread in pipeline._threads:
         thread.join(2)
     assert not any(t.is_alive() for t in pipeline._threads)
+
+
+class FakeTensor:
+    """What `CudaStreams.hand_over` reads of a tensor: where it lives, and its record."""
+
+    def __init__(self, is_cuda: bool = True) -> None:
+        self.is_cuda = is_cuda
+        self.recorded: list[Any] = []
+
+    def record_stream(self, stream: Any) -> None:
+        self.recorded.append(stream)
+
+
+class FakeTorch:
+    """torch's CUDA API as `CudaStreams` calls it, recording which contexts a step enters."""
+
+    def __init__(self) -> None:
+        import contextlib
+        from types import SimpleNamespace
+
+        self.entered: list[str] = []
+        fake = self
+
+        class Device:
+            def __init__(self, name: Any) -> None:
+                self.name = name
+
+            def __enter__(self) -> None:
+                fake.entered.append("device")
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+        @contextlib.contextmanager
+        def stream(s: Any) -> Any:
+            fake.entered.append(f"stream {s}")
+            yield
+
+        self.device = Device
+        self.cuda = SimpleNamespace(Stream=lambda device=None: "s1", stream=stream)
+
+
+def test_a_cuda_step_enters_its_stream_only_and_hands_over_each_tensor_once() -> None:
+    """No `torch.device` context around a stage (a Python call on each of its torch ops): its
+    stream only. What crosses is recorded on the next stage's stream once per tensor — one per
+    size group, not one per image — and what is not device memory is not walked."""
+    from kiln.workers.device.stages import CudaStreams, tensors_in
+
+    torch = FakeTorch()
+    streams = CudaStreams(torch, "cuda:0")
+    with streams.using("s1"):
+        pass
+    assert torch.entered == ["stream s1"]
+    groups, pixels, on_host = [FakeTensor(), FakeTensor()], FakeTensor(), FakeTensor(False)
+    values = {"images": groups, "pixels": pixels, "nested": {"x": (on_host,)}, "rows": 32}
+    streams.hand_over(values, "s2")
+    assert [t.recorded for t in (*groups, pixels, on_host)] == [["s2"], ["s2"], ["s2"], []]
+    assert list(tensors_in(values)) == [*groups, pixels, on_host]
+    assert list(tensors_in([1, "a", None])) == []
+
+
+def test_what_a_stage_keeps_on_the_host_is_never_handed_over() -> None:
+    def make(work: Work) -> None:
+        work.values["pixels"] = "tensor"
+        work.host["rows"] = list(range(64))
+
+    def use(work: Work) -> None:
+        work.result = (work.values["pixels"], len(work.host["rows"]))
+
+    streams = RecordingStreams()
+    pipeline = StagedPipeline("test", [Stage("make", make), Stage("use", use)], streams)
+    assert pipeline.run(1) == ("tensor", 64)
+    pipeline.close()
+    assert [c[2] for c in streams.calls if c[0] == "hand_over"] == [[], ["pixels"]]

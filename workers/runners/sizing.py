@@ -24,15 +24,18 @@ SLOT_BYTES = 512 * 2**20  # shared memory for one model's slots, at most (if a b
 def batch_size(
     settings: Settings, info: ModelInfo, pipeline: Pipeline, engines: EngineFactory
 ) -> int:
-    """The model's batch: as configured, or under `auto` the knee of a short sweep of its
-    GPU engine (16 on a CPU); never above what the engine was built for."""
+    """The model's batch: as configured, or under `auto` from a short sweep of its GPU engine
+    (16 on a CPU): the knee, or for a staged device pipeline the largest batch that costs
+    the GPU nothing in rows per second (`batch_size.for_pipeline`); never above what the
+    engine was built for."""
     cap = pipeline.max_batch
     if settings.max_batch != "auto":
         return min(settings.max_batch, cap)
     gpu = [b.engine for b in engines.built if b.engine.backend.startswith(GPU_BACKENDS)]
     if len(engines.built) != 1 or not gpu:  # a CPU engine, or several (OCR's own sizes)
         return min(settings.batch_cap(on_gpu=bool(gpu)), cap)
-    return choose_batch(gpu[0], cap, name=info.ref)
+    staged = isinstance(pipeline, Staged) and bool(pipeline.in_flight)
+    return choose_batch(gpu[0], cap, name=info.ref, staged=staged)
 
 
 def batch_runners(engine_runners: int, pipeline: Pipeline) -> int:

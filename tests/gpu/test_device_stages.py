@@ -87,20 +87,56 @@ def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: P
 
     def serial(rows: list[Any]) -> np.ndarray:
         with engine.on_stream():
-            images, failed, good = decode_rows(rows, engine.device, MAX_PIXELS, stages.decoder)
-            pixels, metas = device_pixels.fit_batch(images, pre)
-            out = next(iter(engine.infer_tensors({"images": pixels}).values()))
-        return answer(len(rows), out, failed, good, metas).output
+            groups, failed = decode_rows(rows, engine.device, MAX_PIXELS, stages.decoder)
+            fitted = device_pixels.fit_groups(groups, pre, engine.device)
+            out = next(iter(engine.infer_tensors({"images": fitted.pixels}).values()))
+        return answer(len(rows), out, failed, fitted.order, fitted.fits).output
 
     with ThreadPoolExecutor(stages.pipeline.in_flight) as callers:
         staged = list(callers.map(stages.pipeline.run, batches * 3))
     for i, (done, rows) in enumerate(zip(staged, batches * 3, strict=True)):
         np.testing.assert_allclose(done.output, serial(rows), atol=1e-3, err_msg=str(i))
     assert list(staged[3].failed) == [2] and not staged[3].output[2].any()
+    assert staged[3].good == [0, 1, 3, 4]
     stats = stages.pipeline.stats()
     print(f"\nstages ({stages.decoder_name}): {stats}")
     assert all(s["batches"] == 24 for s in stats.values())
     stages.close()
+
+
+def test_each_stage_calls_torch_a_few_times_a_batch_on_the_gpu(classifier: Path) -> None:
+    """Issue 38 on CUDA: per stage thread, the torch calls of a batch of 640×480 JPEGs —
+    `record_stream` for what is handed over among them, one per size, not one per image —
+    stay the same at 16, 32 and 64 rows, and at most 16; no `torch.device` context runs
+    around a stage (it would show as its own calls)."""
+    import torch
+
+    from kiln.app.model_spec import Preprocessing
+    from kiln.workers.device.image_stages import DeviceOptions, ImageStages
+    from kiln.workers.device.pixels import read_header
+    from kiln.workers.device.stages import CudaStreams
+    from tests.workers.device.counting import CountingStreams, per_batch
+
+    if not _decoders():
+        pytest.skip("no GPU JPEG decoder works here")
+    engine = _engine(classifier, runners=1)
+    streams = CountingStreams(CudaStreams(torch, engine.device))
+    stages = ImageStages("t", engine, "images", Preprocessing(input_size=32), MAX_PIXELS,
+                         DeviceOptions(), streams=streams)  # fmt: skip
+    datas = [photo(i, (640, 480)) for i in range(64)]
+    for rows in (16, 32, 64):
+        batch = [(d, read_header(d, max_pixels=MAX_PIXELS)) for d in datas[:rows]]
+        stages.pipeline.run(batch)
+    stages.close()
+    counted = {stage: per_batch(steps) for stage, steps in streams.steps.items()}
+    print(f"\ntorch calls per batch at 16, 32, 64 ({stages.decoder_name}): {counted}")
+    for stage, counts in counted.items():
+        calls = counts["calls"]
+        assert len(set(calls)) == 1 and calls[0] <= 16, (stage, counts)
+        if stage != "decode":  # decode makes its `torch.device` for the decoder's op
+            assert "call:device" not in counts, (stage, counts)  # entering one shows here
+    assert counted["fit"]["call:record_stream"] == [1, 1, 1]  # the one stack of one size
+    assert counted["forward"]["call:record_stream"] == [1, 1, 1]  # the fitted input
 
 
 def test_staged_upload_forward_outputs_give_infers_answers(classifier: Path) -> None:

@@ -332,14 +332,11 @@ class TorchEngine:
         check_names([s.name for s in self.inputs], tensors)
         ready = [tensors[s.name] for s in self.inputs]
         rows = int(ready[0].shape[0])
-        # The stage runs without the device as the default (it would cost a Python call per
-        # torch op); what runs the converted code (a capture, the eager forward) sets it.
         with self._torch.inference_mode():
             graphs = self.graphs
             if graphs is not None and rows <= graphs.sizes[-1]:
                 with graphs.lend() as graph_set:
-                    with self._transfers.on_device():
-                        graph = self._graph(graph_set, bucket_for(rows, graphs.sizes))
+                    graph = self._graph(graph_set, bucket_for(rows, graphs.sizes))
                     if graph is not None:
                         for static, tensor in zip(graph.inputs, ready, strict=True):
                             static[:rows].copy_(tensor, non_blocking=True)
@@ -347,6 +344,8 @@ class TorchEngine:
                         outputs = [value[:rows].clone() for value in graph.outputs]
                         self._queued_on(graph_set)
                         return outputs
+            # The stage runs without the device as the default (a Python call on each torch
+            # op); the converted code makes tensors of its own, so it gets it (as a capture)
             with self._transfers.on_device():
                 return [value[:rows] for value in self._forward(ready)]
 

@@ -31,53 +31,6 @@ SIZES = (16, 32, 64)
 MOST = 16  # torch calls a stage may make per batch (issue 38's target)
 
 
-def counting_streams() -> Any:
-    """`CpuStreams` that count, per stage thread, the torch calls of each step (a mode pushed
-    on that thread for the step) and the tensors handed over to it."""
-    import contextlib
-    import threading
-    from collections import Counter
-
-    from torch.overrides import TorchFunctionMode
-
-    from kiln.workers.device.stages import CpuStreams, tensors_in
-
-    class Count(TorchFunctionMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls: Counter[str] = Counter()
-
-        def __torch_function__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:  # fmt: skip
-            name = getattr(func, "__qualname__", None) or getattr(func, "__name__", str(func))
-            self.calls["getters" if name.endswith("__get__") else "calls"] += 1
-            self.calls[f"call:{getattr(func, '__name__', name)}"] += 1
-            return func(*args, **(kwargs or {}))
-
-    class Counting(CpuStreams):
-        def __init__(self) -> None:
-            self.steps: dict[str, list[Counter[str]]] = {}
-            self._lock = threading.Lock()
-            self._local = threading.local()
-
-        @staticmethod
-        def stage() -> str:
-            return threading.current_thread().name.split("-")[-2]  # `{name}-{stage}-{n}`
-
-        @contextlib.contextmanager
-        def using(self, stream: Any) -> Any:
-            mode = self._local.mode = Count()
-            with mode:
-                yield
-            with self._lock:
-                self.steps.setdefault(self.stage(), []).append(mode.calls)
-
-        def hand_over(self, values: dict[str, Any], stream: Any) -> None:
-            self._local.mode.calls["handed"] += sum(1 for _ in tensors_in(values))
-
-    return Counting()
-
-
 def standin_op(calls: list[int]) -> Any:
     """torchvision's batched nvJPEG op as one torch call (as the real op is one binding): the
     JPEGs decoded by Pillow, orientation as stored (nvJPEG leaves EXIF be)."""
@@ -126,12 +79,6 @@ def turned(data: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def per_batch(steps: list[Any]) -> dict[str, list[int]]:
-    """Each counter's value in each batch's step (0 where a step had none)."""
-    keys = sorted({key for step in steps for key in step})
-    return {key: [step.get(key, 0) for step in steps] for key in keys}
-
-
 def run_torch(where: str) -> None:
     import numpy as np
     import torch
@@ -141,6 +88,7 @@ def run_torch(where: str) -> None:
     from kiln.workers.device.decoders import TorchvisionJpeg
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
     from kiln.workers.device.pixels import read_header
+    from tests.workers.device.counting import CountingStreams, per_batch
 
     torch.set_num_threads(1)  # a tiny op must not open an OpenMP region
     pre = Preprocessing(input_size=32)
@@ -150,7 +98,7 @@ def run_torch(where: str) -> None:
     op_calls: list[int] = []
     for route in ("pillow", "nvjpeg"):
         for label, shapes in sizes.items():
-            streams = counting_streams()
+            streams = CountingStreams()
             decoder = TorchvisionJpeg(standin_op(op_calls)) if route == "nvjpeg" else None
             stages = ImageStages("t", Engine(), "images", pre, MAX_PIXELS, DeviceOptions(),  # type: ignore[arg-type]
                                  decoder=decoder, streams=streams)  # fmt: skip
@@ -163,7 +111,7 @@ def run_torch(where: str) -> None:
                 stage: per_batch(steps) for stage, steps in streams.steps.items()
             }
     # EXIF: two of 16 JPEGs stored turned; the decoder leaves them so, one call each turns them
-    streams, decoder = counting_streams(), TorchvisionJpeg(standin_op(op_calls))
+    streams, decoder = CountingStreams(), TorchvisionJpeg(standin_op(op_calls))
     stages = ImageStages("t", Engine(), "images", pre, MAX_PIXELS, DeviceOptions(),  # type: ignore[arg-type]
                          decoder=decoder, streams=streams)  # fmt: skip
     datas = [photo(i, (64, 48)) for i in range(16)]

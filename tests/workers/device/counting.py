@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -33,8 +34,8 @@ class Count(TorchFunctionMode):
 
 class CountingStreams:
     """`inner` streams (default: `CpuStreams`) that count each step's torch calls — on a GPU
-    the hand-over's `record_stream` calls among them — and the tensors handed over to it,
-    by stage (`steps`: one `Counter` per batch)."""
+    the hand-over's `record_stream` calls among them —, the tensors handed over to it and its
+    thread's CPU microseconds (`cpu_us`), by stage (`steps`: one `Counter` per batch)."""
 
     def __init__(self, inner: Streams | None = None) -> None:
         self.inner: Streams = inner if inner is not None else CpuStreams()
@@ -48,8 +49,10 @@ class CountingStreams:
     @contextlib.contextmanager
     def using(self, stream: Any) -> Iterator[None]:
         mode = self._local.mode = Count()
+        began = time.thread_time()
         with mode, self.inner.using(stream):
             yield
+        mode.calls["cpu_us"] = round(1e6 * (time.thread_time() - began))
         stage = threading.current_thread().name.split("-")[-2]  # `{name}-{stage}-{n}`
         with self._lock:
             self.steps.setdefault(stage, []).append(mode.calls)

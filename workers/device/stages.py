@@ -54,8 +54,9 @@ class Streams(Protocol):
 
     def wait(self, stream: Any, event: Any) -> None: ...
 
-    def hand_over(self, values: dict[str, Any], stream: Any) -> None:
-        """`stream` will read `values`' tensors (made on another stage's stream)."""
+    def hand_over(self, value: Any, stream: Any) -> None:
+        """`stream` will read the tensors in `value` (a work's `values`: made on another
+        stage's stream)."""
         ...
 
     def settle(self, event: Any) -> None:
@@ -78,7 +79,7 @@ class CpuStreams:
     def wait(self, stream: Any, event: Any) -> None:
         return None
 
-    def hand_over(self, values: dict[str, Any], stream: Any) -> None:
+    def hand_over(self, value: Any, stream: Any) -> None:
         return None
 
     def settle(self, event: Any) -> None:
@@ -109,10 +110,16 @@ class CudaStreams:
         if event is not None:
             stream.wait_event(event)
 
-    def hand_over(self, values: dict[str, Any], stream: Any) -> None:
-        for tensor in tensors_in(values):
-            if tensor.is_cuda:
-                tensor.record_stream(stream)
+    def hand_over(self, value: Any, stream: Any) -> None:
+        # one call per tensor, through this method (a stand-in device counts them here)
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                self.hand_over(item, stream)
+        elif isinstance(value, dict):
+            for item in value.values():
+                self.hand_over(item, stream)
+        elif getattr(value, "is_cuda", False):
+            value.record_stream(stream)
 
     def settle(self, event: Any) -> None:
         if event is not None:

@@ -63,9 +63,9 @@ class CountingStreams:
     def wait(self, stream: Any, event: Any) -> None:
         self.inner.wait(stream, event)
 
-    def hand_over(self, values: dict[str, Any], stream: Any) -> None:
-        self._local.mode.calls["handed"] += sum(1 for _ in tensors_in(values))
-        self.inner.hand_over(values, stream)
+    def hand_over(self, value: Any, stream: Any) -> None:
+        self._local.mode.calls["handed"] += sum(1 for _ in tensors_in(value))
+        self.inner.hand_over(value, stream)
 
     def settle(self, event: Any) -> None:
         self.inner.settle(event)

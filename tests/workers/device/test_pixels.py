@@ -457,3 +457,26 @@ def test_the_header_says_where_an_image_decodes() -> None:
 def test_lanczos_stays_on_the_cpu() -> None:
     assert not supports(Preprocessing(input_size=224, resize_filter="lanczos"))
     assert supports(Preprocessing(input_size=224, resize_filter="bicubic"))
+
+
+def test_the_header_reads_any_buffer_in_place() -> None:
+    """Rows' bytes may be views of shared memory: a memoryview of a slice of a larger buffer
+    gives the header bytes give, the JPEG's end marker found past zero padding of any length
+    (read from the end a few KiB at a time), and a JPEG cut short still goes to Pillow."""
+    jpeg, cut = IMAGES["exif-jpeg"], BAD["truncated"]
+    padded = jpeg + b"\0" * 10_000
+    shared = bytearray(b"x" * 7 + jpeg + b"y" * 5 + padded + cut)
+    view = memoryview(shared)
+    at_jpeg, at_padded = 7, 7 + len(jpeg) + 5
+    at_cut = at_padded + len(padded)
+    views = {
+        "jpeg": view[at_jpeg : at_jpeg + len(jpeg)],
+        "padded": view[at_padded : at_padded + len(padded)],
+        "cut": view[at_cut:],
+    }
+    expected = {"jpeg": jpeg, "padded": padded, "cut": cut}
+    for name, part in views.items():
+        header = read_header(part, max_pixels=MAX_PIXELS)
+        assert header == read_header(expected[name], max_pixels=MAX_PIXELS), name
+    assert read_header(views["padded"], max_pixels=MAX_PIXELS).nvjpeg
+    assert not read_header(views["cut"], max_pixels=MAX_PIXELS).nvjpeg

@@ -120,10 +120,38 @@ def run_torch(where: str) -> None:
     turned_answer = stages.pipeline.run(batch)
     stages.close()
     report["exif"] = {stage: per_batch(steps) for stage, steps in streams.steps.items()}
+    report["views"] = rows_as_views(pre, TorchvisionJpeg(standin_op(op_calls)))
     report["exif_fits"] = [rows.tolist() for rows, _meta in turned_answer.fits]
     report["same"] = {key: bool(np.array_equal(*found)) for key, found in answers.items()}
     report["op_calls"] = op_calls
     (Path(where) / "report.json").write_text(json.dumps(report))
+
+
+def rows_as_views(pre: Any, decoder: Any) -> dict[str, bool]:
+    """Rows whose bytes are views of one shared buffer (as prep's shared memory hands them):
+    each route's answers are the bytes' own."""
+    import numpy as np
+
+    from devstack.images import photo
+    from kiln.workers.device.image_stages import DeviceOptions, ImageStages
+    from kiln.workers.device.pixels import read_header
+
+    datas = [photo(i, (64, 48) if i % 3 else (48, 64)) for i in range(16)]
+    shared, views, offset = memoryview(bytearray().join(datas)), [], 0
+    for data in datas:
+        views.append(shared[offset : offset + len(data)])
+        offset += len(data)
+    same = {}
+    for route, chosen in (("pillow", None), ("nvjpeg", decoder)):
+        stages = ImageStages("t", Engine(), "images", pre, MAX_PIXELS, DeviceOptions(),  # type: ignore[arg-type]
+                             decoder=chosen)  # fmt: skip
+        answers = [
+            stages.pipeline.run([(d, read_header(d, max_pixels=MAX_PIXELS)) for d in rows])
+            for rows in (datas, views)
+        ]
+        stages.close()
+        same[route] = bool(np.array_equal(answers[0].output, answers[1].output))
+    return same
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +202,10 @@ def test_an_exif_turned_jpeg_adds_its_own_call(report: dict[str, Any]) -> None:
     assert report["exif"]["decode"]["calls"] == [upright + 2]  # two turned: rot90 each
     # stored on their sides, upright the turned two are the others' size: one group
     assert report["exif_fits"] == [list(range(16))]
+
+
+def test_rows_may_be_views_of_shared_memory(report: dict[str, Any]) -> None:
+    assert report["views"] == {"pillow": True, "nvjpeg": True}
 
 
 def test_the_routes_give_the_same_answers(report: dict[str, Any]) -> None:

@@ -7,6 +7,14 @@ pixel cap, EXIF orientation and mode handling) and is uploaded. Resizing and nor
 run as torch ops on whatever device the images are on, so the same code runs on the CPU in the
 tests.
 
+Per batch, not per image (issue 38): every torch call releases the GIL, which the engine's
+other threads hold most of the time, so the batch's images travel as one stacked tensor per
+size (`Group`, made where they decode: `decode_groups`) and are fitted one resize per size
+(`fit_groups`), into the model's input with its images group after group (`Fitted.order`
+maps them back to the batch's rows). A group's size is its images' headers', read by prep:
+no call per image to learn it. `decode_batch` and `fit_batch` give the same image by image,
+for tools and tests.
+
 A bad image is reported per image (an `InputError` in its place), never by failing the batch:
 a pipeline fails that item alone. `torch` and `torchvision` are imported inside functions, so
 this module imports without them and a process that never calls it stays torch-free.

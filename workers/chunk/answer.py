@@ -390,21 +390,23 @@ def _record_prep(rows: ChunkRows, unit: np.ndarray, prepped: Prepped) -> None:
 
 
 def run_model(stage: Stage, rows: ChunkRows, indices: np.ndarray, holder: dict[int, int]) -> None:
-    """Prepare, batch and answer `indices` of the chunk with the stage's model. Rows already
-    read (`holder`: row → the prep process keeping its bytes) are planned per process, so
-    each unit goes back to the bytes it needs."""
+    """Prepare, batch and answer `indices` of the chunk with the stage's model."""
+    _Run(stage, rows, plan_prepare(indices, holder, stage.prep.processes)).run(holder)
+
+
+def plan_prepare(indices: np.ndarray, holder: dict[int, int], processes: int) -> list[np.ndarray]:
+    """The units that prepare `indices`. Rows already read (`holder`: row → the prep process
+    keeping its bytes) are planned per process, so each unit goes back to the bytes it needs,
+    in whole units of up to UNIT_ROWS: the read units were spread over the processes already,
+    and cutting each process's rows again into `processes` pieces only multiplies the round
+    trips, chunk-thread events and Batcher blocks (16 processes made a 512-row chunk 256 units
+    of 2)."""
     if not holder:
-        units = plan_units(indices, stage.prep.processes)
-    else:
-        by_worker: dict[int, list[int]] = {}
-        for row in indices.tolist():
-            by_worker.setdefault(holder.get(row, -1), []).append(row)
-        units = [
-            unit
-            for group in by_worker.values()
-            for unit in plan_units(np.asarray(group), stage.prep.processes)
-        ]
-    _Run(stage, rows, units).run(holder)
+        return plan_units(indices, processes)
+    by_worker: dict[int, list[int]] = {}
+    for row in indices.tolist():
+        by_worker.setdefault(holder.get(row, -1), []).append(row)
+    return [unit for group in by_worker.values() for unit in plan_units(np.asarray(group), 1)]
 
 
 def drop_held(stage: Stage, rows: ChunkRows, done: list[int], holder: dict[int, int]) -> None:

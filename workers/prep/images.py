@@ -60,7 +60,9 @@ def placement_row(placement: Letterbox | Squash) -> tuple[float, float, float, f
 
 class HeaderPrep:
     """For an engine that decodes the batch on the GPU: what is cheap to check (an image Kiln
-    reads, under the pixel cap) without decoding a pixel; the bytes travel on."""
+    reads, under the pixel cap) without decoding a pixel; the bytes travel on — in the row's
+    byte slot when they fit (the answer carries their length: `units.in_place`), else with
+    the answer."""
 
     def __init__(self, max_pixels: int) -> None:
         self.max_pixels = max_pixels
@@ -70,7 +72,10 @@ class HeaderPrep:
 
         encoded = images_only(data)
         header = read_header(encoded, max_pixels=self.max_pixels)
-        return encoded, header
+        if slot is None or len(encoded) > len(slot):
+            return encoded, header
+        slot[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+        return len(encoded), header
 
     def frame_size(self, width: int, height: int) -> tuple[int, int]:
         """A video frame goes whole: the device fits it, and its fit is mapped from its size."""

@@ -53,6 +53,15 @@ class ImagePrep:
         return fit_size(self.pre, width, height)
 
 
+def header_of(data: bytes, *, max_pixels: int) -> Any:
+    """`read_header`'s answer for an image (its `Header`, or its `InputError`): a plain JPEG's
+    read without Pillow (`prep/jpeg.py`), anything else by Pillow."""
+    from kiln.workers.device.pixels import read_header
+    from kiln.workers.prep.jpeg import quick_header
+
+    return quick_header(data, max_pixels) or read_header(data, max_pixels=max_pixels)
+
+
 def placement_row(placement: Letterbox | Squash) -> tuple[float, float, float, float]:
     scale_x, scale_y = placement.scales
     return scale_x, scale_y, placement.width, placement.height
@@ -68,10 +77,8 @@ class HeaderPrep:
         self.max_pixels = max_pixels
 
     def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
-        from kiln.workers.device.pixels import read_header
-
         encoded = images_only(data)
-        header = read_header(encoded, max_pixels=self.max_pixels)
+        header = header_of(encoded, max_pixels=self.max_pixels)
         if slot is None or len(encoded) > len(slot):
             return encoded, header
         slot[: len(encoded)] = np.frombuffer(encoded, np.uint8)

@@ -15,7 +15,18 @@ from kiln.workers.prep.settings import PrepSettings
 
 
 def _read_local(uri: str, max_bytes: int) -> bytes:
-    return read_file(Path(unquote(urlparse(uri).path)), max_bytes)
+    return read_file(Path(unquote(_uri_path(uri))), max_bytes)
+
+
+_NOT_PLAIN = set("?#\t\r\n")  # what urlparse would split off or drop from a file URI
+
+
+def _uri_path(uri: str) -> str:
+    """A `file:///…` URI's path, as `urlparse(uri).path`: cut out where nothing in it is
+    special (the usual URI, as `Path.as_uri` writes it), else parsed."""
+    if uri.startswith("file:///") and _NOT_PLAIN.isdisjoint(uri) and uri.isprintable():
+        return uri[7:]
+    return urlparse(uri).path
 
 
 def read_file(path: Path, max_bytes: int) -> bytes:
@@ -42,6 +53,8 @@ def _read_all(fd: int, size: int, max_bytes: int) -> bytes:
     """What `fd` holds, to its end: a regular file in one read (one byte more than its size,
     to see it end); a pipe, or a file that grew, in more (never far past `max_bytes`)."""
     parts = [os.read(fd, size + 1)]
+    if len(parts[0]) <= size:  # short of the byte asked past its size: its end
+        return parts[0]
     total = len(parts[0])
     while parts[-1] and total <= max_bytes:
         parts.append(os.read(fd, 1 << 20))
@@ -83,7 +96,7 @@ class Fetcher:
     def local_path(self, source: str | None) -> Path | None:
         """The file a `file://` source names, where this process may read it (else None)."""
         if source and source.startswith("file:///") and self.settings.local_inputs:
-            return Path(unquote(urlparse(source).path))
+            return Path(unquote(_uri_path(source)))
         return None
 
     def fetch(self, source: str | None, max_bytes: int, local: Path | None = None) -> bytes:

@@ -6,13 +6,14 @@ import contextlib
 import os
 import threading
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
-from kiln.workers.prep.fetch import Fetcher, read_file
+from kiln.workers.prep.fetch import Fetcher, _uri_path, read_file
 from kiln.workers.prep.settings import PrepSettings
 from tests.support import migrated_settings
 
@@ -81,3 +82,20 @@ def test_a_local_file_is_read_whole_in_one_go(tmp_path: Path) -> None:
     data = read_file(fifo, 10)
     assert 10 < len(data) <= 10 + 2**20  # the caller says it is over the limit
     writer.join(10)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        Path("/data/a b#c?.jpg").as_uri(),
+        "file:///x/y.jpg",
+        "file:///x/y?z=1",
+        "file:///x/y#frag",
+        "file:///x/\ty",
+        "file:///x;p/y",
+        "file:////x",
+        "file:///x/%20y",
+    ],
+)
+def test_a_file_uri_path_is_what_urlparse_says(uri: str) -> None:
+    assert _uri_path(uri) == urlparse(uri).path

@@ -99,13 +99,10 @@ class Fetcher:
             return Path(unquote(_uri_path(source)))
         return None
 
-    def fetch(self, source: str | None, max_bytes: int, local: Path | None = None) -> bytes:
-        """The bytes `source` names; `local`: its file, found already (`local_path`)."""
+    def fetch(self, source: str | None, max_bytes: int) -> bytes:
         if not source:
             raise InputError("The item has no source to read.")
-        if local is not None:
-            data = read_file(local, max_bytes)
-        elif (key := sources.store_key(source)) is not None:
+        if (key := sources.store_key(source)) is not None:
             data = self.store.get(key)
         elif source.startswith("s3://"):
             data = self._fetch_s3(source, max_bytes)

@@ -115,7 +115,7 @@ def read(process: Process, item: Item) -> Data:
     data = process.held.take(item.id)
     if data is None:
         try:
-            data = process.fetcher.fetch(item.unit.sources[item.i], item.unit.max_bytes, path)
+            data = process.fetcher.fetch(item.unit.sources[item.i], item.unit.max_bytes)
         except TransientError:
             raise  # the whole unit, and so the chunk, is retried
         except KilnError as error:

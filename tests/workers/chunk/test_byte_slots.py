@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,6 +144,9 @@ def test_dead_prep_processes_lose_no_slot(
     def kill() -> None:
         for pid in pool.pids():
             os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pool.replaced < 2 and time.monotonic() < deadline:  # the dead never read it
+            time.sleep(0.05)
         threading.Thread(target=write, daemon=True).start()
 
     killer = threading.Timer(1.0, kill)

@@ -83,6 +83,7 @@ class Fetcher:
         self.settings = settings
         self.store = store
         self._s3: Any = None
+        self._local: tuple[str | None, Path] = (None, Path())  # the last `local_path` found
         self._lock = threading.Lock()
 
     def s3_client(self) -> Any:
@@ -96,7 +97,8 @@ class Fetcher:
     def local_path(self, source: str | None) -> Path | None:
         """The file a `file://` source names, where this process may read it (else None)."""
         if source and source.startswith("file:///") and self.settings.local_inputs:
-            return Path(unquote(_uri_path(source)))
+            self._local = (source, Path(unquote(_uri_path(source))))
+            return self._local[1]
         return None
 
     def fetch(self, source: str | None, max_bytes: int) -> bytes:
@@ -107,7 +109,8 @@ class Fetcher:
         elif source.startswith("s3://"):
             data = self._fetch_s3(source, max_bytes)
         elif source.startswith("file:///") and self.settings.local_inputs:
-            data = _read_local(source, max_bytes)
+            known, path = self._local  # the handler asked `local_path` for it first
+            data = read_file(path, max_bytes) if known is source else _read_local(source, max_bytes)
         else:
             raise InputError(f"Kiln cannot read {source!r}; use s3:// URIs or uploads.")
         if len(data) > max_bytes:

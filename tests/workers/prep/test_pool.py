@@ -193,7 +193,7 @@ def test_a_full_pipe_never_blocks_the_caller(pool: PrepPool, tmp_path: Path) -> 
     fifo = tmp_path / "slow.fifo"
     os.mkfifo(fifo)
     stuck = pool.submit(files(fifo), prefer=1)
-    big = ["w" * 200_000 + str(i) for i in range(40)]  # 8 MB: many times a pipe's buffer
+    big = ["w" * 100_000 + str(i) for i in range(20)]  # 2 MB: many times a pipe's buffer
     started = time.monotonic()
     futures = [pool.submit(texts(text), prefer=1) for text in big]
     assert time.monotonic() - started < 5  # written as far as the pipe takes, no further

@@ -36,7 +36,8 @@ from kiln.workers.chunk.keeper import Held
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.models.base import Answers, Rows
 from kiln.workers.prep.pool import Preparer
-from kiln.workers.prep.units import UNIT_ROWS, Prepped, Unit
+from kiln.workers.prep.slots import ByteSlots
+from kiln.workers.prep.units import UNIT_ROWS, Prepped, Unit, in_place
 from kiln.workers.runners.runners import ModelRunner
 
 SLOT_WAIT_S = 1.0  # a thread waiting for slots looks at its lease this often
@@ -126,6 +127,8 @@ class _Run:
         self.in_prep = self.in_engine = 0
         self.lender = stage.runner.lender  # bounds our rows in prep and queued (tickets)
         self.pool = stage.runner.slots  # the same lender, when rows go into slots
+        # ... or when rows are encoded files, written into byte slots and read in place
+        self.bytes = self.lender if isinstance(self.lender, ByteSlots) else None
         self.blocks: dict[Future[Answers], _Block] = {}  # in the Batcher, by their future
         self._lock = threading.Lock()  # `aborted` against the callbacks that queue events
         self.aborted = False
@@ -199,12 +202,7 @@ class _Run:
                 return
             self.pending.popleft()
             sent = make_unit(self.stage, self.rows, unit)
-            if self.pool is not None:  # a ticket is a slot: the unit's rows are written there
-                sent.slots, sent.segment, sent.segment_slots = (
-                    tickets,
-                    self.pool.name,
-                    self.pool.count,
-                )
+            self._lend(sent, tickets)
             prefer = holder.get(int(unit[0]), -1)
             if prefer < 0 and self.frame_process is not None and self._frames(unit):
                 prefer = self.frame_process
@@ -213,6 +211,15 @@ class _Run:
             future.add_done_callback(self._event("prep", (unit, tickets)))
             if wait:
                 return
+
+    def _lend(self, sent: Unit, tickets: np.ndarray) -> None:
+        """Where the unit's rows go: a ticket is a slot (pixels) or a byte slot (each row's
+        encoded file), or only a ticket (rows that travel as objects)."""
+        lent = self.pool or self.bytes
+        if lent is not None:
+            sent.slots, sent.segment, sent.segment_slots = tickets, lent.name, lent.count
+        if self.bytes is not None:
+            sent.slot_bytes = self.bytes.size
 
     def _claim_frame_process(self, wait: bool) -> bool:
         """The prep process for this run's video frames: claimed when the first unit goes (the
@@ -283,6 +290,8 @@ class _Run:
         if not ok.any():
             return
         objects = prepped.objects
+        if objects is not None and self.bytes is not None:  # views of the bytes, in place
+            objects = in_place(objects, self.bytes, tickets)
         held = tickets[ok]
         block = Rows(
             slots=held if self.pool is not None else None,
@@ -390,21 +399,23 @@ def _record_prep(rows: ChunkRows, unit: np.ndarray, prepped: Prepped) -> None:
 
 
 def run_model(stage: Stage, rows: ChunkRows, indices: np.ndarray, holder: dict[int, int]) -> None:
-    """Prepare, batch and answer `indices` of the chunk with the stage's model. Rows already
-    read (`holder`: row → the prep process keeping its bytes) are planned per process, so
-    each unit goes back to the bytes it needs."""
+    """Prepare, batch and answer `indices` of the chunk with the stage's model."""
+    _Run(stage, rows, plan_prepare(indices, holder, stage.prep.processes)).run(holder)
+
+
+def plan_prepare(indices: np.ndarray, holder: dict[int, int], processes: int) -> list[np.ndarray]:
+    """The units that prepare `indices`. Rows already read (`holder`: row → the prep process
+    keeping its bytes) are planned per process, so each unit goes back to the bytes it needs,
+    in whole units of up to UNIT_ROWS: the read units were spread over the processes already,
+    and cutting each process's rows again into `processes` pieces only multiplies the round
+    trips, chunk-thread events and Batcher blocks (16 processes made a 512-row chunk 256 units
+    of 2)."""
     if not holder:
-        units = plan_units(indices, stage.prep.processes)
-    else:
-        by_worker: dict[int, list[int]] = {}
-        for row in indices.tolist():
-            by_worker.setdefault(holder.get(row, -1), []).append(row)
-        units = [
-            unit
-            for group in by_worker.values()
-            for unit in plan_units(np.asarray(group), stage.prep.processes)
-        ]
-    _Run(stage, rows, units).run(holder)
+        return plan_units(indices, processes)
+    by_worker: dict[int, list[int]] = {}
+    for row in indices.tolist():
+        by_worker.setdefault(holder.get(row, -1), []).append(row)
+    return [unit for group in by_worker.values() for unit in plan_units(np.asarray(group), 1)]
 
 
 def drop_held(stage: Stage, rows: ChunkRows, done: list[int], holder: dict[int, int]) -> None:

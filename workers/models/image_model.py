@@ -91,6 +91,7 @@ class ImageModelPipeline:
                 "kiln.workers.prep.images:HeaderPrep",
                 {"max_pixels": self.max_pixels},
                 meta_width=FIT_WIDTH,  # the fits the device makes are recorded per batch
+                byte_slots=True,  # each file read in place from shared memory, not pickled
             )
         return prep_spec(
             "kiln.workers.prep.images:ImagePrep",

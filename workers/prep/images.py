@@ -53,6 +53,15 @@ class ImagePrep:
         return fit_size(self.pre, width, height)
 
 
+def header_of(data: bytes, *, max_pixels: int) -> Any:
+    """`read_header`'s answer for an image (its `Header`, or its `InputError`): a plain JPEG's
+    read without Pillow (`prep/jpeg.py`), anything else by Pillow."""
+    from kiln.workers.device.pixels import read_header
+    from kiln.workers.prep.jpeg import quick_header
+
+    return quick_header(data, max_pixels) or read_header(data, max_pixels=max_pixels)
+
+
 def placement_row(placement: Letterbox | Squash) -> tuple[float, float, float, float]:
     scale_x, scale_y = placement.scales
     return scale_x, scale_y, placement.width, placement.height
@@ -60,17 +69,20 @@ def placement_row(placement: Letterbox | Squash) -> tuple[float, float, float, f
 
 class HeaderPrep:
     """For an engine that decodes the batch on the GPU: what is cheap to check (an image Kiln
-    reads, under the pixel cap) without decoding a pixel; the bytes travel on."""
+    reads, under the pixel cap) without decoding a pixel; the bytes travel on — in the row's
+    byte slot when they fit (the answer carries their length: `units.in_place`), else with
+    the answer."""
 
     def __init__(self, max_pixels: int) -> None:
         self.max_pixels = max_pixels
 
     def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
-        from kiln.workers.device.pixels import read_header
-
         encoded = images_only(data)
-        header = read_header(encoded, max_pixels=self.max_pixels)
-        return encoded, header
+        header = header_of(encoded, max_pixels=self.max_pixels)
+        if slot is None or len(encoded) > len(slot):
+            return encoded, header
+        slot[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+        return len(encoded), header
 
     def frame_size(self, width: int, height: int) -> tuple[int, int]:
         """A video frame goes whole: the device fits it, and its fit is mapped from its size."""

@@ -1,15 +1,18 @@
 """The prep processes of one worker, and what happens when one dies.
 
 `PrepPool` starts `processes` interpreters with `spawn` (never a fork of a process that may hold
-CUDA), queues each unit for the least busy one (a sender thread per process writes its pipe, so
-no caller — and never the collector — blocks on a full pipe), and resolves one future per unit
-from a collector thread. A prep process that dies — killed, out of memory, a decoder that
-crashed on a hostile file — is replaced at once and the units it held are sent again; only the
-unit it was working on (the first it was sent) is charged with the death: a unit that has
-stopped two processes is split into its items, and an item that stops two processes alone fails
-with a sentence. So every item ends exactly once, and one bad file never takes its chunk, its
-neighbours or its worker down. A process silent on a unit for longer than `stuck_s` is killed
-and treated the same way.
+CUDA), sends each unit to the least busy one, and resolves one future per unit from one I/O
+thread. A unit is written to its process's pipe without blocking, by the caller; what a full
+pipe does not take waits in the process's outbox for the I/O thread, which writes it as the
+pipe drains — so no caller, and never the thread that reads the answers, waits on a pipe, and
+the engine process has one thread for all its prep processes, not one per process.
+
+A prep process that dies — killed, out of memory, a decoder that crashed on a hostile file — is
+replaced at once and the units it held are sent again; only the unit it was working on (the
+first it was sent) is charged with the death: a unit that has stopped two processes is split
+into its items, and an item that stops two processes alone fails with a sentence. So every item
+ends exactly once, and one bad file never takes its chunk, its neighbours or its worker down. A
+process silent on a unit for longer than `stuck_s` is killed and treated the same way.
 
 `InlinePrep` runs the same units on the calling thread (`KILN_PREP_PROCESSES=0`): for tests,
 debugging and the smallest hosts.
@@ -23,14 +26,17 @@ import logging
 import math
 import multiprocessing
 import os
-import queue
+import select
 import signal
+import socket
+import struct
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -98,28 +104,39 @@ class _Proc:
     id: int  # unique per process started (a replacement gets a new one)
     process: BaseProcess
     conn: Connection
-    outbox: queue.SimpleQueue[Unit | None] = field(default_factory=queue.SimpleQueue)
     tasks: dict[int, _Task] = field(default_factory=dict)  # by unit id, in the order sent
     answered: float = field(default_factory=time.monotonic)
     dead: bool = False
+    outbox: bytearray = field(default_factory=bytearray)  # framed units the pipe has not taken
 
-    def start_sender(self) -> None:
-        threading.Thread(
-            target=self._send_all, name=f"kiln-prep-send-{self.id}", daemon=True
-        ).start()
+    def __post_init__(self) -> None:
+        # The same pipe (a socket pair) for writes that never block: `MSG_DONTWAIT` per send
+        # leaves the descriptor blocking for `recv`, which reads a whole answer at once.
+        self.sock = socket.socket(fileno=os.dup(self.conn.fileno()))
 
-    def _send_all(self) -> None:
-        """Write queued units to the process's pipe, in order, until None — which it passes
-        on (the process stops after the units before it) — or until the process dies (the
-        collector then sends its tasks again). The one writer of this pipe."""
-        while True:
-            unit = self.outbox.get()
-            try:
-                self.conn.send(unit)
-            except (OSError, ValueError):
-                return
-            if unit is None:
-                return
+    def post(self, message: Any) -> None:
+        """Queue `message` as `Connection.send` frames it, and write what the pipe takes now
+        (the pool's lock is held: one writer at a time, frames in order)."""
+        payload = ForkingPickler.dumps(message)
+        self.outbox += struct.pack("!i", len(payload))
+        self.outbox += payload
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what the pipe takes without waiting; a dead process's outbox is dropped (the
+        I/O thread sees it die by its sentinel)."""
+        try:
+            while self.outbox:
+                sent = self.sock.send(self.outbox, socket.MSG_DONTWAIT)
+                del self.outbox[:sent]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.outbox.clear()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.conn.close()
 
 
 class PrepPool:
@@ -142,9 +159,10 @@ class PrepPool:
         self._procs = [self._start() for _ in range(processes)]
         self.frames = FrameScheduler(self._loads)
         self.replaced = 0  # processes that died and were replaced (a metric)
-        self._collector = threading.Thread(target=self._collect, name="kiln-prep-collector")
-        self._collector.daemon = True
-        self._collector.start()
+        self._wake_r, self._wake_w = os.pipe()  # tells the I/O thread an outbox has bytes
+        os.set_blocking(self._wake_w, False)
+        self._io = threading.Thread(target=self._serve, name="kiln-prep-io", daemon=True)
+        self._io.start()
 
     def _start(self) -> _Proc:
         ours, theirs = self._context.Pipe()
@@ -155,9 +173,7 @@ class PrepPool:
         )  # fmt: skip
         process.start()
         theirs.close()
-        proc = _Proc(number, process, ours)
-        proc.start_sender()
-        return proc
+        return _Proc(number, process, ours)
 
     def pids(self) -> list[int]:
         with self._lock:
@@ -188,28 +204,53 @@ class PrepPool:
             if not proc.tasks:
                 proc.answered = time.monotonic()  # its silence counts from now
             proc.tasks[task.unit.id] = task
-            proc.outbox.put(task.unit)  # never blocks: its sender thread writes the pipe
+            proc.post(task.unit)  # never blocks: what the pipe does not take waits in its outbox
+            if proc.outbox:
+                self._wake()
 
-    # --- collecting ----------------------------------------------------------------------
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: the thread is woken already
+            os.write(self._wake_w, b"\0")
 
-    def _collect(self) -> None:
+    # --- the I/O thread ------------------------------------------------------------------
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 if self._closing:
                     return
                 procs = list(self._procs)
             try:
-                self._collect_once(procs)
+                self._serve_once(procs)
             except Exception:  # never let the one thread that answers every unit die
-                log.exception("the prep collector failed; going on")
+                log.exception("the prep I/O thread failed; going on")
                 time.sleep(0.1)
 
-    def _collect_once(self, procs: list[_Proc]) -> None:
-        waiting: dict[Any, _Proc] = {p.conn: p for p in procs}
-        waiting |= {p.process.sentinel: p for p in procs}
-        for ready in wait(list(waiting), timeout=0.5):
-            proc = waiting[ready]
-            if ready is not proc.conn or not self._receive(proc):
+    def _serve_once(self, procs: list[_Proc]) -> None:
+        """Wait for an answer, a process's death, room in a pipe with bytes waiting, or a
+        wake-up; handle what came; then look for processes stuck on a unit."""
+        poller = select.poll()
+        by_fd: dict[int, _Proc] = {}
+        with self._lock:
+            for proc in procs:
+                writing = select.POLLOUT if proc.outbox and not proc.dead else 0
+                poller.register(proc.conn.fileno(), select.POLLIN | writing)
+                poller.register(proc.process.sentinel, select.POLLIN)
+                by_fd[proc.conn.fileno()] = by_fd[proc.process.sentinel] = proc
+        poller.register(self._wake_r, select.POLLIN)
+        for fd, events in poller.poll(500):
+            if fd == self._wake_r:
+                os.read(self._wake_r, 4096)
+                continue
+            proc = by_fd[fd]
+            if fd == proc.process.sentinel:
+                self._died(proc)
+                continue
+            if events & select.POLLOUT:
+                with self._lock:
+                    proc.flush()
+            readable = events & (select.POLLIN | select.POLLHUP | select.POLLERR)
+            if readable and not self._receive(proc):
                 self._died(proc)
         self._kill_stuck(procs)
 
@@ -219,7 +260,7 @@ class PrepPool:
             answer: Prepped = proc.conn.recv()
         except (EOFError, OSError):
             return False
-        answer.worker = proc.id
+        answer.worker = proc.id  # a dead process's late answers too: its read bytes are gone
         with self._lock:
             task = proc.tasks.pop(answer.unit, None)
             proc.answered = time.monotonic()
@@ -241,14 +282,15 @@ class PrepPool:
             tasks = list(proc.tasks.values())  # in the order sent: the first was in hand
             self._procs[self._procs.index(proc)] = self._start()
             self.replaced += 1
-        proc.outbox.put(None)
         proc.process.join(1)
         code = proc.process.exitcode
         log.warning(
             "prep process %s died (exit %s) holding %d units; replaced", proc.process.name,
             code, len(tasks),
         )  # fmt: skip
-        proc.conn.close()
+        with self._lock:
+            proc.outbox.clear()
+            proc.close()
         for position, task in enumerate(tasks):
             self._redo(task, code, charged=position == 0)
 
@@ -302,10 +344,11 @@ class PrepPool:
             self._closing = True
             procs = list(self._procs)
         self.frames.close()
-        for proc in procs:
-            proc.outbox.put(None)  # after what is queued: the process stops
-        self._collector.join(2)  # no answer is taken after this
+        self._wake()
+        self._io.join(2)  # no answer is taken after this
         deadline = time.monotonic() + timeout
+        for proc in procs:
+            _tell_to_stop(proc, deadline)
         for proc in procs:
             proc.process.join(max(0.0, deadline - time.monotonic()))
             if proc.process.is_alive():
@@ -316,7 +359,22 @@ class PrepPool:
                 proc.tasks.clear()
             for task in left:
                 _settle(task.future, PrepClosedError("The worker is stopping."))
-            proc.conn.close()
+            proc.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def _tell_to_stop(proc: _Proc, deadline: float) -> None:
+    """None after the units it was sent (a unit half written is finished first): the process
+    stops when it reaches it. Waits for room in the pipe until `deadline` at most (a process
+    that never reads it is killed then)."""
+    proc.post(None)
+    if not proc.outbox:
+        return
+    with contextlib.suppress(OSError):
+        proc.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        proc.sock.sendall(proc.outbox)
+    proc.outbox.clear()
 
 
 def _settle(future: Future[Prepped], error: BaseException) -> None:

@@ -21,7 +21,7 @@ from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.handlers import Item, handle
 from kiln.workers.prep.held import HeldBytes
 from kiln.workers.prep.settings import PrepSettings
-from kiln.workers.prep.slots import Segment, attach
+from kiln.workers.prep.slots import Segment, SlotLayout, attach
 from kiln.workers.prep.spec import Prep, PrepSpec, build
 from kiln.workers.prep.units import Prepped, Unit
 from kiln.workers.prep.video import VideoReaders
@@ -81,17 +81,18 @@ class PrepWorker:
         return prep
 
     def _slots(self, unit: Unit) -> np.ndarray | None:
-        """The engine process's segment of slots (a slot is written through a view of it). One
-        per model: a model loaded again has a new segment, and the old mapping is let go (an
-        unlinked segment's memory lives as long as someone maps it)."""
+        """The engine process's segment of slots, pixels or bytes (a slot is written through a
+        view of it). One per model: a model loaded again has a new segment, and the old mapping
+        is let go (an unlinked segment's memory lives as long as someone maps it)."""
         self._let_go_of_unlinked()
-        if unit.read_only or unit.segment is None or unit.spec.layout is None:
+        layout = unit.spec.layout or (SlotLayout((unit.slot_bytes,)) if unit.slot_bytes else None)
+        if unit.read_only or unit.segment is None or layout is None:
             return None
         segment = self._segments.get(unit.spec.key)
         if segment is None or segment.name != unit.segment:
             if segment is not None:
                 segment.close()
-            segment = attach(unit.segment, unit.spec.layout, unit.segment_slots)
+            segment = attach(unit.segment, layout, unit.segment_slots)
             self._segments[unit.spec.key] = segment
         return segment.array
 

@@ -15,12 +15,17 @@ its owner is gone, whatever PID namespace it ran in. Python's `multiprocessing.s
 is not used: on 3.11 it registers every attach with the resource tracker, which then unlinks
 the owner's segment when a prep process exits.
 
-A `Lender` is the same bookkeeping without memory: object families (OCR pages, encoded images)
-borrow its tickets so that what is in prep stays bounded too.
+A `Lender` is the same bookkeeping without memory: object families (OCR pages, token ids)
+borrow its tickets so that what is in prep stays bounded too. `ByteSlots` are tickets with a
+fixed slot of bytes each: a family whose rows are encoded files (the GPU-decode path) has each
+file's bytes written there by its prep process, and the engine reads them in place (a
+memoryview), so they never cross a pipe; a file larger than its slot still travels with the
+answer. They are lent, written and given back exactly as pixel slots are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import mmap
@@ -89,9 +94,16 @@ class Segment:
     def name(self) -> str:
         return self.path.name
 
+    def buffer(self) -> memoryview:
+        """The whole segment as bytes: the map stays open while any slice of it lives."""
+        return memoryview(self._map)
+
     def close(self) -> None:
         del self.array  # the view must go before the map can close
-        self._map.close()
+        # A view of its bytes may still be held (a batch being let go of): the mapping then
+        # goes with the last view (the file is unlinked by its pool).
+        with contextlib.suppress(BufferError):
+            self._map.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -173,15 +185,19 @@ class Lender:
             self._cond.notify_all()
 
 
+def _segment_path(label: str) -> Path:
+    """A new segment's file: the owner's pid, the model's name and a random token."""
+    tag = "".join(c for c in label if c.isalnum())[:24]
+    return shm_dir() / f"{PREFIX}{os.getpid()}-{tag}-{secrets.token_hex(4)}"
+
+
 class SlotPool(Lender):
     """`count` slots of `layout` in one shared-memory segment, lent as `Lender` tickets: a
     ticket is a slot's index."""
 
     def __init__(self, layout: SlotLayout, count: int, label: str = "") -> None:
         super().__init__(count)
-        tag = "".join(c for c in label if c.isalnum())[:24]
-        name = f"{PREFIX}{os.getpid()}-{tag}-{secrets.token_hex(4)}"
-        self.segment = Segment(shm_dir() / name, layout, count, create=True)
+        self.segment = Segment(_segment_path(label), layout, count, create=True)
         self.layout = layout
         self.array = self.segment.array
 
@@ -203,6 +219,42 @@ class SlotPool(Lender):
                 return
         super().close()
         del self.array
+        self.segment.path.unlink(missing_ok=True)
+        self.segment.close()
+
+
+BYTE_SLOT = 256 * 2**10  # an encoded file's room: most photos fit; a larger one takes the pipe
+
+
+class ByteSlots(Lender):
+    """`count` tickets, each a slot of `size` bytes in one shared-memory segment: where a prep
+    process writes a row's encoded file for the engine process, which reads it in place. Not a
+    `SlotPool`: its rows are objects to the Batcher (no pixels are gathered from it)."""
+
+    def __init__(self, count: int, size: int = BYTE_SLOT, label: str = "") -> None:
+        super().__init__(count)
+        self.size = size
+        self.layout = SlotLayout((size,))  # what a prep process attaches
+        self.segment = Segment(_segment_path(label), self.layout, count, create=True)
+        # Views of the map itself (not of the array: NumPy holds no export on the map, which
+        # would then unmap under a live view): while one is held, the map cannot close.
+        self._bytes = self.segment.buffer()
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    def view(self, slot: int, length: int) -> memoryview:
+        """The first `length` bytes of `slot`, in place: valid until the slot is given back."""
+        start = slot * self.size
+        return self._bytes[start : start + length]
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+        super().close()
+        self._bytes.release()
         self.segment.path.unlink(missing_ok=True)
         self.segment.close()
 

@@ -29,7 +29,8 @@ class Prep(Protocol):
         """Check and decode one input. A slot family writes the pixels into `slot` (and its
         fit, e.g. a letterbox's scale and size, into `meta`) and returns None; an object family
         (`slot` is None) returns what its engine needs (picklable). Bad input raises
-        `InputError` with a sentence."""
+        `InputError` with a sentence. A family with `byte_slots` is given its row's byte slot
+        as `slot` (None on the read-only pass)."""
         ...
 
 
@@ -62,6 +63,9 @@ class PrepSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     layout: SlotLayout | None = None  # rows go into slots of this shape; None: as objects
     meta_width: int = 0  # float32 values of fit metadata per row
+    # Rows are objects whose encoded bytes go in shared byte slots (`ByteSlots`): the prep
+    # writes a row's file into its slot and returns its length first (`units.in_place`).
+    byte_slots: bool = False
 
 
 def prep_spec(
@@ -69,10 +73,12 @@ def prep_spec(
     options: Mapping[str, Any],
     layout: SlotLayout | None = None,
     meta_width: int = 0,
+    byte_slots: bool = False,
 ) -> PrepSpec:
     """A spec keyed by what it builds: prep processes build it once and reuse it."""
-    key = sha256_hex(repr((factory, sorted(options.items()), layout, meta_width)))[:16]
-    return PrepSpec(key, factory, dict(options), layout, meta_width)
+    made = (factory, sorted(options.items()), layout, meta_width, byte_slots)
+    return PrepSpec(sha256_hex(repr(made))[:16], factory, dict(options), layout, meta_width,
+                    byte_slots)  # fmt: skip
 
 
 def build(spec: PrepSpec) -> Prep:

@@ -1,5 +1,6 @@
 """What crosses between the engine-owning process and a prep process: a `Unit` of a chunk's
-items out, their `Prepped` columns back. Pixels never travel here: they are in the slots."""
+items out, their `Prepped` columns back. Pixels never travel here: they are in the slots; nor
+do encoded files that fit a byte slot (`in_place` turns them back into bytes, in place)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from kiln.app.video import Sampling
+from kiln.workers.prep.slots import ByteSlots
 from kiln.workers.prep.spec import PrepSpec
 
 UNIT_ROWS = 32  # items per unit at most: small enough to spread, large enough to amortise
@@ -29,6 +31,7 @@ class Unit:
     slots: np.ndarray | None = None  # one per item, for slot families
     segment: str | None = None  # the slot pool's shared-memory name
     segment_slots: int = 0
+    slot_bytes: int = 0  # the segment's slots are `ByteSlots` of this many bytes (0: pixels)
     read_only: bool = False
     drop: list[int] = field(default_factory=list)  # held bytes no longer wanted
     # A frame item's moment in its video (seconds; None for any other item): its source is
@@ -45,7 +48,7 @@ class Unit:
         return Unit(
             self.id, self.spec, self.items[index : index + 1], self.sources[index : index + 1],
             self.texts[index : index + 1], self.max_bytes, slots, self.segment,
-            self.segment_slots, self.read_only,
+            self.segment_slots, slot_bytes=self.slot_bytes, read_only=self.read_only,
             frames=None if self.frames is None else self.frames[index : index + 1],
             sampling=self.sampling,
         )  # fmt: skip
@@ -92,3 +95,15 @@ def _meta(part: Prepped, width: int) -> np.ndarray:
 
 def _seconds(part: Prepped) -> np.ndarray:
     return part.seconds if part.seconds is not None else np.zeros((len(part), 2), np.float32)
+
+
+def in_place(objects: list[Any], slots: ByteSlots, tickets: np.ndarray) -> list[Any]:
+    """A unit's objects as the engine reads them, for a family with byte slots: a row whose
+    object begins with a length (its prep process wrote that many bytes into the row's slot)
+    gets a memoryview of them in its place, valid until the row's slot is given back (when
+    its block settles); a row whose bytes did not fit keeps them (they came with the answer)."""
+    out = list(objects)
+    for i, made in enumerate(objects):
+        if type(made) is tuple and type(made[0]) is int:
+            out[i] = (slots.view(int(tickets[i]), made[0]), *made[1:])
+    return out

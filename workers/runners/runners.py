@@ -35,7 +35,7 @@ from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Answers, Pipeline, Rows
 from kiln.workers.models.loader import load_pipeline
 from kiln.workers.ops.health import Health
-from kiln.workers.prep.slots import Lender, SlotPool
+from kiln.workers.prep.slots import ByteSlots, Lender, SlotPool
 from kiln.workers.runners import sizing
 from kiln.workers.runners.memory import (
     ModelMemory,
@@ -70,9 +70,10 @@ class ModelRunner:
 
     @property
     def slot_bytes(self) -> int:
-        """The shared memory of its slots (reserved whole when made): 0 for tickets."""
-        slots = self.slots
-        return slots.layout.nbytes * slots.count if slots is not None else 0
+        """The shared memory of its slots, pixels or bytes (reserved whole when made): 0 for
+        tickets."""
+        lent = self.lender
+        return lent.layout.nbytes * lent.count if isinstance(lent, SlotPool | ByteSlots) else 0
 
     def close(self) -> None:
         self.batcher.close()

@@ -13,7 +13,7 @@ from kiln.workers.batching import QUEUED_BATCHES
 from kiln.workers.engines.batch_size import choose_batch
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Pipeline, Staged
-from kiln.workers.prep.slots import Lender, SlotPool, shm_free
+from kiln.workers.prep.slots import BYTE_SLOT, ByteSlots, Lender, SlotPool, shm_free
 from kiln.workers.prep.units import UNIT_ROWS
 
 # Engine backend names (Engine.backend) that run on the GPU.
@@ -52,18 +52,20 @@ def lender(
     info: ModelInfo, pipeline: Pipeline, max_batch: int, runners: int, prep_processes: int
 ) -> Lender:
     """What bounds the model's rows in prep and queued: enough for the batches queued and
-    running and a unit or two per prep process. Slot families get shared-memory slots,
-    within SLOT_BYTES and what /dev/shm has free (never fewer than a batch and a unit);
-    object families get as many tickets, with one unit per prep process (their rows —
-    OCR pages — can be large)."""
+    running and a unit or two per prep process. Slot families get shared-memory slots, and
+    families whose rows are encoded files byte slots (`ByteSlots`), within SLOT_BYTES and what
+    /dev/shm has free (never fewer than a batch and a unit); other object families get as many
+    tickets, with one unit per prep process (their rows — OCR pages — can be large)."""
     prep = max(1, prep_processes)
     least = max_batch + UNIT_ROWS
     queued = QUEUED_BATCHES * max_batch * runners
     layout = pipeline.prep.layout
-    if layout is None:
+    if layout is None and not pipeline.prep.byte_slots:
         return Lender(max(least, queued + UNIT_ROWS * prep))
-    room = min(SLOT_BYTES, shm_free() // 2) // max(1, layout.nbytes)
+    room = min(SLOT_BYTES, shm_free() // 2) // max(1, layout.nbytes if layout else BYTE_SLOT)
     count = max(least, min(queued + 2 * UNIT_ROWS * prep, room))
+    if layout is None:  # encoded files (the GPU decodes them): byte slots, read in place
+        return ByteSlots(count, label=info.name)
     return SlotPool(layout, count, label=info.name)
 
 

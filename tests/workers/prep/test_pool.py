@@ -178,3 +178,27 @@ def test_only_the_unit_in_hand_is_charged_with_its_process_death(settings: Setti
         assert "stopped Kiln's decoder process twice" in (hostile.result(60).errors[0] or "")
     finally:
         pool.close()
+
+
+def test_one_thread_in_the_engine_process_serves_every_prep_process(pool: PrepPool) -> None:
+    assert pool.submit(texts("x")).result(30).objects == ["X"]
+    names = [t.name for t in threading.enumerate() if t.name.startswith("kiln-prep")]
+    assert names == ["kiln-prep-io"]
+
+
+def test_a_full_pipe_never_blocks_the_caller(pool: PrepPool, tmp_path: Path) -> None:
+    """A process stuck on a unit (opening a FIFO) while units pile up far past what its pipe
+    holds: each submit returns at once; the rest waits in the process's outbox, and every unit
+    is answered, in full, once the process reads again."""
+    fifo = tmp_path / "slow.fifo"
+    os.mkfifo(fifo)
+    stuck = pool.submit(files(fifo), prefer=1)
+    big = ["w" * 100_000 + str(i) for i in range(20)]  # 2 MB: many times a pipe's buffer
+    started = time.monotonic()
+    futures = [pool.submit(texts(text), prefer=1) for text in big]
+    assert time.monotonic() - started < 5  # written as far as the pipe takes, no further
+    proc = next(p for p in pool._procs if p.id == 1)
+    assert proc.outbox and not any(f.done() for f in futures)
+    threading.Thread(target=lambda: fifo.write_text("unstuck")).start()
+    assert stuck.result(30).objects == ["UNSTUCK"]
+    assert [f.result(60).objects for f in futures] == [[text.upper()] for text in big]

@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 
 from kiln.workers.prep import slots
-from kiln.workers.prep.slots import PREFIX, SlotLayout, SlotPool, attach, reclaim, shm_dir
+from kiln.workers.prep.slots import (
+    BYTE_SLOT,
+    PREFIX,
+    ByteSlots,
+    SlotLayout,
+    SlotPool,
+    attach,
+    reclaim,
+    shm_dir,
+)
 
 
 def _fill(name: str, count: int, slot: int, value: int) -> None:
@@ -113,3 +122,40 @@ def test_a_full_shm_says_so_when_the_pool_is_made(monkeypatch: pytest.MonkeyPatc
 def test_a_name_outside_kiln_is_refused() -> None:
     with pytest.raises(ValueError, match="not a Kiln slot segment"):
         attach("PostgreSQL.1234", SlotLayout((1,)), 1)
+
+
+def test_byte_slots_are_read_in_place_and_outlive_their_pool_only_as_views() -> None:
+    """A prep process writes a row's file into its byte slot (through the segment, as
+    `attach` maps it); the engine reads it as a memoryview, not a copy; a view still held when
+    the pool closes stays readable (the map goes with it), and the file is unlinked."""
+    pool = ByteSlots(4, 1024, label="bytes")
+    taken = pool.acquire(2)
+    assert taken is not None
+    theirs = attach(pool.name, pool.layout, pool.count)
+    theirs.array[int(taken[1])][:5] = np.frombuffer(b"jpeg!", np.uint8)
+    view = pool.view(int(taken[1]), 5)
+    assert isinstance(view, memoryview) and bytes(view) == b"jpeg!"
+    theirs.array[int(taken[1])][:1] = 74  # in place: a later write shows through
+    assert bytes(view) == b"Jpeg!"
+    theirs.close()
+    pool.release(taken)
+    assert pool.free == 4
+    pool.close()
+    assert not pool.segment.path.exists() and bytes(view) == b"Jpeg!"
+
+
+def test_a_family_of_encoded_files_gets_byte_slots() -> None:
+    from kiln.app.catalog import ModelInfo
+    from kiln.workers.prep.spec import prep_spec
+    from kiln.workers.runners.sizing import lender
+
+    class Pipeline:
+        prep = prep_spec("kiln.workers.prep.images:HeaderPrep", {"max_pixels": 1}, byte_slots=True)
+
+    info = ModelInfo("gpu-decoded", "classify", "image", "", builtin=True, version="1")
+    made = lender(info, Pipeline(), 32, 2, 2)  # type: ignore[arg-type]
+    try:
+        assert isinstance(made, ByteSlots) and made.size == BYTE_SLOT
+        assert made.count >= 32 + 32  # a batch and a unit, at least
+    finally:
+        made.close()

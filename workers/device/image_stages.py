@@ -23,7 +23,14 @@ from kiln.app.core.errors import InputError
 from kiln.workers.device import decoders
 from kiln.workers.device import pixels as device_pixels
 from kiln.workers.device.decoders import JpegDecoder
-from kiln.workers.device.stages import CpuStreams, CudaStreams, Stage, StagedPipeline, Work
+from kiln.workers.device.stages import (
+    CpuStreams,
+    CudaStreams,
+    Stage,
+    StagedPipeline,
+    Streams,
+    Work,
+)
 from kiln.workers.engines.base import DeviceFeeds
 
 if TYPE_CHECKING:
@@ -62,6 +69,7 @@ def decode_rows(
     images = device_pixels.decode_batch(
         [data for data, _header in rows], device, max_pixels=max_pixels,
         headers=[header for _data, header in rows], decoder=decoder,
+        nvjpeg=True if decoder is not None else None,  # the device stand-in's is on meta
     )  # fmt: skip
     failed: dict[int, Exception] = {
         i: image for i, image in enumerate(images) if isinstance(image, InputError)
@@ -124,7 +132,10 @@ def _on_cuda(engine: DeviceFeeds) -> bool:
     return getattr(engine.device, "type", str(engine.device)) == "cuda"
 
 
-def _streams(engine: DeviceFeeds) -> CudaStreams | CpuStreams:
+def _streams(engine: DeviceFeeds) -> Streams:
+    own = getattr(engine, "streams", None)  # the device stand-in's (device/standin.py)
+    if own is not None:
+        return own()  # type: ignore[no-any-return]
     return CudaStreams(_torch(), engine.device) if _on_cuda(engine) else CpuStreams()
 
 
@@ -138,7 +149,9 @@ class ImageStages(_Forward):
         self.engine, self.input_name, self.pre = engine, input_name, pre
         self.device, self.max_pixels = engine.device, max_pixels
         gpu = _on_cuda(engine)
-        self.decoder = decoders.jpeg_decoder(options.decoder, str(engine.device)) if gpu else None
+        self.decoder: JpegDecoder | None = getattr(engine, "jpeg_decoder", None)  # a stand-in's
+        if self.decoder is None and gpu:
+            self.decoder = decoders.jpeg_decoder(options.decoder, str(engine.device))
         concurrent = self.decoder is not None and self.decoder.concurrent
         threads = options.decode_threads if concurrent else 1
         stages = [

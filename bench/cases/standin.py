@@ -173,8 +173,7 @@ def _result(
     case: str, model: str, small: tuple[Sized, dict[str, Any]], large: tuple[Sized, dict[str, Any]]
 ) -> CaseResult:
     result = marginal(case, model, small[0], large[0], extra={"standin": STANDIN})
-    rows = result.items
-    seconds = max(result.seconds, 1e-9)
+    rows, seconds = result.items, result.seconds
     groups = _by_group(large[1], rows, small[1])
     engine_us = 1e6 * result.cpu_seconds["engine"] / rows if rows else 0.0
     groups["other"] = round(
@@ -186,8 +185,9 @@ def _result(
         engine_cpu_us_per_row=round(engine_us, 1),
         engine_cpu_us_per_row_by_group=groups,
         prep_cpu_us_per_row=round(1e6 * result.cpu_seconds["prep"] / rows, 1) if rows else 0.0,
-        device_busy_share=round(forward / seconds, 3),
-        decode_busy_share=round(decode / seconds, 3),
+        # None where the marginal is not measurable (tiny sizes: the larger run the faster)
+        device_busy_share=round(forward / seconds, 3) if seconds > 0 else None,
+        decode_busy_share=round(decode / seconds, 3) if seconds > 0 else None,
         mean_batch=_mean_batch(large[1]),
         gil_release_points_per_batch=_release_points(large[1]),
         peak_threads=large[1].get("peak_threads"),

@@ -385,13 +385,16 @@ class StandinEngine:
         """A staged pipeline feeding this engine: its verdict goes in the report."""
         self.probe.pipelines.append(pipeline)
 
-    def on_stream(self) -> contextlib.AbstractContextManager[None]:
-        return self.device  # type: ignore[no-any-return]
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """The device as the default for new tensors, as the torch engine's (no stream)."""
+        with self.device:
+            yield
 
     def infer(self, feeds: Mapping[str, np.ndarray], prepare: Any = None) -> dict[str, Any]:
         """A host batch (`batch_size.choose_batch`'s sweep): forward, copy back."""
         pixels = feeds[self.inputs[0].name]
-        return self.outputs_to_host(self._queue(pixels.shape), len(pixels))
+        return self.outputs_to_host(self._queue(pixels.shape, "sweep"), len(pixels))
 
     def infer_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
         rows = int(next(iter(tensors.values())).shape[0])
@@ -400,7 +403,7 @@ class StandinEngine:
     def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
         return self._queue(tuple(tensors[self.inputs[0].name].shape))
 
-    def _queue(self, shape: tuple[int, ...]) -> _Pending:
+    def _queue(self, shape: tuple[int, ...], kind: str = "forward") -> _Pending:
         """The forward of a batch of `shape` (NHWC) queued on the device: its outputs."""
         rows, height, width = int(shape[0]), int(shape[1]), int(shape[2])
         sides = self._output_sides(height, width)
@@ -409,7 +412,7 @@ class StandinEngine:
             torch.empty((rows, *dims), dtype=getattr(torch, spec.dtype), device=self.device)
             for spec, dims in zip(self.outputs, sides, strict=True)
         )
-        pending.ready_at = self.clock.queue("forward", self.calibration.forward_s(rows), rows)
+        pending.ready_at = self.clock.queue(kind, self.calibration.forward_s(rows), rows)
         return pending
 
     def _output_sides(self, height: int, width: int) -> list[tuple[int, ...]]:

@@ -160,6 +160,10 @@ class Runner:
             self.attempt("built-in models", lambda: builtins.run(self.ctx))
         if "bigjob" in self.ctx.plan.cases:
             self.attempt("bigjob null", lambda: [bigjob.run(self.ctx)])
+        self.feed_cases()
+
+    def feed_cases(self) -> None:
+        """The cases of how Kiln feeds a device: `feed`, the stand-in's, `video`."""
         if "feed" in self.ctx.plan.cases:
             for subject in feed.SUBJECTS:  # apart: one failing leaves the others' rows
                 self._feed(subject)

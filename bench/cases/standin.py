@@ -7,11 +7,14 @@ Kiln's defaults throughout, the content cache on (where every other case turns i
 is what a user runs. Each run has a fresh data dir, so the cache holds nothing; the worker's
 jobs take disjoint images, so none is found there either.
 
-Rates are marginal, as `feed`'s: each subject runs over N/2 and N images (the worker: two
-jobs), and (N − N/2) / (t_N − t_N/2) cancels start-up and model load; every CPU figure is
-marginal likewise. Per row: the engine-owning process's CPU in µs, in total and per thread
-group (from the stand-in's report of every thread's CPU clock); the prep processes' CPU; the
-stand-in device's busy share (its forward seconds over the wall seconds). Per batch, of the
+Each subject runs over N/2 and N images (the worker: two jobs). Its rate is the larger run's
+steady window: from the first batch done to the last, read from the stand-in's timeline (a
+`kiln run` of a few thousand rows lasts a second or two, start-up several: a marginal rate,
+(N − N/2) / (t_N − t_N/2), is mostly start-up noise on a shared machine; it is kept beside).
+Every CPU figure is marginal, as `feed`'s, so start-up and model load cancel. Per row: the
+engine-owning process's CPU in µs, in total and per thread group (from the stand-in's report
+of every thread's CPU clock); the prep processes' CPU. The stand-in device's busy share: its
+forward seconds over the window's. Per batch, of the
 larger run: each single-threaded stage's GIL release points (torch calls + hand-overs,
 counted on sampled batches), the mean batch, the pipeline's verdict; and the engine
 process's peak thread count.
@@ -69,7 +72,7 @@ def run(ctx: Context, subject: str, model_name: str) -> CaseResult:
         images = make_images(folder, count, feed.SIZE)
         small = _kiln_run(ctx, model, images[: count // 2])
         large = _kiln_run(ctx, model, images)
-        return _result(subject, model_name, small, large)
+        return _result(subject, model_name, small, large, window(large[1], 0, count))
     if subject == "standin-worker":
         images = make_images(folder, WARM_UP + count // 2 + count, feed.SIZE)
         return _worker(ctx, model, images, count)
@@ -142,7 +145,9 @@ def _worker(ctx: Context, model: Registered, images: list[Path], count: int) -> 
         first = _snapshot(worker.pid, report)
         small = _timed_job(stack, ref, rest[: count // 2], worker.pid, report, first)
         large = _timed_job(stack, ref, rest[count // 2 :], worker.pid, report, small[2])
-    return _result("standin-worker", model.name, small[:2], large[:2])
+    before = small[2].get("rows", {}).get("forward", 0)
+    steady = window(large[2], before, count)
+    return _result("standin-worker", model.name, small[:2], large[:2], steady)
 
 
 def _snapshot(pid: int, report: Path) -> dict[str, Any]:
@@ -169,32 +174,69 @@ def _timed_job(
 # ---- the figures -------------------------------------------------------------------------
 
 
+def window(report: dict[str, Any], before: int, rows: int) -> dict[str, float] | None:
+    """The steady part of a run from the stand-in's timeline (a tick every 0.1 s): from the
+    first tick after its first batch to the first that has all `rows` (after `before`):
+    rows, seconds, the device's busy share and the process's CPU per row in it. None when
+    the run was too short for two such ticks."""
+    ticks = report.get("timeline", [])
+    start = next((t for t in ticks if t[1] > before), None)
+    end = next((t for t in ticks if t[1] >= before + rows), None)
+    if start is None or end is None or end[0] <= start[0] or end[1] <= start[1]:
+        return None
+    done, seconds = end[1] - start[1], end[0] - start[0]
+    return {
+        "rows": done,
+        "seconds": round(seconds, 3),
+        "rows_per_s": round(done / seconds, 1),
+        "device_busy_share": round((end[2] - start[2]) / seconds, 3),
+        "engine_cpu_us_per_row": round(1e6 * (end[3] - start[3]) / done, 1),
+    }
+
+
 def _result(
-    case: str, model: str, small: tuple[Sized, dict[str, Any]], large: tuple[Sized, dict[str, Any]]
+    case: str,
+    model: str,
+    small: tuple[Sized, dict[str, Any]],
+    large: tuple[Sized, dict[str, Any]],
+    steady: dict[str, float] | None,
 ) -> CaseResult:
+    """The row: its rate the steady window's (the marginal's where the run was too short for
+    one), every CPU figure marginal (its CPU seconds: the marginal per row × the rows)."""
     result = marginal(case, model, small[0], large[0], extra={"standin": STANDIN})
     rows, seconds = result.items, result.seconds
     groups = _by_group(large[1], rows, small[1])
     engine_us = 1e6 * result.cpu_seconds["engine"] / rows if rows else 0.0
-    groups["other"] = round(
-        engine_us - sum(v for k, v in groups.items() if k != "stand-in probe"), 1
-    )
+    probe = groups.get("stand-in probe", 0.0)
+    groups["other"] = round(engine_us - sum(groups.values()), 1)
     forward = _get(large[1], "busy_s", "forward") - _get(small[1], "busy_s", "forward")
-    decode = _get(large[1], "busy_s", "decode") - _get(small[1], "busy_s", "decode")
+    prep_us = 1e6 * result.cpu_seconds["prep"] / rows if rows else 0.0
     result.extra.update(
-        engine_cpu_us_per_row=round(engine_us, 1),
+        marginal_rows_per_s=round(rows / seconds, 1) if seconds > 0 else None,
+        steady=steady,
+        # Kiln's, without the stand-in's own sampler (shown apart among the groups)
+        engine_cpu_us_per_row=round(engine_us - probe, 1),
         engine_cpu_us_per_row_by_group=groups,
-        prep_cpu_us_per_row=round(1e6 * result.cpu_seconds["prep"] / rows, 1) if rows else 0.0,
-        # None where the marginal is not measurable (tiny sizes: the larger run the faster)
-        device_busy_share=round(forward / seconds, 3) if seconds > 0 else None,
-        decode_busy_share=round(decode / seconds, 3) if seconds > 0 else None,
+        prep_cpu_us_per_row=round(prep_us, 1),
+        device_busy_share=steady["device_busy_share"] if steady else _share(forward, seconds),
+        batch_sizes=large[1].get("batch_sizes"),
         mean_batch=_mean_batch(large[1]),
         gil_release_points_per_batch=_release_points(large[1]),
         peak_threads=large[1].get("peak_threads"),
         verdicts=[p["verdict"] for p in large[1].get("pipelines", [])],
-        rate_is="marginal over two sizes",
+        rate_is="the steady window" if steady else "marginal over two sizes",
     )
+    if steady:
+        result.items, result.seconds = int(steady["rows"]), steady["seconds"]
+        result.cpu_seconds = {
+            "engine": round((engine_us - probe) * steady["rows"] / 1e6, 3),
+            "prep": round(prep_us * steady["rows"] / 1e6, 3),
+        }
     return result
+
+
+def _share(busy: float, seconds: float) -> float | None:
+    return round(busy / seconds, 3) if seconds > 0 else None  # None: not measurable
 
 
 def _get(report: dict[str, Any], key: str, kind: str) -> float:

@@ -42,7 +42,7 @@ class Plan:
     feed_images: int = 4000  # 640×480 JPEGs of the `feed` case; each subject also runs half
     # `standin` (the device stand-in): feed's JPEGs, each subject over half and all of these;
     # `kiln run` for every model here, a warm `kiln worker` for the first
-    standin_images: int = 4000
+    standin_images: int = 6000
     standin_models: tuple[str, ...] = ("resnet50", "detector")
     stream_seconds: float = 20.0
     # `video` (bench/video.py): a 1280×720, 30 fps H.264 clip this long; the detector at every

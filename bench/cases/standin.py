@@ -7,17 +7,20 @@ Kiln's defaults throughout, the content cache on (where every other case turns i
 is what a user runs. Each run has a fresh data dir, so the cache holds nothing; the worker's
 jobs take disjoint images, so none is found there either.
 
-Each subject runs over N/2 and N images (the worker: two jobs). Its rate is the larger run's
-steady window: from the first batch done to the last, read from the stand-in's timeline (a
-`kiln run` of a few thousand rows lasts a second or two, start-up several: a marginal rate,
-(N − N/2) / (t_N − t_N/2), is mostly start-up noise on a shared machine; it is kept beside).
-Every CPU figure is marginal, as `feed`'s, so start-up and model load cancel. Per row: the
-engine-owning process's CPU in µs, in total and per thread group (from the stand-in's report
-of every thread's CPU clock); the prep processes' CPU. The stand-in device's busy share: its
-forward seconds over the window's. Per batch, of the
-larger run: each single-threaded stage's GIL release points (torch calls + hand-overs,
-counted on sampled batches), the mean batch, the pipeline's verdict; and the engine
-process's peak thread count.
+Each subject runs over N/2 and N images (the worker: two jobs). A `kiln run`'s figures are
+its larger run's steady window, from the stand-in's first tick after a batch ran to its last
+(ticks every 0.1 s): a run of a few thousand rows lasts a second or two and its start-up
+several, so a marginal, (N − N/2) / (t_N − t_N/2), is mostly start-up noise on a shared
+machine (it is kept beside). But prep's CPU is the marginal's (wait4: exact, and start-up
+cancels): the prep processes run ahead of the engine, some of a window's rows prepped before
+it opened. The worker's are its N-image job's: warm, nothing to cancel.
+
+Per row: the engine-owning process's CPU in µs, in total and per thread group (each
+thread's CPU clock, from the stand-in's report); the prep processes' CPU; the rate and the
+stand-in device's busy share (its forward seconds over the wall seconds). Per batch, of the
+larger run: each stage thread's GIL release points (torch calls + hand-overs, counted on
+sampled batches), the batch sizes, the pipeline's verdict; the engine process's peak thread
+count.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +76,7 @@ def run(ctx: Context, subject: str, model_name: str) -> CaseResult:
         images = make_images(folder, count, feed.SIZE)
         small = _kiln_run(ctx, model, images[: count // 2])
         large = _kiln_run(ctx, model, images)
-        return _result(subject, model_name, small, large, window(large[1], 0, count))
+        return _result(subject, model_name, small, large, window_span(large[1]))
     if subject == "standin-worker":
         images = make_images(folder, WARM_UP + count // 2 + count, feed.SIZE)
         return _worker(ctx, model, images, count)
@@ -128,8 +132,9 @@ def _kiln_run(ctx: Context, model: Registered, images: list[Path]) -> tuple[Size
 
 def _worker(ctx: Context, model: Registered, images: list[Path], count: int) -> CaseResult:
     """A Kiln on local storage whose one worker runs the stand-in; a warm-up job, then two
-    bulk jobs of N/2 and N images none of the others had (the content cache is on), their
-    difference the marginal as for `kiln run`."""
+    bulk jobs of N/2 and N images none of the others had (the content cache is on). The
+    figures are the N-image job's (the worker is warm: nothing to cancel but the job's own
+    fixed costs, which a user's job pays too); the marginal of the two is kept beside."""
     report = ctx.log_dir / f"standin-worker-{model.name}.json"
     report.unlink(missing_ok=True)
     layout = Layout(name="standin", storage="local")
@@ -145,9 +150,7 @@ def _worker(ctx: Context, model: Registered, images: list[Path], count: int) -> 
         first = _snapshot(worker.pid, report)
         small = _timed_job(stack, ref, rest[: count // 2], worker.pid, report, first)
         large = _timed_job(stack, ref, rest[count // 2 :], worker.pid, report, small[2])
-    before = small[2].get("rows", {}).get("forward", 0)
-    steady = window(large[2], before, count)
-    return _result("standin-worker", model.name, small[:2], large[:2], steady)
+    return _result("standin-worker", model.name, small[:2], large[:2], job_span(large[1]))
 
 
 def _snapshot(pid: int, report: Path) -> dict[str, Any]:
@@ -166,7 +169,7 @@ def _timed_job(
     """One job: its rows, wall seconds, CPU (engine, prep) and its part of the report."""
     job = feed._job(stack, ref, sources)
     after = _snapshot(pid, report)
-    delta = _delta(before, after)
+    delta = {**_delta(before, after), "job_seconds": job.seconds}
     cpu = {"engine": delta["process_cpu_s"], "prep": round(delta["prep_cpu_s"], 3)}
     return Sized(job.items, job.seconds, cpu), delta, after
 
@@ -174,23 +177,75 @@ def _timed_job(
 # ---- the figures -------------------------------------------------------------------------
 
 
-def window(report: dict[str, Any], before: int, rows: int) -> dict[str, float] | None:
-    """The steady part of a run from the stand-in's timeline (a tick every 0.1 s): from the
-    first tick after its first batch to the first that has all `rows` (after `before`):
-    rows, seconds, the device's busy share and the process's CPU per row in it. None when
-    the run was too short for two such ticks."""
-    ticks = report.get("timeline", [])
-    start = next((t for t in ticks if t[1] > before), None)
-    end = next((t for t in ticks if t[1] >= before + rows), None)
-    if start is None or end is None or end[0] <= start[0] or end[1] <= start[1]:
+@dataclass(frozen=True)
+class Span:
+    """What the engine-owning process did over a stretch of a run: rows, wall seconds, its
+    CPU and its prep processes', the stand-in device's forward seconds, and its CPU by
+    thread group."""
+
+    rows: int
+    seconds: float
+    engine_cpu_s: float
+    prep_cpu_s: float
+    forward_s: float
+    groups: dict[str, float]
+    how: str
+
+
+def window_span(report: dict[str, Any]) -> Span | None:
+    """A `kiln run`'s steady window, between the stand-in's first tick after a batch ran and
+    its last that saw one (ticks every 0.1 s): start-up and the close are outside it. None
+    when the run was too short for two such ticks."""
+    edges = report.get("window", {})
+    first, last = edges.get("first"), edges.get("last")
+    if first is None or last is None:
         return None
-    done, seconds = end[1] - start[1], end[0] - start[0]
+    (t0, rows0, forward0, cpu0), (t1, rows1, forward1, cpu1) = first["tick"], last["tick"]
+    if t1 <= t0 or rows1 <= rows0:
+        return None
+    groups = _sub(_cpu_by_group(last), _cpu_by_group(first))
+    prep = last["prep_cpu_s"] - first["prep_cpu_s"]
+    return Span(rows1 - rows0, t1 - t0, cpu1 - cpu0, prep, forward1 - forward0, groups,
+                "the steady window (first batch to last)")  # fmt: skip
+
+
+def job_span(delta: dict[str, Any]) -> Span:
+    """A worker job's figures (`_delta`: what the job added to the stand-in's report)."""
+    rows = int(delta["rows"].get("forward", 0))
+    seconds = delta["job_seconds"]
+    return Span(rows, seconds, delta["process_cpu_s"], delta["prep_cpu_s"],
+                delta["busy_s"].get("forward", 0.0), _cpu_by_group(delta),
+                "the larger job, from its chunks sent to its row completed")  # fmt: skip
+
+
+def marginal_span(small: tuple[Sized, dict[str, Any]], large: tuple[Sized, dict[str, Any]]) -> Span:
+    """The larger run less the smaller: start-up and model load cancel."""
+    (a, a_report), (b, b_report) = small, large
+    forward = _get(b_report, "busy_s", "forward") - _get(a_report, "busy_s", "forward")
+    groups = _sub(_cpu_by_group(b_report), _cpu_by_group(a_report))
+    return Span(b.items - a.items, b.seconds - a.seconds,
+                b.cpu_seconds["engine"] - a.cpu_seconds["engine"],
+                b.cpu_seconds["prep"] - a.cpu_seconds["prep"], forward, groups,
+                "marginal over two sizes")  # fmt: skip
+
+
+def figures(span: Span) -> dict[str, Any]:
+    """Per row: the engine process's CPU µs (Kiln's: the stand-in's own sampler apart) and
+    by thread group ("other": what no group holds), prep's; the rate and device busy share."""
+    per_row = 1e6 / span.rows if span.rows > 0 else 0.0
+    groups = {g: round(v * per_row, 1) for g, v in span.groups.items()}
+    probe = groups.get("stand-in probe", 0.0)
+    engine = span.engine_cpu_s * per_row
+    groups["other"] = round(engine - sum(groups.values()), 1)
     return {
-        "rows": done,
-        "seconds": round(seconds, 3),
-        "rows_per_s": round(done / seconds, 1),
-        "device_busy_share": round((end[2] - start[2]) / seconds, 3),
-        "engine_cpu_us_per_row": round(1e6 * (end[3] - start[3]) / done, 1),
+        "rows_per_s": round(span.rows / span.seconds, 1) if span.seconds > 0 else None,
+        "device_busy_share": _share(span.forward_s, span.seconds),
+        "engine_cpu_us_per_row": round(engine - probe, 1),
+        "engine_cpu_us_per_row_by_group": groups,
+        "prep_cpu_us_per_row": round(span.prep_cpu_s * per_row, 1),
+        "rows": span.rows,
+        "seconds": round(span.seconds, 3),
+        "figures_are": span.how,
     }
 
 
@@ -199,39 +254,30 @@ def _result(
     model: str,
     small: tuple[Sized, dict[str, Any]],
     large: tuple[Sized, dict[str, Any]],
-    steady: dict[str, float] | None,
+    span: Span | None,
 ) -> CaseResult:
-    """The row: its rate the steady window's (the marginal's where the run was too short for
-    one), every CPU figure marginal (its CPU seconds: the marginal per row × the rows)."""
+    """The row: the span's figures (the marginal's where the run was too short for a
+    window), the marginal's beside; per batch, the larger run's counts and verdict."""
     result = marginal(case, model, small[0], large[0], extra={"standin": STANDIN})
-    rows, seconds = result.items, result.seconds
-    groups = _by_group(large[1], rows, small[1])
-    engine_us = 1e6 * result.cpu_seconds["engine"] / rows if rows else 0.0
-    probe = groups.get("stand-in probe", 0.0)
-    groups["other"] = round(engine_us - sum(groups.values()), 1)
-    forward = _get(large[1], "busy_s", "forward") - _get(small[1], "busy_s", "forward")
-    prep_us = 1e6 * result.cpu_seconds["prep"] / rows if rows else 0.0
+    beside = figures(marginal_span(small, large))
+    main = figures(span) if span is not None else beside
+    if case == "standin-run" and span is not None:  # prep runs ahead of a window (module doc)
+        main["prep_cpu_us_per_row_in_window"] = main["prep_cpu_us_per_row"]
+        main["prep_cpu_us_per_row"] = beside["prep_cpu_us_per_row"]
+    report = large[1]
     result.extra.update(
-        marginal_rows_per_s=round(rows / seconds, 1) if seconds > 0 else None,
-        steady=steady,
-        # Kiln's, without the stand-in's own sampler (shown apart among the groups)
-        engine_cpu_us_per_row=round(engine_us - probe, 1),
-        engine_cpu_us_per_row_by_group=groups,
-        prep_cpu_us_per_row=round(prep_us, 1),
-        device_busy_share=steady["device_busy_share"] if steady else _share(forward, seconds),
-        batch_sizes=large[1].get("batch_sizes"),
-        mean_batch=_mean_batch(large[1]),
-        gil_release_points_per_batch=_release_points(large[1]),
-        peak_threads=large[1].get("peak_threads"),
-        verdicts=[p["verdict"] for p in large[1].get("pipelines", [])],
-        rate_is="the steady window" if steady else "marginal over two sizes",
+        **main,
+        marginal=beside,
+        batch_sizes=report.get("batch_sizes"),
+        mean_batch=_mean_batch(report),
+        gil_release_points_per_batch=_release_points(report),
+        peak_threads=report.get("peak_threads"),
+        verdicts=[p["verdict"] for p in report.get("pipelines", [])],
     )
-    if steady:
-        result.items, result.seconds = int(steady["rows"]), steady["seconds"]
-        result.cpu_seconds = {
-            "engine": round((engine_us - probe) * steady["rows"] / 1e6, 3),
-            "prep": round(prep_us * steady["rows"] / 1e6, 3),
-        }
+    if span is not None and span.rows > 0 and span.seconds > 0:
+        result.items, result.seconds = span.rows, round(span.seconds, 3)
+        prep_s = main["prep_cpu_us_per_row"] * span.rows / 1e6
+        result.cpu_seconds = {"engine": round(span.engine_cpu_s, 3), "prep": round(prep_s, 3)}
     return result
 
 
@@ -251,22 +297,13 @@ def _group(name: str) -> str:
 
 
 def _cpu_by_group(report: dict[str, Any]) -> dict[str, float]:
+    """CPU seconds of the named groups' threads ("other": what the process total leaves)."""
     found: dict[str, float] = {}
     for thread in report.get("threads", []):
         group = _group(thread["name"])
         if group != "other":
             found[group] = found.get(group, 0.0) + thread["cpu_s"]
     return found
-
-
-def _by_group(large: dict[str, Any], rows: int, small: dict[str, Any]) -> dict[str, float]:
-    """Marginal CPU µs per row of each thread group ("other" is left to the caller)."""
-    after, before = _cpu_by_group(large), _cpu_by_group(small)
-    return {
-        group: round(1e6 * (after.get(group, 0.0) - before.get(group, 0.0)) / max(rows, 1), 1)
-        for group, _pattern in GROUPS
-        if group in after
-    }
 
 
 def _mean_batch(report: dict[str, Any]) -> float | None:
@@ -315,5 +352,5 @@ _COUNTS = ("batches", "sampled", "calls", "handed")
 _TOTALS = ("busy_s", "batches", "rows")
 
 
-def _sub(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+def _sub(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return {k: a.get(k, 0) - b.get(k, 0) for k in {*a, *b}}

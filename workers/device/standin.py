@@ -21,18 +21,19 @@ OpenMP region costs milliseconds of CPU with two threads.
 
 Nothing here is a result: the engine's backend says `standin:h200`, its reason says
 stand-in. What it adds to measure (`Probe`, written to `KILN_DEVICE_STANDIN_REPORT` every
-second and at exit): the device's busy seconds, each thread's CPU seconds (by its CPU clock,
-read by a sampler thread every 0.1 s, so a thread that ends early loses at most that), the
-process's peak thread count, the GIL release points per batch of each single-threaded stage
-(torch calls counted with a TorchFunctionMode on every 4th batch of each stage thread, plus
-the tensors handed over between stages: a `record_stream` each on a GPU), and the staged
-pipelines' verdicts. None of it exists unless the setting is on.
+second and at exit): the device's busy seconds; each thread's CPU seconds (by its CPU clock,
+read by a sampler thread every 0.1 s, so a thread that ends early loses at most that) and
+the prep processes', also at the first and the last tick that saw batches run (a steady
+window: start-up and the close outside it); the process's peak thread count; the GIL
+release points per batch of each single-threaded stage (torch calls counted with a
+TorchFunctionMode on every 4th batch of each stage thread, plus the tensors handed over
+between stages: a `record_stream` each on a GPU); and the staged pipelines' verdicts. None
+of it exists unless the setting is on.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import functools
 import itertools
@@ -567,11 +568,9 @@ class Probe:
         self._lock = threading.Lock()
         self._cpu: dict[int, tuple[str, float]] = {}  # by native thread id: name, CPU seconds
         self._peak_threads = 0
-        # per sampler tick: monotonic seconds, the forwards' rows and seconds, the process's
-        # CPU seconds (a window of steady batches is read from it; an hour at most)
-        self._timeline: collections.deque[tuple[float, int, float, float]] = collections.deque(
-            maxlen=int(3600 / SAMPLER_S)
-        )
+        self._rows_seen = 0  # the forwards' rows at the last tick
+        # the CPU at the first and the last tick that saw batches run (`_edge`)
+        self._edges: dict[str, dict[str, Any]] = {}
         self._report = report
         if report is not None:
             threading.Thread(target=self._sample, name="kiln-standin-probe", daemon=True).start()
@@ -606,21 +605,36 @@ class Probe:
                 continue
             read[tid] = (names.get(tid) or _native_name(tid), seconds)
         busy = self.busy
+        # a tick: monotonic seconds, the forwards' rows and seconds, the process's CPU seconds
         forward_s = round(busy.seconds.get("forward", 0.0), 6)
         tick = (round(time.monotonic(), 4), busy.rows.get("forward", 0), forward_s,
                 round(time.process_time(), 4))  # fmt: skip
         with self._lock:
             self._cpu.update(read)
             self._peak_threads = max(self._peak_threads, len(tids))
-            self._timeline.append(tick)
+            ran, self._rows_seen = tick[1] > self._rows_seen, tick[1]
+        if ran:  # batches ran since the last tick: a window's edge
+            self._edge(tick)
+
+    def _edge(self, tick: tuple[float, int, float, float]) -> None:
+        """The threads' and prep processes' CPU at this tick: the window's first edge (the
+        first tick after a batch) or its last so far."""
+        edge = {"tick": tick, "prep_cpu_s": children_cpu(), "threads": self._threads()}
+        with self._lock:
+            self._edges.setdefault("first", edge)
+            self._edges["last"] = edge
+
+    def _threads(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"tid": tid, "name": n, "cpu_s": round(s, 6)}
+                    for tid, (n, s) in self._cpu.items()]  # fmt: skip
 
     def snapshot(self) -> dict[str, Any]:
+        threads = self._threads()
         with self._lock:
-            threads = [{"tid": tid, "name": n, "cpu_s": round(s, 6)}
-                       for tid, (n, s) in self._cpu.items()]  # fmt: skip
+            edges = dict(self._edges)
             counted = [vars(c).copy() for c in self._counted.values()]
             peak = self._peak_threads
-            timeline = list(self._timeline)
         busy = self.busy
         return {
             "standin": self.calibration.name,
@@ -629,7 +643,7 @@ class Probe:
             "batches": dict(busy.batches),
             "rows": dict(busy.rows),
             "batch_sizes": {str(k): v for k, v in sorted(busy.sizes.items())},
-            "timeline": timeline,
+            "window": edges,
             "process_cpu_s": round(time.process_time(), 6),
             "peak_threads": peak,
             "threads": threads,
@@ -650,6 +664,32 @@ class Probe:
             temporary.replace(path)
         except Exception:  # a report is for the bench; never fail the run for it
             log.exception("could not write the device stand-in's report")
+
+
+def children_cpu(pid: int | str = "self") -> float:
+    """CPU seconds of a process's descendants alive now (the prep processes), from /proc:
+    each thread's `children`, then each child's `stat` (clock ticks)."""
+    total = 0.0
+    for child in _children(pid):
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICKS + children_cpu(child)
+    return total
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int | str) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:  # it ended, or no /proc
+        pass
+    return found
 
 
 def _native_name(tid: int) -> str:

@@ -5,7 +5,8 @@ forward replaced by waits calibrated on the H200 (`workers/device/standin.py`).
 
 Kiln's defaults throughout, the content cache on (where every other case turns it off): that
 is what a user runs. Each run has a fresh data dir, so the cache holds nothing; the worker's
-jobs take disjoint images, so none is found there either.
+jobs take disjoint images, so none is found there either. The worker's deployment departs
+only in what caps a tenant's jobs (bench/stack.py's LIMITS), nothing on the engine's path.
 
 Each subject runs over N/2 and N images (the worker: two jobs). A `kiln run`'s figures are
 its larger run's steady window, from the stand-in's first tick after a batch ran to its last

@@ -205,11 +205,11 @@ class StandinJpeg(TorchvisionJpeg):
     name = "standin"
     concurrent = False
 
-    def __init__(self, calibration: Calibration, busy: Busy) -> None:
+    def __init__(self, calibration: Calibration, busy: Busy, lock: threading.Lock) -> None:
         super().__init__(self._op)
         self._calibration = calibration
         self._busy = busy
-        self._lock = threading.Lock()
+        self._lock = lock  # the process's (`Probe.decode_lock`): every model's decoder shares it
         self._waiter = Waiter()
         self._sizes = threading.local()
 
@@ -425,7 +425,7 @@ class StandinEngine:
         self.max_batch = request.max_batch
         self.probe = probe
         self.clock = probe.clock
-        self.jpeg_decoder = StandinJpeg(calibration, probe.busy)
+        self.jpeg_decoder = StandinJpeg(calibration, probe.busy, probe.decode_lock)
         self._copies = Waiter()
 
     def streams(self) -> StandinStreams:
@@ -562,6 +562,7 @@ class Probe:
         self.calibration = calibration
         self.busy = Busy()
         self.clock = DeviceClock(self.busy)
+        self.decode_lock = threading.Lock()  # torchvision's decoder: one per process
         self.pipelines: list[Any] = []
         self.started = time.perf_counter()
         self._counted: dict[str, _Counted] = {}

@@ -138,8 +138,13 @@ class Busy:
     batches: dict[str, int] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)  # the forwards' batch sizes
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, kind: str, seconds: float, rows: int) -> None:
+        with self.lock:  # decode, forward and the copies back add from their own threads
+            self._add(kind, seconds, rows)
+
+    def _add(self, kind: str, seconds: float, rows: int) -> None:
         self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
         self.batches[kind] = self.batches.get(kind, 0) + 1
         self.rows[kind] = self.rows.get(kind, 0) + rows
@@ -634,16 +639,19 @@ class Probe:
         threads = self._threads()
         with self._lock:
             edges = dict(self._edges)
-            counted = [vars(c).copy() for c in self._counted.values()]
+            counted = [{**vars(c), "names": dict(c.names)} for c in self._counted.values()]
             peak = self._peak_threads
         busy = self.busy
+        with busy.lock:
+            seconds, batches, rows = dict(busy.seconds), dict(busy.batches), dict(busy.rows)
+            sizes = {str(k): v for k, v in sorted(busy.sizes.items())}
         return {
             "standin": self.calibration.name,
             "wall_s": round(time.perf_counter() - self.started, 3),
-            "busy_s": {k: round(v, 6) for k, v in busy.seconds.items()},
-            "batches": dict(busy.batches),
-            "rows": dict(busy.rows),
-            "batch_sizes": {str(k): v for k, v in sorted(busy.sizes.items())},
+            "busy_s": {k: round(v, 6) for k, v in seconds.items()},
+            "batches": batches,
+            "rows": rows,
+            "batch_sizes": sizes,
             "window": edges,
             "process_cpu_s": round(time.process_time(), 6),
             "peak_threads": peak,

@@ -14,7 +14,9 @@ its larger run's steady window, from the stand-in's first tick after a batch ran
 several, so a marginal, (N − N/2) / (t_N − t_N/2), is mostly start-up noise on a shared
 machine (it is kept beside). But prep's CPU is the marginal's (wait4: exact, and start-up
 cancels): the prep processes run ahead of the engine, some of a window's rows prepped before
-it opened. The worker's are its N-image job's: warm, nothing to cancel.
+it opened. The worker's are its N-image job's steady window (the stand-in opens a new one
+when batches resume after a pause), prep's the whole job's per row; the job whole (from its
+chunks sent to its row completed) and the marginal of the two jobs are kept beside.
 
 Per row: the engine-owning process's CPU in µs, in total and per thread group (each
 thread's CPU clock, from the stand-in's report); the prep processes' CPU; the rate and the
@@ -151,7 +153,7 @@ def _worker(ctx: Context, model: Registered, images: list[Path], count: int) -> 
         first = _snapshot(worker.pid, report)
         small = _timed_job(stack, ref, rest[: count // 2], worker.pid, report, first)
         large = _timed_job(stack, ref, rest[count // 2 :], worker.pid, report, small[2])
-    return _result("standin-worker", model.name, small[:2], large[:2], job_span(large[1]))
+    return _result("standin-worker", model.name, small[:2], large[:2], _job_window(small, large))
 
 
 def _snapshot(pid: int, report: Path) -> dict[str, Any]:
@@ -219,6 +221,24 @@ def job_span(delta: dict[str, Any]) -> Span:
                 "the larger job, from its chunks sent to its row completed")  # fmt: skip
 
 
+def _job_window(
+    small: tuple[Sized, dict[str, Any], dict[str, Any]],
+    large: tuple[Sized, dict[str, Any], dict[str, Any]],
+) -> Span:
+    """The worker's N-image job: its steady window (the stand-in opens one when batches
+    resume after a pause) with prep's CPU from the whole job; the job whole where the window
+    is not the job's."""
+    job = job_span(large[1])
+    before = small[2].get("rows", {}).get("forward", 0)
+    steady = window_span(large[2])
+    first = large[2].get("window", {}).get("first", {}).get("tick", [0, 0])
+    if steady is None or first[1] <= before:
+        return job
+    prep = job.prep_cpu_s * steady.rows / job.rows if job.rows else 0.0
+    return Span(steady.rows, steady.seconds, steady.engine_cpu_s, prep, steady.forward_s,
+                steady.groups, f"{steady.how}; prep's: the whole job's per row")  # fmt: skip
+
+
 def marginal_span(small: tuple[Sized, dict[str, Any]], large: tuple[Sized, dict[str, Any]]) -> Span:
     """The larger run less the smaller: start-up and model load cancel."""
     (a, a_report), (b, b_report) = small, large
@@ -262,6 +282,9 @@ def _result(
     result = marginal(case, model, small[0], large[0], extra={"standin": STANDIN})
     beside = figures(marginal_span(small, large))
     main = figures(span) if span is not None else beside
+    if case == "standin-worker":
+        whole = figures(job_span(large[1]))
+        main["job"] = {k: whole[k] for k in ("rows_per_s", "rows", "seconds", "figures_are")}
     if case == "standin-run" and span is not None:  # prep runs ahead of a window (module doc)
         main["prep_cpu_us_per_row_in_window"] = main["prep_cpu_us_per_row"]
         main["prep_cpu_us_per_row"] = beside["prep_cpu_us_per_row"]

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 SAMPLE_EVERY = 4  # a stage thread counts its torch calls on one batch in this many
 SAMPLER_S = 0.1  # between two reads of every thread's CPU clock
 WRITE_S = 1.0  # between two writes of the report
+IDLE_S = 1.0  # batches resuming after this long open a new steady window
 
 
 @dataclass(frozen=True)
@@ -624,10 +625,13 @@ class Probe:
 
     def _edge(self, tick: tuple[float, int, float, float]) -> None:
         """The threads' and prep processes' CPU at this tick: the window's first edge (the
-        first tick after a batch) or its last so far."""
+        first tick after a batch, or after IDLE_S without one: a worker's next job) or its
+        last so far."""
         edge = {"tick": tick, "prep_cpu_s": children_cpu(), "threads": self._threads()}
         with self._lock:
-            self._edges.setdefault("first", edge)
+            last = self._edges.get("last")
+            if last is None or tick[0] - last["tick"][0] > IDLE_S:
+                self._edges["first"] = edge
             self._edges["last"] = edge
 
     def _threads(self) -> list[dict[str, Any]]:

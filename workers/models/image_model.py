@@ -173,7 +173,8 @@ DEVICE_BACKENDS = ("torch:cuda", "standin:")
 
 
 def _staged_host(engine: Engine) -> bool:
-    """A CUDA torch engine fed uint8 pixels the prep processes made: worth staging."""
+    """A CUDA torch engine (or the device stand-in) fed uint8 pixels the prep processes
+    made: worth staging."""
     return (
         engine.backend.startswith(DEVICE_BACKENDS)
         and engine.inputs[0].dtype == "uint8"
@@ -186,7 +187,7 @@ def device_decoding(
 ) -> Any | None:
     """The torch device to decode and fit images on, or None: only with the PyTorch CUDA
     engine, where a GPU JPEG decoder works (`options.decoder`), and a resize filter torch
-    has."""
+    has; or with the device stand-in (benches and tests), which brings its own decoder."""
     if not engine.backend.startswith(DEVICE_BACKENDS) or not device_pixels.supports(pre):
         return None
     if engine.inputs[0].dtype != "uint8":  # the engine normalises what the device fits

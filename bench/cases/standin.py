@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench.cases import bigjob, embedded, feed
 from bench.context import Context
 from bench.inputs import link_folder, make_images
@@ -47,6 +45,7 @@ from bench.models import BUILTIN_MODELS, detector_model, export_resnet, labels
 from bench.results import CaseResult, Sized, marginal
 from bench.stack import Layout, Registered, Stack, local_deployment
 from devstack.services import kiln_command, service_env
+from kiln.workers.device.standin import children_cpu
 
 SUBJECTS = ("standin-run", "standin-worker")
 STANDIN = "h200"
@@ -103,8 +102,8 @@ def _settings(report: Path) -> dict[str, str]:
 
 def _kiln_run(ctx: Context, model: Registered, images: list[Path]) -> tuple[Sized, dict[str, Any]]:
     """One `kiln run` into a fresh data dir with Kiln's defaults (the stand-in aside): its
-    wall seconds, CPU (`engine`: the main process, which owns the engine; `children`: the
-    prep processes) and the stand-in's report."""
+    wall seconds, CPU (`engine`: the main process, which owns the engine; `prep`: its
+    children, the prep processes) and the stand-in's report."""
     items = len(images)
     folder = link_folder(ctx.workdir / "standin" / f"links-{items}", images)
     data = ctx.workdir / "standin" / f"run-{model.name}-{items}"
@@ -136,8 +135,7 @@ def _kiln_run(ctx: Context, model: Registered, images: list[Path]) -> tuple[Size
 def _worker(ctx: Context, model: Registered, images: list[Path], count: int) -> CaseResult:
     """A Kiln on local storage whose one worker runs the stand-in; a warm-up job, then two
     bulk jobs of N/2 and N images none of the others had (the content cache is on). The
-    figures are the N-image job's (the worker is warm: nothing to cancel but the job's own
-    fixed costs, which a user's job pays too); the marginal of the two is kept beside."""
+    figures are the N-image job's (`_job_window`); the marginal of the two is kept beside."""
     report = ctx.log_dir / f"standin-worker-{model.name}.json"
     report.unlink(missing_ok=True)
     layout = Layout(name="standin", storage="local")
@@ -159,10 +157,8 @@ def _worker(ctx: Context, model: Registered, images: list[Path], count: int) -> 
 def _snapshot(pid: int, report: Path) -> dict[str, Any]:
     """The worker's stand-in report and its prep processes' CPU, once the report is current."""
     time.sleep(REPORT_S)
-    children = psutil.Process(pid).children(recursive=True)
-    prep = sum(sum(c.cpu_times()[:2]) for c in children if c.is_running())
     found: dict[str, Any] = json.loads(report.read_text())
-    found["prep_cpu_s"] = prep
+    found["prep_cpu_s"] = children_cpu(pid)
     return found
 
 

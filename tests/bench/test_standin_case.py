@@ -62,3 +62,25 @@ def test_a_run_too_short_for_a_window_falls_back_to_the_marginal() -> None:
     assert extra["engine_cpu_us_per_row"] == pytest.approx(1e6 * 0.1 / 32)
     assert extra["gil_release_points_per_batch"]["m-device-fit-0"]["total"] == 44.0
     assert extra["mean_batch"] == 32.0
+
+
+def test_the_workers_job_takes_its_own_window_and_its_whole_preps_cpu() -> None:
+    def after(rows: int, first: Any, last: Any) -> dict[str, Any]:
+        return {"rows": {"forward": rows}, "window": {"first": first, "last": last}}
+
+    small_after = after(3032, _edge(1.0, 32, 0.0, 1.0, 0.0), _edge(2.0, 3032, 0.3, 1.5, 0.0))
+    large_after = after(
+        9032, _edge(5.0, 3064, 0.31, 2.0, 0.0, kiln_leases=0.0),
+        _edge(7.0, 9032, 0.91, 3.8, 0.0, kiln_leases=0.06),
+    )  # fmt: skip
+    delta = {"rows": {"forward": 6000}, "job_seconds": 2.5, "process_cpu_s": 2.0,
+             "prep_cpu_s": 1.2, "busy_s": {"forward": 0.6}, "threads": []}  # fmt: skip
+    small = (Sized(3000, 1.2, {}), {}, small_after)
+    span = standin._job_window(small, (Sized(6000, 2.5, {}), delta, large_after))
+    assert (span.rows, span.seconds) == (5968, 2.0)
+    assert span.prep_cpu_s == pytest.approx(1.2 * 5968 / 6000)  # the whole job's, per row
+    assert span.groups["lease keeper"] == pytest.approx(0.06)
+    # a window that opened before the job (no pause between): the job whole
+    stale = after(9032, small_after["window"]["first"], large_after["window"]["last"])
+    whole = standin._job_window(small, (Sized(6000, 2.5, {}), delta, stale))
+    assert (whole.rows, whole.seconds, whole.engine_cpu_s) == (6000, 2.5, 2.0)

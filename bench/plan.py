@@ -16,11 +16,13 @@ GLOBAL_CASES = (
     "builtin",
     "bigjob",
     "feed",
+    "standin",
     "video",
 )
 ALL_CASES = MODEL_CASES + GLOBAL_CASES
 SERVICE_CASES = {"services", "naive-celery", "ray", "daft", "ceiling", "streaming", "builtin"}
 SERVICE_CASES |= {"ceiling-local", "bigjob", "feed"}  # feed: a local deployment beside the stack
+SERVICE_CASES |= {"standin"}  # its worker subject: a local deployment too
 # The detector is Kiln's built-in YOLOv8n (320), submitted by name; the ResNets are exported here.
 MODELS = ("resnet18", "resnet50", "detector")
 
@@ -38,6 +40,10 @@ class Plan:
     bigjob_seconds: float = 30.0  # the window in which chunks finish and GETs are timed
     bigjob_workers: int = 3
     feed_images: int = 4000  # 640×480 JPEGs of the `feed` case; each subject also runs half
+    # `standin` (the device stand-in): feed's JPEGs, each subject over half and all of these;
+    # `kiln run` for every model here, a warm `kiln worker` for the first
+    standin_images: int = 6000
+    standin_models: tuple[str, ...] = ("resnet50", "detector")
     stream_seconds: float = 20.0
     # `video` (bench/video.py): a 1280×720, 30 fps H.264 clip this long; the detector at every
     # frame gets a clip of its own, shorter (20–30 frames/s on two cores)
@@ -78,6 +84,7 @@ PRESETS = {
         ceiling_items=1500,
         bigjob_seconds=20.0,
         feed_images=1200,
+        standin_images=1500,
         stream_seconds=6.0,
         video_seconds=20.0,
         detector_every_frame_seconds=10.0,
@@ -100,6 +107,8 @@ PRESETS = {
         bigjob_items=2000,
         bigjob_seconds=3.0,
         feed_images=16,
+        standin_images=64,
+        standin_models=("resnet18",),  # exported for the other cases already
         stream_seconds=2.0,
         idle_samples=3,
         startup_runs=2,

@@ -22,6 +22,7 @@ from bench.cases import (
     raw,
     ray_data,
     services,
+    standin,
     startup,
     streaming,
     video,
@@ -159,11 +160,29 @@ class Runner:
             self.attempt("built-in models", lambda: builtins.run(self.ctx))
         if "bigjob" in self.ctx.plan.cases:
             self.attempt("bigjob null", lambda: [bigjob.run(self.ctx)])
+        self.feed_cases()
+
+    def feed_cases(self) -> None:
+        """The cases of how Kiln feeds a device: `feed`, the stand-in's, `video`."""
         if "feed" in self.ctx.plan.cases:
             for subject in feed.SUBJECTS:  # apart: one failing leaves the others' rows
                 self._feed(subject)
+        if "standin" in self.ctx.plan.cases:
+            self.standin_cases()
         if "video" in self.ctx.plan.cases:
             self.video_cases()
+
+    def standin_cases(self) -> None:
+        """`kiln run` through the device stand-in for each of its models, a warm worker for
+        the first; each apart, so one failing leaves the others' rows."""
+        models = self.ctx.plan.standin_models
+        for model in models:
+            self._standin("standin-run", model)
+        if models:
+            self._standin("standin-worker", models[0])
+
+    def _standin(self, subject: str, model: str) -> None:
+        self.attempt(f"{subject} {model}", lambda: [standin.run(self.ctx, subject, model)])
 
     def video_cases(self) -> None:
         """Each row's peer, then `kiln run`, seconds apart; each apart, so one failing leaves
@@ -192,6 +211,15 @@ def _line(result: CaseResult) -> str:
             f"[green]✓[/green] startup: kiln run --help {x['help_s']} s, a prep process ready "
             f"{x['prep_ready_s']} s, kiln run {result.seconds} s (first result "
             f"{x['first_result_s']} s, {x['first_result_after_engine_s']} s after the engine)"
+        )
+    if result.case.startswith("standin-"):
+        x = result.extra
+        busy = x["device_busy_share"]
+        return (
+            f"[green]✓[/green] {result.case} {result.model}: {result.items_per_s:.0f} rows/s "
+            f"(stand-in {x['standin']}, device busy {busy or 0:.0%}), engine "
+            f"process {x['engine_cpu_us_per_row']:.0f} µs CPU/row, prep "
+            f"{x['prep_cpu_us_per_row']:.0f}"
         )
     latency = f", p50 {result.latency_ms['p50']} ms" if result.latency_ms else ""
     return (

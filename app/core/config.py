@@ -152,6 +152,15 @@ class EngineSettings(BaseModel):
     decode_threads: int = Field(
         2, ge=1, le=16, description="Decode stage threads (for a decoder with per-thread state)."
     )
+    device_standin: Literal["h200"] | None = Field(
+        None,
+        description="Benches and tests only: image models take a GPU host's path (decode, fit, "
+        "forward on the device) with the device's work replaced by a calibrated stand-in "
+        "(docs/gpu.md); its results are zeros, never real.",
+    )
+    device_standin_report: Path | None = Field(
+        None, description="Where the device stand-in writes what it measured (JSON; benches)."
+    )
     precision: Literal["auto", "fp16", "fp32"] = Field(
         "auto", description="TensorRT and torch precision; auto = FP16 where the GPU does it fast."
     )

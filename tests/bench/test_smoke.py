@@ -22,6 +22,8 @@ EXPECTED = {
 EXPECTED |= {"ceiling-local", "bigjob", "daft", "startup"}
 FEED_MARGINAL = {"feed-embedded", "feed-embedded-1prep", "feed-worker", "feed-peer"}
 EXPECTED |= FEED_MARGINAL | {"feed-decode-fit"}
+STANDIN = {"standin-run", "standin-worker"}  # the device stand-in; 32 then 64 images each
+EXPECTED |= STANDIN
 PEERS = {"ray": "ray", "daft": "daft"}  # case → the package it needs (the bench extra)
 
 
@@ -45,6 +47,11 @@ def test_smoke_run_covers_every_case(tmp_path: Path) -> None:
             package = PEERS.get(result["case"])
             assert package is not None and importlib.util.find_spec(package) is None
             assert "pip install" in result["skipped"]  # the reason is printed, not silent
+            continue
+        if result["case"] in STANDIN:  # too few batches for a steady window: the marginal's
+            runs = result["extra"]["small"], result["extra"]["large"]
+            assert [r["items"] for r in runs] == [32, 64], result
+            assert result["extra"]["engine_cpu_us_per_row_by_group"], result
             continue
         if result["case"] in FEED_MARGINAL:  # 16 − 8 images: the difference may be noise
             runs = result["extra"]["small"], result["extra"]["large"]
@@ -91,3 +98,7 @@ def test_smoke_run_covers_every_case(tmp_path: Path) -> None:
     assert by_case["feed-decode-fit"]["cpu_seconds"]["subject"] > 0
     assert "F feed: decode + fit CPU ms/image (one core)" in {t["name"] for t in payload["targets"]}
     assert "skipped (Ray is not installed" in run.stdout or importlib.util.find_spec("ray")
+    # the stand-in's kiln run went through the device stages: counted per stage thread
+    stages = by_case["standin-run"]["extra"]["gil_release_points_per_batch"]
+    assert {name.rsplit("-", 2)[1] for name in stages} == {"decode", "fit", "forward", "outputs"}
+    assert by_case["standin-run"]["extra"]["peak_threads"] > 0

@@ -80,6 +80,7 @@ def decode_rows(
     groups, failed = device_pixels.decode_groups(
         [data for data, _header in rows], device, max_pixels=max_pixels,
         headers=[header for _data, header in rows], decoder=decoder,
+        nvjpeg=True if decoder is not None else None,  # the device stand-in's is on meta
     )  # fmt: skip
     if not groups:  # nothing to run: the Batcher splits the batch, each row its error
         raise failed[0] if len(rows) == 1 else InputError("No image of the batch decoded.")
@@ -143,6 +144,9 @@ def _on_cuda(engine: DeviceFeeds) -> bool:
 
 
 def _streams(engine: DeviceFeeds) -> Streams:
+    own = getattr(engine, "streams", None)  # the device stand-in's (device/standin.py)
+    if own is not None:
+        return own()  # type: ignore[no-any-return]
     return CudaStreams(_torch(), engine.device) if _on_cuda(engine) else CpuStreams()
 
 
@@ -158,6 +162,7 @@ class ImageStages(_Forward):
     ) -> None:  # fmt: skip
         self.engine, self.input_name, self.pre = engine, input_name, pre
         self.device, self.max_pixels = engine.device, max_pixels
+        decoder = decoder or getattr(engine, "jpeg_decoder", None)  # a stand-in's own
         if decoder is None and _on_cuda(engine):
             decoder = decoders.jpeg_decoder(options.decoder, str(engine.device))
         self.decoder = decoder

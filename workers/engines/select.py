@@ -178,8 +178,11 @@ class EngineFactory:
     ) -> None:
         self.settings = settings
         self.store = store
-        self.host = host or Host.probe()
-        self.candidates = candidates(self.host, settings.engine)
+        standin = settings.device_standin  # benches and tests: workers/device/standin.py
+        self.host = host or (_standin_host(standin) if standin else Host.probe())
+        self.candidates = (
+            [_standin_choice(standin)] if standin else candidates(self.host, settings.engine)
+        )
         self.choice = self.candidates[0]
         self.runners = runner_count(settings.runners, self.choice, self.host)
         self.failures = failures or BuildFailures(settings.engine_retry_s)
@@ -188,6 +191,7 @@ class EngineFactory:
             "onnxruntime-cuda": self._onnxruntime,
             "torch-cuda": self._torch,
             "onnxruntime-cpu": self._onnxruntime,
+            "standin": self._standin,
         }
         self.built: list[Built] = []
         log.info("engine backends %s (%s), %d runner(s) per model",
@@ -275,6 +279,28 @@ class EngineFactory:
             request, "cuda", self.runners, choice.reason, self.settings.precision,
             graphs=self.settings.cuda_graphs,
         )  # fmt: skip
+
+    def _standin(self, request: EngineRequest, choice: Choice) -> Engine:
+        from kiln.workers.device import standin
+
+        name, report = self.settings.device_standin, self.settings.device_standin_report
+        assert name is not None  # the only way this builder is chosen
+        return standin.build(request, name, report)
+
+
+def _standin_host(name: str) -> Host:
+    """The host as the device stand-in shows it: its one GPU, no other backend."""
+    from kiln.workers.device import standin
+
+    return Host(
+        tensorrt=False, gpus=(standin.gpu(name),), ort_providers=(), cpus=os.cpu_count() or 1
+    )
+
+
+def _standin_choice(name: str) -> Choice:
+    from kiln.workers.device import standin
+
+    return standin.choice(name)
 
 
 def _sentence(error: BaseException) -> str:

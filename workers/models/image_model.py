@@ -82,6 +82,9 @@ class ImageModelPipeline:
             self.host_stages = HostStages(name, engine, self.input_name)
         # Batches worth having in flight at once: every stage busy, its queue filled.
         staged = self.stages or self.host_stages
+        watch = getattr(engine, "watch", None)  # the device stand-in reports the verdict
+        if staged is not None and watch is not None:
+            watch(staged.pipeline)
         self.in_flight = staged.pipeline.in_flight if staged is not None else 0
         self.prep = self._prep_spec()
 
@@ -139,7 +142,9 @@ class ImageModelPipeline:
         """`KILN_DEVICE_PIPELINE=serial`: each step in turn on this runner's stream."""
         engine = self.engine
         assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` takes
-        decoder = decoders.jpeg_decoder(self.options.decoder, str(self.device))
+        decoder = getattr(engine, "jpeg_decoder", None) or decoders.jpeg_decoder(
+            self.options.decoder, str(self.device)
+        )  # the device stand-in's own, else the GPU's
         with engine.on_stream():
             groups, failed = decode_rows(rows, self.device, self.max_pixels, decoder)
             fitted = device_pixels.fit_groups(groups, self.pre, self.device)
@@ -164,10 +169,15 @@ class ImageModelPipeline:
             self.engine.close()
 
 
+# Engines whose device decodes and fits: PyTorch on CUDA, and the device stand-in (benches).
+DEVICE_BACKENDS = ("torch:cuda", "standin:")
+
+
 def _staged_host(engine: Engine) -> bool:
-    """A CUDA torch engine fed uint8 pixels the prep processes made: worth staging."""
+    """A CUDA torch engine (or the device stand-in) fed uint8 pixels the prep processes
+    made: worth staging."""
     return (
-        engine.backend.startswith("torch:cuda")
+        engine.backend.startswith(DEVICE_BACKENDS)
         and engine.inputs[0].dtype == "uint8"
         and isinstance(engine, DeviceFeeds)
     )
@@ -178,12 +188,14 @@ def device_decoding(
 ) -> Any | None:
     """The torch device to decode and fit images on, or None: only with the PyTorch CUDA
     engine, where a GPU JPEG decoder works (`options.decoder`), and a resize filter torch
-    has."""
-    if not engine.backend.startswith("torch:cuda") or not device_pixels.supports(pre):
+    has; or with the device stand-in (benches and tests), which brings its own decoder."""
+    if not engine.backend.startswith(DEVICE_BACKENDS) or not device_pixels.supports(pre):
         return None
     if engine.inputs[0].dtype != "uint8":  # the engine normalises what the device fits
         return None
     if not isinstance(engine, DeviceFeeds):
         return None
+    if getattr(engine, "jpeg_decoder", None) is not None:  # the stand-in's (device/standin.py)
+        return engine.device
     available = device_pixels.nvjpeg_available(str(engine.device), options.decoder)
     return engine.device if available else None

@@ -17,7 +17,7 @@ from kiln.workers.prep.slots import BYTE_SLOT, ByteSlots, Lender, SlotPool, shm_
 from kiln.workers.prep.units import UNIT_ROWS
 
 # Engine backend names (Engine.backend) that run on the GPU.
-GPU_BACKENDS = ("tensorrt", "onnxruntime:CUDA", "torch:cuda")
+GPU_BACKENDS = ("tensorrt", "onnxruntime:CUDA", "torch:cuda", "standin:")  # stand-in: benches
 SLOT_BYTES = 512 * 2**20  # shared memory for one model's slots, at most (if a batch fits)
 
 

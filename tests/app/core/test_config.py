@@ -195,6 +195,7 @@ DEFAULTS: dict[str, object] = {
     "device_memory_budget": "0.8", "model_idle_s": 600.0, "oom_recovery_s": 300.0,
     "gpu_decode": "auto", "jpeg_decoder": "auto", "device_pipeline": "staged",
     "decode_threads": 2, "precision": "auto", "cuda_graphs": True,
+    "device_standin": None, "device_standin_report": None,
     "chunk_size": 32, "bulk_chunk_size": 512, "prep_processes": "auto", "run_max_s": 3600.0,
     "worker_concurrency": 0, "worker_metrics_port": None,
     "ingest_page_size": 1000, "ingest_pages_per_step": 20, "bulk_max_chunks": 64,

@@ -186,7 +186,7 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 _ALONE = {0x01, 0xD8, *range(0xD0, 0xD8)}  # markers without a length
 
 
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
+def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(height, width) as stored, from the JPEG's frame header; None if there is none."""
     i, end = 2, len(data) - 9
     while i < end:
@@ -219,7 +219,7 @@ class StandinJpeg(TorchvisionJpeg):
         self._waiter = Waiter()
         self._sizes = threading.local()
 
-    def decode(self, datas: Sequence[bytes], device: Any) -> list[Any | None]:
+    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
         self._sizes.found = {id(d): jpeg_size(d) for d in datas}
         self._sizes.order = [id(d) for d in datas]
         return super().decode(datas, device)

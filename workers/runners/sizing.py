@@ -10,7 +10,9 @@ from __future__ import annotations
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.workers.batching import QUEUED_BATCHES
-from kiln.workers.engines.batch_size import choose_batch
+from kiln.workers.engines import batch_size as rule
+from kiln.workers.engines.base import Engine
+from kiln.workers.engines.learned import Learned, LearnedKey, device_key, source_digest
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Pipeline, Staged
 from kiln.workers.prep.slots import Lender, SlotPool, shm_free
@@ -25,14 +27,37 @@ def batch_size(
     settings: Settings, info: ModelInfo, pipeline: Pipeline, engines: EngineFactory
 ) -> int:
     """The model's batch: as configured, or under `auto` the knee of a short sweep of its
-    GPU engine (16 on a CPU); never above what the engine was built for."""
+    GPU engine (16 on a CPU) — swept once per model, backend, device and cap, then kept
+    (`learned_batch`); never above what the engine was built for."""
     cap = pipeline.max_batch
     if settings.max_batch != "auto":
         return min(settings.max_batch, cap)
     gpu = [b.engine for b in engines.built if b.engine.backend.startswith(GPU_BACKENDS)]
     if len(engines.built) != 1 or not gpu:  # a CPU engine, or several (OCR's own sizes)
         return min(settings.batch_cap(on_gpu=bool(gpu)), cap)
-    return choose_batch(gpu[0], cap, name=info.ref)
+    return learned_batch(settings, info, gpu[0], cap, engines)
+
+
+def learned_batch(
+    settings: Settings, info: ModelInfo, engine: Engine, cap: int, engines: EngineFactory
+) -> int:
+    """`choose_batch`'s answer as a previous load on this model version, backend, device and
+    cap measured it (the rule's source is in the key too); swept and kept on a miss."""
+    key = LearnedKey(
+        "max_batch",
+        f"{info.ref}@{info.cache_key}",
+        engine.backend,
+        device_key(engines.host.gpus[0] if engines.host.gpus else None),
+        {"cap": cap, "rule": source_digest(rule.__file__)},
+    )
+    learned = Learned(settings.model_cache_dir)
+    chosen = learned.remember(
+        key,
+        lambda: rule.choose_batch(engine, cap, name=info.ref),
+        valid=lambda kept: type(kept) is int and 1 <= kept <= cap,
+    )
+    assert isinstance(chosen, int)
+    return chosen
 
 
 def batch_runners(engine_runners: int, pipeline: Pipeline) -> int:

@@ -10,6 +10,12 @@ weights or version, the backend, the device or its driver, the batch cap, the ru
 source — names another file, so the answer is measured again. A file that does not parse, or
 whose key disagrees, is ignored with a log line (and written over by the new answer); a write
 that fails is logged: the cache only saves time, it never stops a load.
+
+The same store remembers a model file's sha256 by the file's identity (`known_sha256`): a GPU
+load names the file's uint8 rewrite by it (`onnx_uint8.prepended_path`), and hashing a large
+model on every start measured again what nothing had changed. A converted torch module is not
+kept: onnx2fx's graphs call functions local to its converters, which nothing can serialize
+(`torch_engine`).
 """
 
 from __future__ import annotations
@@ -133,6 +139,21 @@ def device_key(gpu: Gpu | None) -> str:
     if gpu is None:
         return "cpu"
     return f"{gpu.slug}-driver{driver_version()}"
+
+
+def known_sha256(path: Path, learned: Learned) -> str:
+    """`file_sha256(path)`, hashed once per version of the file: remembered by its identity
+    (device, inode, size, modification time in ns), as git's index and make trust them. A GPU
+    load names its uint8 rewrite by the model file's sha256; this spares reading the whole
+    model again on every start."""
+    stat = path.stat()
+    identity = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino,
+                "device": stat.st_dev}  # fmt: skip
+    key = LearnedKey("sha256", str(path.resolve()), "-", "-", identity)
+    digest = learned.remember(
+        key, lambda: file_sha256(path), valid=lambda v: isinstance(v, str) and len(v) == 64
+    )
+    return str(digest)
 
 
 @cache

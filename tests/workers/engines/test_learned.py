@@ -181,3 +181,24 @@ def test_a_kept_batch_above_the_cap_is_swept_again(
         path.write_text(path.read_text().replace('"value": 64', '"value": 512'))
     assert sizing.learned_batch(settings, model(), trt, 256, load()) == 64
     assert len(sweeps) == 2
+
+
+def test_a_file_is_hashed_once_per_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.app.core.digest import file_sha256
+    from kiln.workers.engines import learned
+
+    hashed: list[Path] = []
+
+    def counting(path: Path) -> str:
+        hashed.append(path)
+        return file_sha256(path)
+
+    monkeypatch.setattr(learned, "file_sha256", counting)
+    model_file, cache = tmp_path / "model.onnx", Learned(tmp_path / "cache")
+    model_file.write_bytes(b"weights v1")
+    first = learned.known_sha256(model_file, cache)
+    assert learned.known_sha256(model_file, Learned(tmp_path / "cache")) == first
+    assert len(hashed) == 1  # the second start read it back
+    model_file.write_bytes(b"weights, v2")  # a new version: its size and time change
+    assert learned.known_sha256(model_file, cache) == file_sha256(model_file) != first
+    assert len(hashed) == 2

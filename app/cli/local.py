@@ -31,6 +31,7 @@ from kiln.app.core.errors import InputError, KilnError
 
 if TYPE_CHECKING:
     from kiln.app.core.config import Settings
+    from kiln.workers.prep.pool import Preparer
 
 INTERRUPTED = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
 
@@ -97,7 +98,7 @@ def _no_garbage() -> Iterator[None]:
 
 
 @contextmanager
-def _prep_ahead(settings: Settings, source: str) -> Iterator[Any]:
+def _prep_ahead(settings: Settings, source: str) -> Iterator[Preparer | None]:
     """The run's prep processes, started before its imports (`prep/ahead.py`); closed on the
     way out if the run never took them over (a refused run), else by the run."""
     from kiln.workers.prep.ahead import start_ahead

@@ -12,6 +12,7 @@ from kiln.app.core.config import Settings
 from kiln.workers.batching import QUEUED_BATCHES
 from kiln.workers.engines import batch_size as rule
 from kiln.workers.engines.base import Engine
+from kiln.workers.engines.batch_size import choose_batch
 from kiln.workers.engines.learned import Learned, LearnedKey, device_key, source_digest
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Pipeline, Staged
@@ -39,21 +40,27 @@ def batch_size(
 
 
 def learned_batch(
-    settings: Settings, info: ModelInfo, engine: Engine, cap: int, engines: EngineFactory
+    settings: Settings,
+    info: ModelInfo,
+    engine: Engine,
+    cap: int,
+    engines: EngineFactory,
+    **options: bool,
 ) -> int:
     """`choose_batch`'s answer as a previous load on this model version, backend, device and
-    cap measured it (the rule's source is in the key too); swept and kept on a miss."""
+    cap measured it (the rule's source and `options` are in the key too); swept and kept on
+    a miss."""
     key = LearnedKey(
         "max_batch",
         f"{info.ref}@{info.cache_key}",
         engine.backend,
         device_key(engines.host.gpus[0] if engines.host.gpus else None),
-        {"cap": cap, "rule": source_digest(rule.__file__)},
+        {"cap": cap, "rule": source_digest(rule.__file__), **options},
     )
     learned = Learned(settings.model_cache_dir)
     chosen = learned.remember(
         key,
-        lambda: rule.choose_batch(engine, cap, name=info.ref),
+        lambda: choose_batch(engine, cap, name=info.ref, **options),
         valid=lambda kept: type(kept) is int and 1 <= kept <= cap,
     )
     assert isinstance(chosen, int)

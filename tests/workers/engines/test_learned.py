@@ -13,7 +13,6 @@ import pytest
 
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
-from kiln.workers.engines import batch_size
 from kiln.workers.engines.learned import Learned, LearnedKey, device_key
 from kiln.workers.ops.device import Gpu
 from kiln.workers.runners import sizing
@@ -143,11 +142,11 @@ def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """The sweeps run (the real one times an engine for seconds): the knee is cap ÷ 4."""
     ran: list[tuple[str, int]] = []
 
-    def choose(engine: Any, cap: int, name: str = "", seconds: float = 0.0) -> int:
+    def choose(engine: Any, cap: int, name: str = "", **options: Any) -> int:
         ran.append((engine.backend, cap))
         return cap // 4
 
-    monkeypatch.setattr(batch_size, "choose_batch", choose)
+    monkeypatch.setattr(sizing, "choose_batch", choose)
     monkeypatch.setattr("kiln.workers.engines.learned.driver_version", lambda: "570")
     return ran
 
@@ -165,9 +164,11 @@ def test_the_batch_is_swept_once_per_model_backend_device_and_cap(
     sizing.learned_batch(settings, model(version="2", sha="bb"), trt, 256, load())  # new weights
     sizing.learned_batch(settings, model(), SimpleNamespace(backend="torch:cuda"), 256, load())
     sizing.learned_batch(settings, model(), trt, 128, load())  # another cap
-    assert len(sweeps) == 5
+    sizing.learned_batch(settings, model(), trt, 256, load(), staged=True)  # another rule input
+    sizing.learned_batch(settings, model(), trt, 256, load(), staged=True)
+    assert len(sweeps) == 6
     assert settings.model_cache_dir == tmp_path.resolve() / "models"  # under the data dir
-    assert len(list((settings.model_cache_dir / "learned" / "max_batch").iterdir())) == 5
+    assert len(list((settings.model_cache_dir / "learned" / "max_batch").iterdir())) == 6
 
 
 def test_a_kept_batch_above_the_cap_is_swept_again(

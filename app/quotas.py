@@ -11,10 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import TYPE_CHECKING
 
-from limits import RateLimitItem, parse_many
-from limits.storage import MemoryStorage, RedisStorage, Storage
-from limits.strategies import SlidingWindowCounterRateLimiter
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -22,6 +20,13 @@ from kiln.app.core.config import Settings, redact_url
 from kiln.app.core.errors import LimitExceededError
 from kiln.app.db import dialect
 from kiln.app.db.models import OPEN_JOB_STATUSES, Job
+
+if TYPE_CHECKING:
+    from limits import RateLimitItem
+    from limits.storage import Storage
+
+# `limits` is imported by the API's limiter alone: the open-jobs check (`kiln run`'s submit,
+# every worker) does not pay for it.
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,10 @@ class TenantLimiter:
     """Counts each tenant's requests against `KILN_TENANT_RATE_LIMIT`."""
 
     def __init__(self, rate: str, storage_url: str) -> None:
+        from limits import parse_many
+        from limits.storage import MemoryStorage, RedisStorage
+        from limits.strategies import SlidingWindowCounterRateLimiter
+
         self.limits: list[RateLimitItem] = parse_many(rate)
         # Creating the storage opens no connection; the first request does.
         self.storage: Storage = (

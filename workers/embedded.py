@@ -4,6 +4,10 @@ The same submit path and Celery task code as production, with a Celery worker ru
 thread of this process over kombu's filesystem transport: no server to start. Always on the
 embedded stack (`Settings.embedded`), whatever service the environment names: the inputs are
 local files, which only this process's own worker may read.
+
+Start-up (issue 38): the prep processes may be started by the caller before this module is
+even imported (`prep/ahead.py`) and handed in; the worker's thread stops within a tenth of a
+second of being told (the embedded transport's reads are short).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from kiln.app.storage import open_store
 from kiln.workers.celery.app import KilnCelery, make_celery
+from kiln.workers.prep.ahead import local_settings
+from kiln.workers.prep.pool import Preparer
 from kiln.workers.prep.slots import reclaim
 from kiln.workers.runtime import WorkerRuntime
 
@@ -43,6 +49,7 @@ log = logging.getLogger(__name__)
 PROGRESS_S = 1.0  # the longest a progress report waits when no chunk finishes
 CANCEL_WAIT_S = 30.0  # the longest a cancelled run waits for its job to close
 DRAIN_S = 30.0  # the longest the worker's tasks in flight are waited for on the way out
+STOP_S = 5.0  # the longest the worker's thread is waited for once told to stop (~0.1 s)
 LOCAL_TENANT = "local"
 
 
@@ -232,10 +239,11 @@ def embedded_worker(
         yield worker
     finally:
         _wait_idle(timeout=drain_s())
-        # Stop as celery.contrib.testing does. The consumer notices within its 2 s poll; with
-        # no task in flight nothing is lost by not waiting for it, so don't make users wait.
+        # Stop as celery.contrib.testing does. The consumer looks between its broker reads,
+        # which the embedded transport ends every WAKE_S (`fs_transport`), so the thread ends
+        # in a tenth of a second and no worker of this run outlives it.
         state.should_terminate = 0
-        thread.join(0.5)
+        thread.join(STOP_S)
         app.close_runtime()
 
 
@@ -275,11 +283,13 @@ def run_embedded(
     on_progress: Callable[[jobs.Progress], None] = lambda _p: None,
     options: dict[str, Any] | None = None,
     cancel: threading.Event | None = None,
+    prep: Preparer | None = None,
 ) -> RunOutcome:
     """Run `model` over `source` on the embedded stack under `settings.data_dir` (its URLs
     are not used) and collect the results. `cancel`, once set (`kiln run`'s Ctrl-C), cancels
     the job and waits at most CANCEL_WAIT_S for it to close; set before the job is
-    submitted, it raises Interrupted instead."""
+    submitted, it raises Interrupted instead. `prep`: prep processes started ahead
+    (`prep.ahead.start_ahead`), which the run's runtime takes over and closes."""
     settings = settings.embedded()
     if cancel is not None and cancel.is_set():
         raise Interrupted
@@ -290,13 +300,15 @@ def run_embedded(
     # A text model's one file is read now; images are found while the model loads.
     inputs = text_inputs(source) if text else None
     _check_exists(source)
-    settings = settings.model_copy(update={"local_inputs": True})  # files are read in place
+    settings = local_settings(settings)  # files are read in place
     app = make_celery(settings)
     store = open_store(settings)
     started = time.monotonic()
     stop = _Stop(cancel)
     with embedded_worker(app, settings.task_threads, drain_s=stop.drain_s):
         runtime = app.runtime()
+        if prep is not None:
+            runtime.use_prep(prep)
         with _warming(runtime, info):
             if inputs is None:
                 inputs = image_inputs(source)

@@ -74,6 +74,15 @@ class WorkerRuntime:
                     log.info("%d prep processes started", count)
             return self._prep
 
+    def use_prep(self, prep: Preparer) -> None:
+        """Take over prep processes started before this runtime (`kiln run` starts them first,
+        so their start-up overlaps its own: `prep/ahead.py`); closed with the runtime."""
+        with self._lock:
+            if self._prep is not None:
+                raise RuntimeError("This runtime's prep processes have already started.")
+            self._prep = prep
+        log.info("%d prep processes started ahead", prep.processes)
+
     def place(self, job_id: str, output: str | None) -> Place:
         """Where this job's results go (Kiln's store, or the user's `output` prefix)."""
         return place_for(self.store, job_id, output, self.fetcher.s3_client)

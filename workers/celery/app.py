@@ -30,6 +30,16 @@ class KilnCelery(Celery):  # type: ignore[misc]
         self._runtime: WorkerRuntime | None = None
         self._runtime_lock = threading.Lock()
 
+    def _get_backend(self) -> Any:
+        """Kiln keeps no results in Celery (`result_backend=None`): the disabled backend, made
+        without Celery's look through every installed package's entry points for backends
+        (per thread that asks: the sender, the consumer and each pool thread)."""
+        if self.backend_cls is None and self.conf.result_backend is None:
+            from celery.backends.base import DisabledBackend
+
+            return DisabledBackend(app=self, url=None)
+        return super()._get_backend()
+
     def runtime(self) -> WorkerRuntime:
         with self._runtime_lock:
             if self._runtime is None:

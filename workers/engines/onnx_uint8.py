@@ -9,8 +9,9 @@ The prepended nodes compute exactly what `Normalization.__call__` computes with 
 
 The Cast comes first because TensorRT lets a UINT8 network input feed nothing but a cast.
 `prepended_path` writes the result once beside the model cache (its name carries the original
-file's sha256), so TensorRT's plan key — the sha256 of the file it builds from — changes with
-both the model and the normalisation.
+file's sha256, hashed once per version of that file: `learned.known_sha256`), so TensorRT's
+plan key — the sha256 of the file it builds from — changes with both the model and the
+normalisation.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.app.core.digest import file_sha256, sha256_hex
+from kiln.app.core.digest import sha256_hex
 from kiln.workers.engines.base import EngineRequest
+from kiln.workers.engines.learned import Learned, known_sha256
 from kiln.workers.engines.uint8_input import Normalization
 
 if TYPE_CHECKING:
@@ -71,7 +73,8 @@ def prepend(model: onnx.ModelProto, norm: Normalization) -> onnx.ModelProto:
 def prepended_path(onnx_path: Path, norm: Normalization, cache_dir: Path) -> Path:
     """`prepend` applied to the file at `onnx_path`, written once into `cache_dir` as
     `<original sha256>-uint8-<norm digest>.onnx` and reused after that."""
-    target = cache_dir / f"{file_sha256(onnx_path)}-uint8-{norm_digest(norm)}.onnx"
+    original = known_sha256(onnx_path, Learned(cache_dir))  # hashed once per file version
+    target = cache_dir / f"{original}-uint8-{norm_digest(norm)}.onnx"
     if target.exists():
         return target
     import onnx

@@ -15,7 +15,7 @@ from kiln.app.storage import ObjectStore
 from kiln.workers.device.image_stages import DeviceOptions
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.engines.uint8_input import Normalization
-from kiln.workers.models import classify, detect, embed, ocr, phash, text_embed, vector_groups
+from kiln.workers.models import classify, detect, embed, phash, text_embed, vector_groups
 from kiln.workers.models.base import JobClosed, Pipeline
 
 # Registered families: an ONNX file from Kiln's store, fed as its spec declares.
@@ -40,6 +40,8 @@ def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
             device_options=options,
         )  # fmt: skip
     if info.kind == "ocr":
+        from kiln.workers.models import ocr  # OpenCV: imported by the one family that uses it
+
         return ocr.OcrPipeline(engines, max_pixels=settings.max_image_pixels)
     if info.kind == "text-embed":
         return text_embed.load_text_embed(engines, info.name)
@@ -62,9 +64,12 @@ def output_fields(info: ModelInfo) -> list[pa.Field]:
     """The Parquet columns a model family adds; known without loading the model."""
     if info.kind == "embed":
         return embed.fields(info.spec)
+    if info.kind == "ocr":
+        from kiln.workers.models.ocr import FIELDS
+
+        return list(FIELDS)
     families = {
         "detect": detect.FIELDS,
-        "ocr": ocr.FIELDS,
         "classify": classify.FIELDS,
         "text-embed": text_embed.FIELDS,
         "phash": phash.FIELDS,

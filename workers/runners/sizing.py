@@ -10,7 +10,10 @@ from __future__ import annotations
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.workers.batching import QUEUED_BATCHES
+from kiln.workers.engines import batch_size as rule
+from kiln.workers.engines.base import Engine
 from kiln.workers.engines.batch_size import choose_batch
+from kiln.workers.engines.learned import Learned, LearnedKey, device_key, source_digest
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Pipeline, Staged
 from kiln.workers.prep.slots import BYTE_SLOT, ByteSlots, Lender, SlotPool, shm_free
@@ -26,8 +29,9 @@ def batch_size(
 ) -> int:
     """The model's batch: as configured, or under `auto` from a short sweep of its GPU engine
     (16 on a CPU): the knee, or for a staged device pipeline the largest batch that costs
-    the GPU nothing in rows per second (`batch_size.for_pipeline`); never above what the
-    engine was built for."""
+    the GPU nothing in rows per second (`batch_size.for_pipeline`) — swept once per model,
+    backend, device and cap, then kept (`learned_batch`); never above what the engine was
+    built for."""
     cap = pipeline.max_batch
     if settings.max_batch != "auto":
         return min(settings.max_batch, cap)
@@ -35,7 +39,35 @@ def batch_size(
     if len(engines.built) != 1 or not gpu:  # a CPU engine, or several (OCR's own sizes)
         return min(settings.batch_cap(on_gpu=bool(gpu)), cap)
     staged = isinstance(pipeline, Staged) and bool(pipeline.in_flight)
-    return choose_batch(gpu[0], cap, name=info.ref, staged=staged)
+    return learned_batch(settings, info, gpu[0], cap, engines, staged=staged)
+
+
+def learned_batch(
+    settings: Settings,
+    info: ModelInfo,
+    engine: Engine,
+    cap: int,
+    engines: EngineFactory,
+    **options: bool,
+) -> int:
+    """`choose_batch`'s answer as a previous load on this model version, backend, device and
+    cap measured it (the rule's source and `options` are in the key too); swept and kept on
+    a miss."""
+    key = LearnedKey(
+        "max_batch",
+        f"{info.ref}@{info.cache_key}",
+        engine.backend,
+        device_key(engines.host.gpus[0] if engines.host.gpus else None),
+        {"cap": cap, "rule": source_digest(rule.__file__), **options},
+    )
+    learned = Learned(settings.model_cache_dir)
+    chosen = learned.remember(
+        key,
+        lambda: choose_batch(engine, cap, name=info.ref, **options),
+        valid=lambda kept: type(kept) is int and 1 <= kept <= cap,
+    )
+    assert isinstance(chosen, int)
+    return chosen
 
 
 def batch_runners(engine_runners: int, pipeline: Pipeline) -> int:

@@ -1,7 +1,9 @@
-"""The embedded broker's transport (app/dispatch/fs_transport.py): atomic sends."""
+"""The embedded broker's transport (app/dispatch/fs_transport.py): atomic sends, short reads."""
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 from queue import Empty
 
@@ -9,6 +11,7 @@ import pytest
 
 from kiln.app.core.config import get_settings
 from kiln.app.dispatch.contract import CHUNK_TASK
+from kiln.app.dispatch.fs_transport import WAKE_S
 from kiln.app.dispatch.producer import CeleryDispatcher, make_producer
 
 
@@ -26,4 +29,17 @@ def test_the_embedded_broker_never_shows_a_half_written_message(tmp_path: Path) 
         with pytest.raises(Empty):
             channel._get("interactive")  # the partial file is not a message
         assert half.exists()
+    app.close()
+
+
+def test_a_read_ends_soon_so_a_stopping_worker_is_not_kept_waiting(tmp_path: Path) -> None:
+    """Celery's consumer reads for 2 s and looks for a stop between reads: a read here gives
+    up within WAKE_S, so `kiln run` stops its worker at once."""
+    app = make_producer(get_settings(data_dir=tmp_path))
+    with app.connection_for_read() as connection:
+        connection.default_channel.basic_consume("interactive", True, lambda _m: None, "test")
+        started = time.monotonic()
+        with pytest.raises(socket.timeout):
+            connection.drain_events(timeout=2.0)
+        assert time.monotonic() - started < 10 * WAKE_S
     app.close()

@@ -43,3 +43,19 @@ def test_queues_and_delivery_guarantees(tmp_path: Path, monkeypatch: pytest.Monk
         assert app.conf.task_serializer == "json" and app.conf.accept_content == ["json"]
     finally:
         app.close()
+
+
+def test_no_result_backend_is_looked_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kiln keeps no results in Celery: the disabled backend, without Celery reading every
+    installed package's entry points for backends (per thread, on every run)."""
+    from celery.backends.base import DisabledBackend
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the result backends' entry points were read")
+
+    monkeypatch.setattr("celery.app.backends.load_extension_class_names", refuse)
+    app = make_celery(migrated_settings(tmp_path, monkeypatch))
+    try:
+        assert isinstance(app.backend, DisabledBackend)
+    finally:
+        app.close()

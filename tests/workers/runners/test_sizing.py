@@ -31,9 +31,10 @@ def test_the_sweep_is_read_for_what_feeds_the_engine(
         return 64
 
     monkeypatch.setattr(sizing, "choose_batch", choose)
-    settings = SimpleNamespace(max_batch="auto")
-    engines = SimpleNamespace(built=[SimpleNamespace(engine=SimpleNamespace(backend="torch:cuda"))])
-    info = SimpleNamespace(ref="resnet@1")
+    settings = SimpleNamespace(max_batch="auto", model_cache_dir=None)  # nothing kept
+    engine = SimpleNamespace(backend="torch:cuda")
+    engines = SimpleNamespace(built=[SimpleNamespace(engine=engine)], host=SimpleNamespace(gpus=()))
+    info = SimpleNamespace(ref="resnet@1", cache_key="abc")
     chosen = sizing.batch_size(settings, info, Pipeline(in_flight), engines)  # type: ignore[arg-type]
     assert chosen == 64
     assert asked == [{"cap": 256, "staged": staged}]

@@ -142,6 +142,22 @@ class AnswersShape:
         return Answers.failed(rows, error)
 
 
+def names_of(labels: Sequence[str], classes: np.ndarray) -> pa.Array:
+    """Each class index's label (its number past the labels), as an Arrow string array. Picked
+    in NumPy: an Arrow `take` is a compute kernel, which lets go of the GIL and, with the
+    engine process's other threads about, waits to get it back, once per batch."""
+    seen = int(classes.max()) + 1 if len(classes) else 0
+    names = np.empty(max(seen, len(labels)), dtype=object)
+    names[: len(labels)] = list(labels)
+    names[len(labels) :] = [str(i) for i in range(len(labels), seen)]
+    return pa.array(names[classes], pa.string())
+
+
+def null_mask(failed: np.ndarray | None) -> pa.Array | None:
+    """An Arrow null mask for a column, or None when no row is null (nothing to build)."""
+    return None if failed is None or not failed.any() else pa.array(failed, pa.bool_())
+
+
 def row_errors(rows: int, failed: dict[int, Exception]) -> tuple[list[str | None], list[bool]]:
     """Per-row sentences and refusal flags for the rows of a batch that failed."""
     errors: list[str | None] = [None] * rows

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Answers, Batch, row_errors
+from kiln.workers.models.base import Answers, Batch, null_mask, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
 
 
@@ -52,7 +52,7 @@ def vector_answers(
     mask[list(failed)] = True
     width = vectors.shape[1]
     offsets = pa.array(np.arange(0, rows * width + 1, width), pa.int32())
-    embedding = pa.ListArray.from_arrays(offsets, pa.array(vectors.ravel()), mask=pa.array(mask))
+    embedding = pa.ListArray.from_arrays(offsets, pa.array(vectors.ravel()), mask=null_mask(mask))
     columns = {"embedding": embedding, **extra}
     if not failed:
         return Answers(rows, columns)

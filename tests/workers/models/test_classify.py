@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
-from kiln.workers.models.base import Refusal
-from kiln.workers.models.classify import ClassifyPipeline, softmax, top_k
+from kiln.workers.models.base import Refusal, names_of, null_mask
+from kiln.workers.models.classify import ClassifyPipeline, label_lists, softmax, top_k
 from kiln.workers.models.direct import run_direct
 from tests.models import colour_classifier
 from tests.workers.models.halves import outputs
@@ -76,6 +77,29 @@ def test_top_k_without_enough_labels_uses_the_index() -> None:
         {"label": "1", "score": 0.2},
         {"label": "a", "score": 0.1},
     ]
+
+
+def test_names_of_picks_labels_and_numbers_past_them() -> None:
+    names = names_of(["cat", "dog"], np.array([1, 3, 0, 1]))
+    assert names.type == pa.string()
+    assert names.to_pylist() == ["dog", "3", "cat", "dog"]
+    assert names_of(["cat"], np.array([], dtype=np.int64)).to_pylist() == []
+
+
+def test_a_batch_with_no_refusal_has_no_null_mask() -> None:
+    assert null_mask(None) is None
+    assert null_mask(np.zeros(4, dtype=bool)) is None
+    assert null_mask(np.array([False, True])).to_pylist() == [False, True]
+
+
+def test_label_lists_are_null_only_where_refused() -> None:
+    probabilities = softmax(np.array([[1.0, 2.0, 0.5], [3.0, 0.0, 0.0]], dtype=np.float32))
+    kept = label_lists(probabilities, ["a", "b", "c"], 2, np.array([False, False]))
+    assert kept.null_count == 0
+    assert [[e["label"] for e in row] for row in kept.to_pylist()] == [["b", "a"], ["a", "b"]]
+    refused = label_lists(probabilities, ["a", "b", "c"], 2, np.array([True, False]))
+    assert refused.to_pylist()[0] is None
+    assert refused.to_pylist()[1] == kept.to_pylist()[1]
 
 
 def test_top_k_scores_are_rounded_plain_floats() -> None:

@@ -12,7 +12,15 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Answers, Batch, Refusal, names_of, null_mask, row_errors
+from kiln.workers.models.base import (
+    Answers,
+    Batch,
+    Refusal,
+    names_of,
+    null_mask,
+    numeric,
+    row_errors,
+)
 from kiln.workers.models.image_model import ImageModelPipeline
 
 _LABEL = pa.struct([("label", pa.string()), ("score", pa.float32())])
@@ -55,10 +63,10 @@ def label_lists(
     best = top_k_indices(probabilities, k)
     scores = np.take_along_axis(probabilities, best, axis=1).astype(np.float64)
     values = pa.StructArray.from_arrays(
-        [names_of(labels, best.ravel()), pa.array(np.round(scores, SCORE_DIGITS).ravel())],
+        [names_of(labels, best.ravel()), numeric(np.round(scores, SCORE_DIGITS))],
         names=["label", "score"],
     )
-    offsets = pa.array(np.arange(0, rows * best.shape[1] + 1, best.shape[1]), pa.int32())
+    offsets = numeric(np.arange(0, rows * best.shape[1] + 1, best.shape[1]), pa.int32())
     return pa.ListArray.from_arrays(offsets, values, mask=null_mask(refused))
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
 from kiln.workers.device.image_stages import DEFAULT_OPTIONS, DeviceOptions
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Answers, Batch, names_of, row_errors
+from kiln.workers.models.base import Answers, Batch, names_of, numeric, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Placement
@@ -161,13 +161,13 @@ def detection_lists(
     values = pa.StructArray.from_arrays(
         [
             names_of(labels, classes),
-            pa.array(np.round(found.scores[keep].astype(np.float64), 4)),
-            pa.FixedSizeListArray.from_arrays(pa.array(boxes.ravel()), 4),
+            numeric(np.round(found.scores[keep].astype(np.float64), 4)),
+            pa.FixedSizeListArray.from_arrays(numeric(boxes), 4),
         ],
         names=["label", "score", "box"],
     )
     offsets = np.concatenate([[0], np.cumsum(np.bincount(image, minlength=images))])
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+    return pa.ListArray.from_arrays(numeric(offsets, pa.int32()), values)
 
 
 def decode_yolo(

@@ -12,7 +12,7 @@ import pytest
 from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
-from kiln.workers.models.base import Refusal, names_of, null_mask
+from kiln.workers.models.base import Refusal, names_of, null_mask, numeric
 from kiln.workers.models.classify import ClassifyPipeline, label_lists, softmax, top_k
 from kiln.workers.models.direct import run_direct
 from tests.models import colour_classifier
@@ -84,6 +84,15 @@ def test_names_of_picks_labels_and_numbers_past_them() -> None:
     assert names.type == pa.string()
     assert names.to_pylist() == ["dog", "3", "cat", "dog"]
     assert names_of(["cat"], np.array([], dtype=np.int64)).to_pylist() == []
+
+
+def test_numeric_arrays_share_numpys_values_in_the_width_asked() -> None:
+    grid = np.arange(6, dtype=np.float64).reshape(2, 3)
+    assert numeric(grid.T).to_pylist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]  # any layout, flattened
+    offsets = numeric(np.array([0, 5, 10]), pa.int32())
+    assert offsets.type == pa.int32() and offsets.to_pylist() == [0, 5, 10]
+    halves = numeric(np.array([0.5, 1.5], dtype=np.float16))
+    assert halves.type == pa.float16() and halves.null_count == 0
 
 
 def test_a_batch_with_no_refusal_has_no_null_mask() -> None:

@@ -4,10 +4,20 @@ builds per dialect."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Text, any_, bindparam
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Text,
+    any_,
+    bindparam,
+    func,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import QueryableAttribute, Session
 
@@ -29,7 +39,12 @@ def among(
     however many values (an IN list renders a parameter per value on every execution)."""
     if on_postgres(session):
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(BigInteger)))
-    return column.in_(values)
+    # SQLite: the ids as one JSON parameter too (an IN list binds and renders each id: ~5 ms
+    # of a chunk's 512-id lease on the embedded stack).
+    ids = select(literal_column("value")).select_from(
+        func.json_each(bindparam(None, json.dumps([int(v) for v in values]), type_=Text))
+    )
+    return column.in_(ids.scalar_subquery())
 
 
 def among_text(

@@ -20,6 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import QueryableAttribute, Session
+from sqlalchemy.sql.selectable import ScalarSelect
 
 
 def on_postgres(session: Session) -> bool:
@@ -39,12 +40,14 @@ def among(
     however many values (an IN list renders a parameter per value on every execution)."""
     if on_postgres(session):
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(BigInteger)))
-    # SQLite: the ids as one JSON parameter too (an IN list binds and renders each id: ~5 ms
-    # of a chunk's 512-id lease on the embedded stack).
-    ids = select(literal_column("value")).select_from(
-        func.json_each(bindparam(None, json.dumps([int(v) for v in values]), type_=Text))
+    # SQLite: the ids as one JSON parameter too (an IN list renders and binds each id on every
+    # execution: a chunk's lease is 512 of them).
+    ids: ScalarSelect[Any] = (
+        select(literal_column("value", BigInteger))
+        .select_from(func.json_each(bindparam(None, json.dumps([int(v) for v in values]), Text)))
+        .scalar_subquery()
     )
-    return column.in_(ids.scalar_subquery())
+    return column.in_(ids)
 
 
 def among_text(

@@ -79,7 +79,10 @@ class Intake(Generic[B, R]):
         self._rows = 0  # rows queued and not yet cut into a batch, both queues
         self._bulk_rows = 0
         self.announced = 0  # rows announced and not yet submitted
+        # One lock, two waiting rooms: runners wait for rows (`_cond`), bulk submitters for
+        # room in the queue (`_room`), so a cut, which makes room, wakes no idle runner.
         self._cond = threading.Condition()
+        self._room = threading.Condition(self._cond)
         self.closed = False
 
     # --- callers -------------------------------------------------------------------------
@@ -126,7 +129,7 @@ class Intake(Generic[B, R]):
                 if give_up is not None and give_up():
                     return None
                 # With a give_up test, look at it now and then: nothing notifies a cancel.
-                self._cond.wait(None if give_up is None else GIVE_UP_POLL_S)
+                self._room.wait(None if give_up is None else GIVE_UP_POLL_S)
             if self.closed:
                 raise BatcherClosedError(f"{self.name} is closed.")
             (self._urgent if urgent else self._blocks).append(queued)
@@ -157,7 +160,7 @@ class Intake(Generic[B, R]):
                 self._rows -= left
                 if not queued.urgent:
                     self._bulk_rows -= left
-            self._cond.notify_all()  # room in the queue for blocked submitters
+            self._room.notify_all()  # room in the queue for blocked submitters
         for queued, start in withdrawn:
             error = WithdrawnError("The job was cancelled.")
             failed = self.shape.failed(queued.rows - start, error)
@@ -171,6 +174,7 @@ class Intake(Generic[B, R]):
                 return False
             self.closed = True
             self._cond.notify_all()
+            self._room.notify_all()
         return True
 
     def _worth_waking(self, before: int) -> bool:
@@ -206,7 +210,9 @@ class Intake(Generic[B, R]):
                 if not self._rows:  # another runner cut them meanwhile
                     return [] if not self.closed else None
             batch = self._take(min(self.cap.rows, self._rows))
-            self._cond.notify_all()  # room in the queue for blocked submitters
+            self._room.notify_all()  # room in the queue for blocked submitters
+            if self._rows:
+                self._cond.notify()  # rows left for the next batch: one runner more, not all
             return batch
 
     def _take(self, rows: int) -> list[Taken[B, R]]:

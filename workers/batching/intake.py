@@ -1,5 +1,7 @@
-"""Where callers' blocks wait to be cut into batches, and the one condition runners wait on
-(no polling).
+"""Where callers' blocks wait to be cut into batches, and the condition runners wait on (no
+polling); bulk submitters waiting for room wait on a second one over the same lock, so a cut,
+which makes room, wakes them and not every idle runner (with a dozen runners that was a dozen
+wake-ups, each a GIL hand-over, per batch).
 
 Callers `put` a block (through an `Announcement` when they said it was coming); a runner asks
 for the next batch with `cut`: it blocks for a first row, then waits for more until the batch

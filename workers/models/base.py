@@ -145,9 +145,8 @@ class AnswersShape:
 
 def names_of(labels: Sequence[str], classes: np.ndarray) -> pa.Array:
     """Each class index's label (its number past the labels), as an Arrow string array built
-    from its buffers in NumPy: no Python string per row, and no Arrow compute kernel (a
-    `take` lets go of the GIL and, with the engine process's other threads about, waits to
-    get it back, once per batch)."""
+    from its buffers in NumPy: no Python string per row, no `pa.array` and no Arrow `take`
+    (either cost the engine process far more CPU a call in `kiln run` than alone: `numeric`)."""
     classes = np.asarray(classes, dtype=np.int64)
     seen = int(classes.max()) + 1 if len(classes) else 0
     lengths, starts, data = _label_bytes((*labels, *(str(i) for i in range(len(labels), seen))))
@@ -167,6 +166,8 @@ def numeric(values: np.ndarray, kind: pa.DataType | None = None) -> pa.Array:
     of CPU a call, measured in `kiln run` (not alone), most of a small batch's answers."""
     dtype = np.dtype(kind.to_pandas_dtype()) if kind is not None else values.dtype
     flat = np.ascontiguousarray(values, dtype=dtype).ravel()
+    if dtype == np.bool_:  # Arrow packs booleans in bits: not NumPy's bytes
+        return pa.array(flat, pa.bool_())
     return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), len(flat), [None, pa.py_buffer(flat)])
 
 

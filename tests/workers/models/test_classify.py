@@ -93,6 +93,7 @@ def test_numeric_arrays_share_numpys_values_in_the_width_asked() -> None:
     assert offsets.type == pa.int32() and offsets.to_pylist() == [0, 5, 10]
     halves = numeric(np.array([0.5, 1.5], dtype=np.float16))
     assert halves.type == pa.float16() and halves.null_count == 0
+    assert numeric(np.array([True, False, True])).to_pylist() == [True, False, True]
 
 
 def test_a_batch_with_no_refusal_has_no_null_mask() -> None:

@@ -10,11 +10,13 @@ transaction.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, func, literal, select
+from sqlalchemy import ColumnElement, Executable, bindparam, func, literal, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
@@ -48,13 +50,20 @@ def add(session: Session, job_id: str, slot: int, delta: Tally) -> None:
     """Add `delta` to one slot of the job's counters (creating the row on first use)."""
     if delta == Tally():
         return
-    values = {"job_id": job_id, "slot": slot, **_columns(delta)}
-    statement = dialect.insert(session, JobCounter).values(values)
-    session.execute(
-        statement.on_conflict_do_update(
-            index_elements=[JobCounter.job_id, JobCounter.slot],
-            set_={name: getattr(JobCounter, name) + statement.excluded[name] for name in COUNTED},
-        )
+    postgres = dialect.on_postgres(session)
+    session.execute(_add_statement(postgres), {"job_id": job_id, "slot": slot, **_columns(delta)})
+
+
+@functools.cache
+def _add_statement(postgres: bool) -> Executable:
+    """The upsert `add` runs, built once per dialect with its values as bound parameters:
+    building it (its `excluded` alias above all) cost a chunk's write about a millisecond."""
+    insert = postgresql.insert if postgres else sqlite.insert
+    names = ("job_id", "slot", *COUNTED)
+    statement = insert(JobCounter).values({name: bindparam(name) for name in names})
+    return statement.on_conflict_do_update(
+        index_elements=[JobCounter.job_id, JobCounter.slot],
+        set_={name: getattr(JobCounter, name) + statement.excluded[name] for name in COUNTED},
     )
 
 

@@ -4,12 +4,23 @@ builds per dialect."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Text, any_, bindparam
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Text,
+    any_,
+    bindparam,
+    func,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import QueryableAttribute, Session
+from sqlalchemy.sql.selectable import ScalarSelect
 
 
 def on_postgres(session: Session) -> bool:
@@ -29,7 +40,14 @@ def among(
     however many values (an IN list renders a parameter per value on every execution)."""
     if on_postgres(session):
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(BigInteger)))
-    return column.in_(values)
+    # SQLite: the ids as one JSON parameter too (an IN list renders and binds each id on every
+    # execution: a chunk's lease is 512 of them).
+    ids: ScalarSelect[Any] = (
+        select(literal_column("value", BigInteger))
+        .select_from(func.json_each(bindparam(None, json.dumps([int(v) for v in values]), Text)))
+        .scalar_subquery()
+    )
+    return column.in_(ids)
 
 
 def among_text(

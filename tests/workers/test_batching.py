@@ -555,3 +555,42 @@ def wait_until(check: Callable[[], bool], timeout: float = RESULT_TIMEOUT) -> No
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+def test_rows_left_after_a_cut_go_to_another_runner_at_once(make_batcher) -> None:
+    """A block of three batches with three runners: they run side by side, not one after
+    another (a cut wakes no idle runner, but one more whenever rows are left)."""
+    gate = threading.Barrier(3, timeout=RESULT_TIMEOUT)
+
+    def together(rows: list[Any]) -> list[Any]:
+        gate.wait()  # each batch waits until all three are running
+        return [x * 2 for x in rows]
+
+    fn = Recorder(together)
+    batcher = make_batcher(fn, max_batch=2, max_delay_s=5.0, runners=3)
+    result = batcher.submit([1, 2, 3, 4, 5, 6]).result(timeout=RESULT_TIMEOUT)
+    assert result == [2, 4, 6, 8, 10, 12]
+    assert fn.sizes == [2, 2, 2]
+
+
+def test_a_submitter_waiting_for_room_gets_in_once_a_batch_is_cut(make_batcher) -> None:
+    release = threading.Event()
+
+    def held(rows: list[Any]) -> list[Any]:
+        release.wait(RESULT_TIMEOUT)
+        return rows
+
+    batcher = make_batcher(Recorder(held), max_batch=2, max_delay_s=0.0, max_queued=2)
+    first = batcher.submit([1, 2])  # cut at once: the runner holds it
+    time.sleep(0.05)
+    second = batcher.submit([3, 4])  # queued: the queue is now full
+    third: list[Any] = []
+    waiter = threading.Thread(target=lambda: third.append(batcher.submit([5, 6])))
+    waiter.start()
+    time.sleep(0.05)
+    assert not third  # no room until a batch is cut
+    release.set()
+    waiter.join(RESULT_TIMEOUT)
+    assert third and third[0].result(timeout=RESULT_TIMEOUT) == [5, 6]
+    assert first.result(timeout=RESULT_TIMEOUT) == [1, 2]
+    assert second.result(timeout=RESULT_TIMEOUT) == [3, 4]

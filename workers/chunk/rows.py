@@ -7,7 +7,7 @@ content cache) answered and their output columns; a row no piece answered has nu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,8 +154,8 @@ class ChunkRows:
     def outputs(self) -> list[dict[str, Any] | None]:
         """Each row's small outputs (the database's copy), None where it has none."""
         out: list[dict[str, Any] | None] = [None] * len(self)
-        for piece in self.pieces:
-            for row, value in zip(piece.rows.tolist(), piece.small_outputs(), strict=True):
+        for rows, values in _small_outputs(self.pieces):
+            for row, value in zip(rows.tolist(), values, strict=True):
                 out[row] = value
         for row, error in enumerate(self.errors):
             if error is not None or self.cancelled[row]:
@@ -196,11 +196,12 @@ class ChunkRows:
         answered = [p for p in self.pieces if len(p.rows)]
         taken = np.concatenate([p.rows for p in answered]) if answered else np.empty(0, int)
         rest = np.setdiff1d(np.arange(len(self)), taken)
-        arrays = [_cast(p.columns.get(field.name), len(p.rows), field.type) for p in answered] + [
-            pa.nulls(len(rest), field.type)
-        ]
+        columns = [(p.columns.get(field.name), len(p.rows)) for p in answered]
+        column = _joined([*columns, (None, len(rest))], field.type)
         order = np.concatenate([taken, rest]).astype(np.int64)
-        return pa.concat_arrays(arrays).take(pa.array(np.argsort(order, kind="stable")))
+        if not len(order) or (order[1:] > order[:-1]).all():  # the pieces in row order
+            return column
+        return column.take(pa.array(np.argsort(order, kind="stable")))
 
     def document(self, stages: bool) -> list[tuple[Any, ...]]:
         """The database's rows, one tuple each, in `queries.RESULT_COLUMNS` order: key,
@@ -223,7 +224,45 @@ class ChunkRows:
         )
 
 
-def _cast(column: pa.Array | None, rows: int, kind: pa.DataType) -> pa.Array:
-    if column is None:
-        return pa.nulls(rows, kind)
+def _joined(columns: Sequence[tuple[pa.Array | None, int]], kind: pa.DataType) -> pa.Array:
+    """Pieces' columns one after another (None: that many nulls), in `kind`: joined first and
+    cast once when they share a type (as one model's blocks do), not cast per block."""
+    kinds = {column.type for column, _rows in columns if column is not None}
+    same = kinds.pop() if len(kinds) == 1 else kind
+    arrays = [
+        pa.nulls(rows, same) if column is None else _cast(column, same) for column, rows in columns
+    ]
+    return _cast(pa.concat_arrays(arrays), kind)
+
+
+def _cast(column: pa.Array, kind: pa.DataType) -> pa.Array:
     return column if column.type == kind else column.cast(kind)
+
+
+def _small_outputs(pieces: Sequence[Piece]) -> Iterator[tuple[np.ndarray, list[dict[str, Any]]]]:
+    """Each piece's rows and their small outputs (`Piece.small_outputs`); a run of pieces with
+    the same columns (one model's blocks) is read out of Arrow in one call, not one a block."""
+    run: list[Piece] = []
+    for piece in [*pieces, None]:
+        if run and (piece is None or not _joinable(run[0], piece)):
+            if len(run) == 1:
+                yield run[0].rows, run[0].small_outputs()
+            else:
+                rows = np.concatenate([p.rows for p in run])
+                yield rows, Piece(rows, _joined_columns(run), run[0].model).small_outputs()
+            run = []
+        if piece is not None:
+            run.append(piece)
+
+
+def _joinable(first: Piece, piece: Piece) -> bool:
+    """Whether two pieces' columns can be read out together: computed (not outputs as stored),
+    with the same names and types."""
+    if first.outputs is not None or piece.outputs is not None:
+        return False
+    kinds = {name: column.type for name, column in first.columns.items()}
+    return kinds == {name: column.type for name, column in piece.columns.items()}
+
+
+def _joined_columns(pieces: Sequence[Piece]) -> dict[str, pa.Array]:
+    return {name: pa.concat_arrays([p.columns[name] for p in pieces]) for name in pieces[0].columns}

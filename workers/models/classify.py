@@ -12,7 +12,15 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Answers, Batch, Refusal, row_errors
+from kiln.workers.models.base import (
+    Answers,
+    Batch,
+    Refusal,
+    names_of,
+    null_mask,
+    numeric,
+    row_errors,
+)
 from kiln.workers.models.image_model import ImageModelPipeline
 
 _LABEL = pa.struct([("label", pa.string()), ("score", pa.float32())])
@@ -49,18 +57,17 @@ def top_k_indices(probabilities: np.ndarray, k: int) -> np.ndarray:
 def label_lists(
     probabilities: np.ndarray, labels: Sequence[str], k: int, refused: np.ndarray | None = None
 ) -> pa.Array:
-    """Each row's top k as a list of {label, score} (null where `refused`), in Arrow."""
-    rows, classes = probabilities.shape
+    """Each row's top k as a list of {label, score} (null where `refused`), in Arrow, with no
+    Arrow compute kernel (`names_of`)."""
+    rows = probabilities.shape[0]
     best = top_k_indices(probabilities, k)
-    names = pa.array([*labels[:classes], *(str(i) for i in range(len(labels), classes))])
     scores = np.take_along_axis(probabilities, best, axis=1).astype(np.float64)
     values = pa.StructArray.from_arrays(
-        [names.take(pa.array(best.ravel())), pa.array(np.round(scores, SCORE_DIGITS).ravel())],
+        [names_of(labels, best.ravel()), numeric(np.round(scores, SCORE_DIGITS))],
         names=["label", "score"],
     )
-    offsets = pa.array(np.arange(0, rows * best.shape[1] + 1, best.shape[1]), pa.int32())
-    mask = None if refused is None else pa.array(refused)
-    return pa.ListArray.from_arrays(offsets, values, mask=mask)
+    offsets = numeric(np.arange(0, rows * best.shape[1] + 1, best.shape[1]), pa.int32())
+    return pa.ListArray.from_arrays(offsets, values, mask=null_mask(refused))
 
 
 def top_k(probabilities: np.ndarray, labels: Sequence[str], k: int) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import pyarrow as pa
 from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
 from kiln.workers.device.image_stages import DEFAULT_OPTIONS, DeviceOptions
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Answers, Batch, row_errors
+from kiln.workers.models.base import Answers, Batch, names_of, numeric, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Placement
@@ -157,19 +157,17 @@ def detection_lists(
         rank = np.arange(len(image)) - np.searchsorted(image, image)
         keep[np.flatnonzero(keep)[rank >= max_boxes]] = False
     image, classes = found.image[keep], found.classes[keep]
-    classes_seen = int(classes.max()) + 1 if len(classes) else 0
-    names = pa.array([*labels, *(str(i) for i in range(len(labels), classes_seen))])
     boxes = np.round(found.boxes[keep].astype(np.float64), 1)
     values = pa.StructArray.from_arrays(
         [
-            names.take(pa.array(classes)),
-            pa.array(np.round(found.scores[keep].astype(np.float64), 4)),
-            pa.FixedSizeListArray.from_arrays(pa.array(boxes.ravel()), 4),
+            names_of(labels, classes),
+            numeric(np.round(found.scores[keep].astype(np.float64), 4)),
+            pa.FixedSizeListArray.from_arrays(numeric(boxes), 4),
         ],
         names=["label", "score", "box"],
     )
     offsets = np.concatenate([[0], np.cumsum(np.bincount(image, minlength=images))])
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+    return pa.ListArray.from_arrays(numeric(offsets, pa.int32()), values)
 
 
 def decode_yolo(

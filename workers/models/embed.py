@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.base import Engine
-from kiln.workers.models.base import Answers, Batch, row_errors
+from kiln.workers.models.base import Answers, Batch, null_mask, numeric, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
 
 
@@ -51,8 +51,8 @@ def vector_answers(
     mask = np.zeros(rows, dtype=bool)
     mask[list(failed)] = True
     width = vectors.shape[1]
-    offsets = pa.array(np.arange(0, rows * width + 1, width), pa.int32())
-    embedding = pa.ListArray.from_arrays(offsets, pa.array(vectors.ravel()), mask=pa.array(mask))
+    offsets = numeric(np.arange(0, rows * width + 1, width), pa.int32())
+    embedding = pa.ListArray.from_arrays(offsets, numeric(vectors), mask=null_mask(mask))
     columns = {"embedding": embedding, **extra}
     if not failed:
         return Answers(rows, columns)
@@ -85,5 +85,5 @@ class EmbedPipeline(ImageModelPipeline):
             raise ValueError(
                 f"Model {self.name!r} returned {vectors.shape[1]} values, not {self.dim}."
             )
-        dims = pa.array(np.full(len(batch), self.dim, dtype=np.int32))
+        dims = numeric(np.full(len(batch), self.dim, dtype=np.int32))
         return vector_answers(l2_normalize(vectors).astype(self.dtype), failed, {"dim": dims})

@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
-from kiln.workers.models.base import Refusal
-from kiln.workers.models.classify import ClassifyPipeline, softmax, top_k
+from kiln.workers.models.base import Refusal, names_of, null_mask, numeric
+from kiln.workers.models.classify import ClassifyPipeline, label_lists, softmax, top_k
 from kiln.workers.models.direct import run_direct
 from tests.models import colour_classifier
 from tests.workers.models.halves import outputs
@@ -76,6 +77,39 @@ def test_top_k_without_enough_labels_uses_the_index() -> None:
         {"label": "1", "score": 0.2},
         {"label": "a", "score": 0.1},
     ]
+
+
+def test_names_of_picks_labels_and_numbers_past_them() -> None:
+    names = names_of(["cat", "dog"], np.array([1, 3, 0, 1]))
+    assert names.type == pa.string()
+    assert names.to_pylist() == ["dog", "3", "cat", "dog"]
+    assert names_of(["cat"], np.array([], dtype=np.int64)).to_pylist() == []
+
+
+def test_numeric_arrays_share_numpys_values_in_the_width_asked() -> None:
+    grid = np.arange(6, dtype=np.float64).reshape(2, 3)
+    assert numeric(grid.T).to_pylist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]  # any layout, flattened
+    offsets = numeric(np.array([0, 5, 10]), pa.int32())
+    assert offsets.type == pa.int32() and offsets.to_pylist() == [0, 5, 10]
+    halves = numeric(np.array([0.5, 1.5], dtype=np.float16))
+    assert halves.type == pa.float16() and halves.null_count == 0
+    assert numeric(np.array([True, False, True])).to_pylist() == [True, False, True]
+
+
+def test_a_batch_with_no_refusal_has_no_null_mask() -> None:
+    assert null_mask(None) is None
+    assert null_mask(np.zeros(4, dtype=bool)) is None
+    assert null_mask(np.array([False, True])).to_pylist() == [False, True]
+
+
+def test_label_lists_are_null_only_where_refused() -> None:
+    probabilities = softmax(np.array([[1.0, 2.0, 0.5], [3.0, 0.0, 0.0]], dtype=np.float32))
+    kept = label_lists(probabilities, ["a", "b", "c"], 2, np.array([False, False]))
+    assert kept.null_count == 0
+    assert [[e["label"] for e in row] for row in kept.to_pylist()] == [["b", "a"], ["a", "b"]]
+    refused = label_lists(probabilities, ["a", "b", "c"], 2, np.array([True, False]))
+    assert refused.to_pylist()[0] is None
+    assert refused.to_pylist()[1] == kept.to_pylist()[1]
 
 
 def test_top_k_scores_are_rounded_plain_floats() -> None:

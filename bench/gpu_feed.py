@@ -144,9 +144,11 @@ def kiln_run(
     # `kiln run` is embedded whatever the service's URLs say, and `models add` must register
     # into its SQLite too: the URLs of a service (bench.gpu's part f) are not passed on.
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS}
-    # info: the log keeps each staged pipeline's verdict (`pipeline_verdicts`)
-    env |= {"KILN_DATA_DIR": str(data), "KILN_CONTENT_CACHE": "false", "KILN_ENGINE": engine,
-            "KILN_LOG_LEVEL": "info", "KILN_LOG_FORMAT": "json", **env_extra}  # fmt: skip
+    # info: the log keeps each staged pipeline's verdict (`pipeline_verdicts`). Kiln's
+    # defaults otherwise, the content cache on (issue 38): each run has a fresh data dir, so
+    # nothing is found in it, and what a user's run pays for the lookup is paid here too.
+    env |= {"KILN_DATA_DIR": str(data), "KILN_ENGINE": engine, "KILN_LOG_LEVEL": "info",
+            "KILN_LOG_FORMAT": "json", **env_extra}  # fmt: skip
     kiln = [sys.executable, "-m", "kiln.app.cli"]
     if onnx is not None:
         names = workdir / "labels.txt"

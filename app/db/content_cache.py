@@ -54,7 +54,7 @@ def cached_results(
             ContentCache.vector_dtype,
         ).where(
             ContentCache.model_key == model_key,
-            ContentCache.sha256.in_(set(digests)),
+            dialect.among_text(session, ContentCache.sha256, sorted(set(digests))),
             ContentCache.created_at >= _cutoff(ttl_s),
         )
     )

@@ -1,12 +1,13 @@
 """Keep every chunk run's lease alive while it works, and notice a cancel or a lost lease.
 
 One thread per worker process (`Leases`) renews the leases of every run it holds in one
-statement every `lease_renew_s`, and reads their jobs' statuses every `cancel_check_s` (one
-statement), so a cancel reaches a running chunk within about a second: the run is woken
-(`Held.on_stop`) and stops its work that no batch has taken. A renewal that
-fails (the database is restarting) is retried at the next tick: the lease is long enough to
-ride out a short outage, and if it does run out, another run takes the items and this run's
-results are discarded.
+statement every `lease_renew_s` (rewriting only the items with less than three quarters of
+their lease left, so each row is written every quarter lease), and reads their jobs'
+statuses every `cancel_check_s` (one statement), so a cancel reaches a running chunk within
+about a second: the run is woken (`Held.on_stop`) and stops its work that no batch has taken.
+A renewal that fails (the database is restarting) is retried at the next tick: the lease is
+long enough to ride out a short outage, and if it does run out, another run takes the items
+and this run's results are discarded.
 
 Renewal is bounded: a run older than `max_s` (a deadlocked thread, an engine call that never
 returns) is no longer renewed — its lease runs out and the reconciler gives its items to
@@ -91,6 +92,9 @@ class Leases:
     ) -> None:
         self.lease_s, self.renew_s, self.max_s = lease_s, renew_s, max_s
         self.check_s = min(renew_s, cancel_check_s or renew_s)
+        # A lease with three quarters of it left is not rewritten (`leases.renew_many`): each
+        # item's row is written every quarter lease, not every renewal.
+        self.keep_s = lease_s * 0.75
         self._renewed = 0.0  # monotonic time of the last renewal
         self._published: dict[str, int] = {}  # owner → answered, as last published
         self._ended: list[str] = []  # runs gone since the last tick: their progress rows go
@@ -137,7 +141,7 @@ class Leases:
             return
         with self._sessions() as session, unit_of_work(session):
             owners = [h.owner for h in runs]
-            held = leases.renew_many(session, owners, self.lease_s) if renew else {}
+            held = leases.renew_many(session, owners, self.lease_s, self.keep_s) if renew else {}
             statuses = leases.job_statuses(session, {h.job_id for h in runs})
             chunk_runs.forget(session, ended)
             chunk_runs.publish(session, tallies)

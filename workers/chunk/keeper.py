@@ -1,8 +1,8 @@
 """Keep every chunk run's lease alive while it works, and notice a cancel or a lost lease.
 
 One thread per worker process (`Leases`) renews the leases of every run it holds in one
-statement every `lease_renew_s` (rewriting only the items with less than three quarters of
-their lease left, so each row is written every quarter lease), and reads their jobs'
+statement every `lease_renew_s` (rewriting only the items whose lease runs low: each row every
+few renewals, still well within what a reader takes for a stopped run), and reads their jobs'
 statuses every `cancel_check_s` (one statement), so a cancel reaches a running chunk within
 about a second: the run is woken (`Held.on_stop`) and stops its work that no batch has taken.
 A renewal that fails (the database is restarting) is retried at the next tick: the lease is
@@ -31,6 +31,7 @@ from kiln.app.db import chunk_runs, leases
 from kiln.app.db.chunk_runs import RunTally
 from kiln.app.db.models import JobStatus, utcnow
 from kiln.app.db.session import unit_of_work
+from kiln.app.jobs import LeaseTiming
 from kiln.workers.ops.health import Health
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,15 @@ class Held:
         return f"run:{self.owner}"
 
 
+def _keep_s(lease_s: float, renew_s: float) -> float:
+    """How much lease left spares an item's row its rewrite (`leases.renew_many`). A reader
+    takes a lease unrenewed for `LeaseTiming.stale_s` (12 s by default) for a stopped run, so
+    a row is rewritten at the latest a tick before that, and never with less than half its
+    lease left: with the defaults every 9 s, not every 3 s."""
+    stale_s = LeaseTiming(lease_s, renew_s).stale_s
+    return max(lease_s / 2, lease_s - (stale_s - 2 * renew_s))
+
+
 class Leases:
     """The process's one lease keeper; `hold` registers a run for as long as it works."""
 
@@ -92,9 +102,7 @@ class Leases:
     ) -> None:
         self.lease_s, self.renew_s, self.max_s = lease_s, renew_s, max_s
         self.check_s = min(renew_s, cancel_check_s or renew_s)
-        # A lease with three quarters of it left is not rewritten (`leases.renew_many`): each
-        # item's row is written every quarter lease, not every renewal.
-        self.keep_s = lease_s * 0.75
+        self.keep_s = _keep_s(lease_s, renew_s)
         self._renewed = 0.0  # monotonic time of the last renewal
         self._published: dict[str, int] = {}  # owner → answered, as last published
         self._ended: list[str] = []  # runs gone since the last tick: their progress rows go

@@ -53,10 +53,17 @@ def among(
 def among_text(
     session: Session, column: QueryableAttribute[str | None], values: Sequence[str]
 ) -> ColumnElement[bool]:
-    """`column IN values` for strings: `= ANY(:array)` on Postgres, as `among` does for ids."""
+    """`column IN values` for strings, one parameter however many: `= ANY(:array)` on Postgres,
+    a JSON array on SQLite, as `among` does for ids (a chunk's content cache lookup is 512
+    digests)."""
     if on_postgres(session):
         return column == any_(bindparam(None, list(values), type_=postgresql.ARRAY(Text)))
-    return column.in_(values)
+    strings: ScalarSelect[Any] = (
+        select(literal_column("value", Text))
+        .select_from(func.json_each(bindparam(None, json.dumps(list(values)), Text)))
+        .scalar_subquery()
+    )
+    return column.in_(strings)
 
 
 def open_transaction(session: Session) -> None:

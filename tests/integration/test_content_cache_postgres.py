@@ -25,6 +25,7 @@ from tests.app.db.test_content_cache import (  # noqa: F401 (collected here: the
     test_a_purge_with_nothing_to_do_deletes_nothing,
     test_a_write_replaces_an_expired_entry_but_not_a_live_one,
     test_an_expired_entry_is_not_served,
+    test_entries_with_and_without_a_vector_written_together_come_back_as_written,
     test_the_purge_deletes_expired_entries_in_steps,
     test_the_purge_trims_to_the_cap_oldest_first,
     write,

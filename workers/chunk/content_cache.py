@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
-from kiln.workers.chunk.rows import Piece
+from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.models.base import VECTOR_OUTPUTS
 
 Entry = tuple[dict[str, Any], bytes | None, str | None]  # outputs, vector bytes, vector dtype
@@ -58,24 +58,31 @@ def hits_piece(
     return Piece.of_outputs(rows, [decode(*entry) for entry in entries], fields, model)
 
 
-def fresh_entries(
-    settings: Settings, tenant: str, pieces: Sequence[Piece], sha256: Sequence[str | None]
-) -> dict[str, dict[str, Entry]]:
+def fresh_entries(settings: Settings, tenant: str, rows: ChunkRows) -> dict[str, dict[str, Entry]]:
     """What this run computed, for the cache: by the scope of the model that answered each
-    row (a job's model's entries never hold its fallback's answers), then by input sha256."""
+    row (a job's model's entries never hold its fallback's answers), then by input sha256.
+    The rows' small outputs are the ones the database gets (`ChunkRows.answers`, read once);
+    a piece with no vector column takes them as they are, with no work per row."""
     fresh: dict[str, dict[str, Entry]] = {}
-    for piece in pieces:
+    answers, sha256 = rows.answers(), rows.sha256
+    for piece in rows.pieces:
         if piece.outputs is not None:  # answered by the cache itself
             continue
         scope = fresh.setdefault(scope_key(settings, tenant, piece.model), {})
+        indices = piece.rows.tolist()
         vectors = {k: c for k, c in piece.columns.items() if k in VECTOR_OUTPUTS}
-        for i, (row, small) in enumerate(
-            zip(piece.rows.tolist(), piece.small_outputs(), strict=True)
-        ):
+        if not vectors:
+            scope.update(
+                (digest, (answers[row] or {}, None, None))
+                for row in indices
+                if (digest := sha256[row]) is not None
+            )
+            continue
+        for i, row in enumerate(indices):
             digest = sha256[row]
             if digest is None:
                 continue
-            whole = small | {
+            whole = (answers[row] or {}) | {
                 k: c[i].values.to_numpy(zero_copy_only=False) for k, c in vectors.items()
             }
             scope[digest] = encode(whole)

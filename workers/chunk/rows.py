@@ -74,6 +74,7 @@ class ChunkRows:
         self.seconds = np.zeros((n, len(STAGES_MS)), dtype=np.float64)
         self.pieces: list[Piece] = []
         self.videos: list[Any] = [None] * n  # a row that turned out a video: its FramePlan
+        self._answers: list[dict[str, Any] | None] | None = None  # `answers()`, once read
 
     def __len__(self) -> int:
         return len(self.items)
@@ -104,6 +105,7 @@ class ChunkRows:
 
     def answer(self, piece: Piece) -> None:
         self.pieces.append(piece)
+        self._answers = None
         for row in piece.rows.tolist():
             self.answered_by[row] = piece.model.ref
 
@@ -151,15 +153,23 @@ class ChunkRows:
 
     # --- what is written -----------------------------------------------------------------
 
+    def answers(self) -> list[dict[str, Any] | None]:
+        """Each row's small outputs as its piece answered them (None where none did): read out
+        of Arrow once per chunk, for the database's copy and the content cache's both."""
+        if self._answers is None:
+            out: list[dict[str, Any] | None] = [None] * len(self)
+            for rows, values in _small_outputs(self.pieces):
+                for row, value in zip(rows.tolist(), values, strict=True):
+                    out[row] = value
+            self._answers = out
+        return self._answers
+
     def outputs(self) -> list[dict[str, Any] | None]:
         """Each row's small outputs (the database's copy), None where it has none."""
-        out: list[dict[str, Any] | None] = [None] * len(self)
-        for rows, values in _small_outputs(self.pieces):
-            for row, value in zip(rows.tolist(), values, strict=True):
-                out[row] = value
-        for row, error in enumerate(self.errors):
-            if error is not None or self.cancelled[row]:
-                out[row] = None
+        out = list(self.answers())
+        failed = np.array([e is not None for e in self.errors], dtype=bool)
+        for row in np.flatnonzero(failed | self.cancelled).tolist():
+            out[row] = None
         return out
 
     def table(self, fields: Sequence[pa.Field]) -> pa.Table:

@@ -50,11 +50,7 @@ def write_chunk(
         shard = _shard(rows, fields, earlier)
         if shard.num_rows:
             results.write_table(lease.place, lease.chunk, shard)
-        cache = (
-            fresh_entries(settings, lease.tenant, rows.pieces, rows.sha256)
-            if settings.content_cache
-            else {}
-        )
+        cache = fresh_entries(settings, lease.tenant, rows) if settings.content_cache else {}
         done = chunk_results.ChunkResults(
             lease.job_id, lease.chunk, lease.owner, rows.document(stages), cache,
             settings.content_cache_ttl_s, lease.pipeline_id, lease.model.ref,

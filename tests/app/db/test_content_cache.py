@@ -81,6 +81,21 @@ def test_a_write_replaces_an_expired_entry_but_not_a_live_one(session: Session) 
     assert found == {"old": entry("second"), "live": entry("first")}
 
 
+def test_entries_with_and_without_a_vector_written_together_come_back_as_written(
+    session: Session,
+) -> None:
+    # The two travel apart (one JSON document; the vectors' raw bytes in parameter sets).
+    vector = (b"\x00\x00\x80?" * 3, "float32")
+    entries: dict[str, content_cache.Entry] = {
+        "plain": ({"labels": [{"label": "cat", "score": 0.25}], "n": None}, None, None),
+        "embedded": ({"dims": 3}, *vector),
+    }
+    with unit_of_work(session):
+        content_cache.cache_results(session, KEY, entries, TTL_S)
+
+    assert content_cache.cached_results(session, KEY, ["plain", "embedded"], TTL_S) == entries
+
+
 def test_the_purge_deletes_expired_entries_in_steps(session: Session) -> None:
     expired = [f"x{i}" for i in range(5)]
     write(session, KEY, [*expired, "live"])

@@ -83,6 +83,24 @@ def test_renew_pushes_the_expiry_and_reports_the_job_status(session: Session) ->
     assert before is not None and after is not None and after > before
 
 
+def test_renew_leaves_a_lease_with_enough_left_and_still_counts_it(session: Session) -> None:
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING])
+    ids = _ids(session, job.id)
+    leases.take(session, job.id, ids[:1], "run-a", 600)  # plenty left
+    leases.take(session, job.id, ids[1:], "run-b", 10)  # running low
+    session.commit()
+    before = [item.lease_expires_at for item in items_of(session, job.id)]
+
+    held = leases.renew_many(session, ["run-a", "run-b"], 600, keep_s=450)
+    session.commit()
+    session.expire_all()
+
+    after = [item.lease_expires_at for item in items_of(session, job.id)]
+    assert held == {"run-a": 1, "run-b": 1}
+    assert after[0] == before[0]  # not rewritten
+    assert after[1] is not None and before[1] is not None and after[1] > before[1]
+
+
 def test_release_hands_items_back(session: Session) -> None:
     job = make_job(session, [ItemStatus.PENDING])
     leases.take(session, job.id, _ids(session, job.id), "run-a", 60)

@@ -21,7 +21,7 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import LeaseTiming, cancel_job, progress
 from kiln.workers.chunk import answer as answer_module
-from kiln.workers.chunk.keeper import Leases
+from kiln.workers.chunk.keeper import Leases, _keep_s
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.jobs.periodic import reconcile
 from kiln.workers.runtime import WorkerRuntime
@@ -348,3 +348,16 @@ def _eventually(check: Any, timeout: float = 5.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+@pytest.mark.parametrize(("lease_s", "renew_s"), [(60.0, 3.0), (0.5, 0.05), (30.0, 10.0)])
+def test_a_row_is_rewritten_before_a_reader_takes_its_run_for_stopped(
+    lease_s: float, renew_s: float
+) -> None:
+    """The keeper spares rows with lease enough left, but rewrites each a tick before its
+    lease looks stale to the API (`LeaseTiming.stale_s`), or at half its lease."""
+    keep_s = _keep_s(lease_s, renew_s)
+    oldest = lease_s - keep_s + renew_s  # the age of a row's lease at its rewrite, at most
+    stale_s = LeaseTiming(lease_s, renew_s).stale_s
+    assert oldest < stale_s or keep_s == lease_s / 2
+    assert lease_s / 2 <= keep_s < lease_s

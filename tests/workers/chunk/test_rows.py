@@ -3,11 +3,17 @@ outputs, whatever order they answered in and whatever types they came in."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from kiln.app.catalog import ModelInfo
+from kiln.app.core.config import get_settings
 from kiln.app.db.leases import LeasedItem
+from kiln.workers.chunk.content_cache import fresh_entries
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.models.classify import FIELDS
 
@@ -75,3 +81,37 @@ def test_a_block_without_the_column_is_null_there() -> None:
     column = rows.table(FIELDS).column("labels").to_pylist()
     assert column[0] is not None and column[1:] == [None, None]
     assert rows.outputs()[1:] == [{}, {}]
+
+
+def test_the_cache_entries_are_the_rows_answers_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fresh_entries takes each answered row's outputs as the database gets them, by digest
+    (a row with none is left out, a cache hit too), from one read of the pieces."""
+    settings = get_settings(data_dir=tmp_path)
+    rows = _rows(5)
+    rows.sha256 = ["d0", "d1", None, "d3", "d4"]
+    for block in ([3, 4], [0, 2]):
+        rows.answer(_piece(block))
+    hit = {"labels": [{"label": "known", "score": 1.0}]}
+    rows.answer(Piece(np.asarray([1]), {"labels": _labels([1])}, MODEL, outputs=[hit]))
+    reads: list[Piece] = []
+    real = Piece.small_outputs
+
+    def read(piece: Piece) -> list[dict[str, Any]]:
+        reads.append(piece)
+        return real(piece)
+
+    monkeypatch.setattr(Piece, "small_outputs", read)
+
+    fresh = fresh_entries(settings, "acme", rows)
+    outputs = rows.document(stages=False)
+
+    (entries,) = fresh.values()
+    assert entries == {
+        "d0": ({"labels": [{"label": "l0", "score": 0.0}]}, None, None),
+        "d3": ({"labels": [{"label": "l3", "score": 0.3}]}, None, None),
+        "d4": ({"labels": [{"label": "l4", "score": 0.4}]}, None, None),
+    }
+    assert [row[3] for row in outputs][:2] == [entries["d0"][0], hit]
+    assert len(reads) == 2  # the computed pieces joined in one read, the hit's; none again

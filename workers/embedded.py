@@ -39,7 +39,7 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from kiln.app.storage import open_store
 from kiln.workers.celery.app import KilnCelery, make_celery
-from kiln.workers.prep.ahead import local_settings
+from kiln.workers.prep.ahead import local_settings, walk_files
 from kiln.workers.prep.pool import Preparer
 from kiln.workers.prep.slots import reclaim
 from kiln.workers.runtime import WorkerRuntime
@@ -95,26 +95,13 @@ def _components(path: str) -> list[str]:
 
 
 def _folder_media(root: str) -> list[str]:
-    """The media files under the resolved folder `root`, as `Path.rglob` finds them, walked with
-    `os.scandir` (one system call per folder, its entries' types with it: no stat per file for
-    a folder of images). A link to a file counts, as where it points; a linked folder is not
-    entered; a folder that cannot be read is passed over."""
-    found: list[str] = []
-    folders = [root]
-    while folders:
-        try:
-            with os.scandir(folders.pop()) as entries:
-                for entry in entries:
-                    if entry.is_dir():
-                        if not entry.is_symlink():
-                            folders.append(entry.path)
-                    elif entry.is_file() and _media(entry.name, entry.path):
-                        found.append(
-                            os.path.realpath(entry.path) if entry.is_symlink() else entry.path
-                        )
-        except OSError:
-            continue
-    return found
+    """The media files under the resolved folder `root`, as `Path.rglob` finds them (`walk_files`:
+    a link to a file counts, as where it points; a linked folder is not entered)."""
+    return [
+        os.path.realpath(entry.path) if entry.is_symlink() else entry.path
+        for entry in walk_files(root)
+        if _media(entry.name, entry.path)
+    ]
 
 
 def _media(name: str, path: str) -> bool:

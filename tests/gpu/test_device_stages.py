@@ -71,7 +71,7 @@ def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: P
     from kiln.app.model_spec import Preprocessing
     from kiln.workers.device import pixels as device_pixels
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages, answer, decode_rows
-    from kiln.workers.device.pixels import read_header
+    from kiln.workers.prep.header import read_header
 
     if not _decoders():
         pytest.skip("no GPU JPEG decoder works here")
@@ -113,8 +113,8 @@ def test_each_stage_calls_torch_a_few_times_a_batch_on_the_gpu(classifier: Path)
 
     from kiln.app.model_spec import Preprocessing
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
-    from kiln.workers.device.pixels import read_header
     from kiln.workers.device.stages import CudaStreams
+    from kiln.workers.prep.header import read_header
     from tests.workers.device.counting import CountingStreams, per_batch
 
     if not _decoders():

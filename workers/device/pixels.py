@@ -22,35 +22,29 @@ this module imports without them and a process that never calls it stays torch-f
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-from PIL import JpegImagePlugin
 
 from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
 from kiln.workers.device import decoders
 from kiln.workers.device.decoders import JpegDecoder
+from kiln.workers.prep.header import Header, read_header
 from kiln.workers.prep.pixels import (
     Letterbox,
     Squash,
     crop_resize_size,
     decode_image,
     letterbox_size,
-    open_image,
 )
 
 # Filters torch resamples as Pillow does: bilinear and bicubic through the antialiased kernels
 # (Pillow's own, with its a = -0.5 cubic, in both directions), nearest as "nearest-exact"
 # (Pillow samples pixel centres). Lanczos has no torch kernel: such a model stays on the CPU.
 DEVICE_FILTERS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest-exact"}
-
-# Modes nvJPEG turns into RGB as libjpeg does; CMYK/YCCK JPEGs go through Pillow.
-_NVJPEG_MODES = {"RGB", "L"}
-_ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 
 
 def supports(pre: Preprocessing) -> bool:
@@ -59,48 +53,6 @@ def supports(pre: Preprocessing) -> bool:
 
 
 # --- decoding -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Header:
-    """What the header says, read without decoding a pixel: the upright size, the EXIF
-    orientation (1: as stored), and whether nvJPEG may decode it."""
-
-    width: int
-    height: int
-    orientation: int
-    nvjpeg: bool
-
-
-def read_header(data: bytes | memoryview, *, max_pixels: int) -> Header:
-    """The cheap checks a task thread can make before a batch decodes: an image Kiln reads,
-    under the pixel cap. Bad input raises `InputError` with `decode_image`'s sentences."""
-    image = open_image(cast(bytes, data), max_pixels)  # any buffer: Pillow reads a BytesIO
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Pillow warns on odd EXIF; the CPU path ignores it too
-        orientation = int(image.getexif().get(0x0112) or 1)
-    width, height = image.size
-    if orientation in _ROTATED:
-        width, height = height, width
-    jpeg = isinstance(image, JpegImagePlugin.JpegImageFile) and image.mode in _NVJPEG_MODES
-    # nvJPEG decodes a truncated JPEG without an error (the missing rows come out grey), where
-    # Pillow refuses it: a JPEG without its end marker goes to Pillow, which says why it fails.
-    return Header(width, height, orientation, jpeg and _complete(data))
-
-
-def _complete(data: bytes | memoryview) -> bool:
-    """Whether the JPEG ends with its end marker (zero padding after it allowed), read in
-    place: `data` may be a view of shared memory."""
-    view = memoryview(data).cast("B")
-    end = len(view)
-    while end > 0:  # a few KiB at a time from the end: padding may be long
-        start = max(0, end - 4096)
-        kept = len(bytes(view[start:end]).rstrip(b"\0"))
-        if kept:
-            last = start + kept  # one past the last byte that is not padding
-            return last >= 2 and view[last - 2] == 0xFF and view[last - 1] == 0xD9
-        end = start
-    return False
 
 
 @dataclass(frozen=True)

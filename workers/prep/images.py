@@ -56,7 +56,7 @@ class ImagePrep:
 def header_of(data: bytes, *, max_pixels: int) -> Any:
     """`read_header`'s answer for an image (its `Header`, or its `InputError`): a plain JPEG's
     read without Pillow (`prep/jpeg.py`), anything else by Pillow."""
-    from kiln.workers.device.pixels import read_header
+    from kiln.workers.prep.header import read_header
     from kiln.workers.prep.jpeg import quick_header
 
     return quick_header(data, max_pixels) or read_header(data, max_pixels=max_pixels)

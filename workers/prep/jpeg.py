@@ -17,12 +17,11 @@ import struct
 
 from PIL import Image
 
-from kiln.workers.device.pixels import Header
+from kiln.workers.prep.header import ROTATED, Header
 
 _SOF = {0xC0, 0xC1, 0xC2}  # baseline, extended sequential, progressive (Huffman)
 _SKIPPED = {0xC4, 0xDD, 0xFE}  # DHT, DRI, COM: Pillow reads their length only
 _LAYERS = {1: True, 3: True, 4: False}  # components → whether nvJPEG decodes it (L, RGB; CMYK)
-_ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 _ORIENTATION = 0x0112
 _ZERO = -1  # an orientation entry that says 0
 _TIFF_UNITS = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4}
@@ -54,7 +53,7 @@ def quick_header(data: bytes, max_pixels: int) -> Header | None:
     orientation = _orientation(found)
     if orientation is None:
         return None
-    if orientation in _ROTATED:
+    if orientation in ROTATED:
         width, height = height, width
     return Header(width, height, orientation, found.nvjpeg and _complete(data))
 

@@ -49,7 +49,7 @@ def run_torch(where: str) -> None:
     from kiln.app.model_spec import Preprocessing
     from kiln.workers.device import pixels as device_pixels
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
-    from kiln.workers.device.pixels import read_header
+    from kiln.workers.prep.header import read_header
 
     pre = Preprocessing(input_size=64, fit="letterbox")
     engine = StandInEngine()

@@ -27,11 +27,12 @@ from kiln.app.core.errors import InputError
 from kiln.app.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.device import decoders
 from kiln.workers.device.decoders import TorchvisionJpeg
-from kiln.workers.device.pixels import Header, read_header, supports
+from kiln.workers.device.pixels import supports
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.classify import ClassifyPipeline
 from kiln.workers.models.detect import YoloPipeline
 from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.prep.header import Header, read_header
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Decoded, Letterbox, Squash, decode_image, fit_image, fit_size
 from tests.support import run_torch_child

@@ -87,7 +87,7 @@ def run_torch(where: str) -> None:
     from kiln.app.model_spec import Preprocessing
     from kiln.workers.device.decoders import TorchvisionJpeg
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
-    from kiln.workers.device.pixels import read_header
+    from kiln.workers.prep.header import read_header
     from tests.workers.device.counting import CountingStreams, per_batch
 
     torch.set_num_threads(1)  # a tiny op must not open an OpenMP region
@@ -134,7 +134,7 @@ def rows_as_views(pre: Any, decoder: Any) -> dict[str, bool]:
 
     from devstack.images import photo
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
-    from kiln.workers.device.pixels import read_header
+    from kiln.workers.prep.header import read_header
 
     datas = [photo(i, (64, 48) if i % 3 else (48, 64)) for i in range(16)]
     shared, views, offset = memoryview(bytearray().join(datas)), [], 0

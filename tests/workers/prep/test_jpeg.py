@@ -12,7 +12,7 @@ from PIL import Image
 
 from devstack.images import photo, truncated_jpeg
 from kiln.app.core.errors import InputError
-from kiln.workers.device.pixels import Header, read_header
+from kiln.workers.prep.header import Header, read_header
 from kiln.workers.prep.images import header_of
 from kiln.workers.prep.jpeg import quick_header
 

@@ -51,8 +51,10 @@ class Encoded:
         self.seen: list[tuple[type, str]] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # a batch has reached the pipeline
 
     def infer(self, batch: Batch) -> Answers:
+        self.entered.set()
         self.gate.wait(30)
         rows = batch.objects or []
         self.seen += [(type(data), sha256_hex(bytes(data))) for data, _header in rows]
@@ -124,7 +126,13 @@ def test_a_cancelled_chunk_gives_every_slot_back(
     pipeline = Encoded()
     pipeline.gate.clear()
     held = Held("job", "me")
-    threading.Timer(0.5, lambda: (held.stop(held.cancelled), pipeline.gate.set())).start()
+
+    def cancel() -> None:  # once the first batch runs, however slowly prep started
+        pipeline.entered.wait(30)
+        held.stop(held.cancelled)
+        pipeline.gate.set()
+
+    threading.Thread(target=cancel, daemon=True).start()
     rows = chunk(settings, pool, pipeline, files(tmp_path) * 3, held)
     assert rows.cancelled.any()
 

@@ -97,11 +97,29 @@ def _components(path: str) -> list[str]:
 def _folder_media(root: str) -> list[str]:
     """The media files under the resolved folder `root`, as `Path.rglob` finds them (`walk_files`:
     a link to a file counts, as where it points; a linked folder is not entered)."""
+    folders: dict[str, str] = {}
     return [
-        os.path.realpath(entry.path) if entry.is_symlink() else entry.path
+        _link_target(entry.path, folders) if entry.is_symlink() else entry.path
         for entry in walk_files(root)
         if _media(entry.name, entry.path)
     ]
+
+
+def _link_target(path: str, folders: dict[str, str]) -> str:
+    """`os.path.realpath(path)` for a link to a file in a resolved folder: its target's folder
+    resolved once per folder (`folders`, by the target's folder as written), not component by
+    component for every link (~40 µs a link; a folder of links is a bench's usual input)."""
+    # path strings throughout, no Path per file
+    target = os.readlink(path)  # noqa: PTH115
+    head, tail = os.path.split(os.path.join(os.path.dirname(path), target))  # noqa: PTH118,PTH120
+    if tail in ("", ".", ".."):
+        return os.path.realpath(path)
+    real = folders.get(head)
+    if real is None:
+        real = folders[head] = os.path.realpath(head)
+    found = os.path.join(real, tail)  # noqa: PTH118
+    # a link to a link: resolved as realpath resolves it
+    return os.path.realpath(found) if os.path.islink(found) else found  # noqa: PTH114
 
 
 def _media(name: str, path: str) -> bool:

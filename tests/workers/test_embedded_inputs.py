@@ -77,6 +77,28 @@ def test_a_folder_through_a_link_and_a_single_file(tree: Path, tmp_path: Path) -
     assert collect_inputs(str(tree / "link.jpg")) == [str(tmp_path / "elsewhere" / "target.jpg")]
 
 
+def test_links_resolve_as_realpath_resolves_them(tmp_path: Path) -> None:
+    """Links relative and absolute, through a linked folder, to a link, to `..`: each input is
+    where `os.path.realpath` says (the walk resolves a target's folder once, not per link)."""
+    real = tmp_path / "real"
+    (real / "deep").mkdir(parents=True)
+    for name in ("a.jpg", "b.jpg", "deep/c.jpg"):
+        (real / name).write_bytes(b"\xff\xd8\xff")
+    (tmp_path / "via").symlink_to(real)
+    links = tmp_path / "links"
+    (links / "sub").mkdir(parents=True)
+    (links / "abs.jpg").symlink_to(real / "a.jpg")
+    (links / "rel.jpg").symlink_to("../real/b.jpg")
+    (links / "sub" / "up.jpg").symlink_to("../../via/deep/c.jpg")  # through a linked folder
+    (links / "chain.jpg").symlink_to("abs.jpg")  # a link to a link
+    (links / "dots.jpg").symlink_to(tmp_path / "via" / "deep" / ".." / "a.jpg")
+    found = collect_inputs(str(links))
+    expected = sorted(
+        (os.path.realpath(p) for p in links.rglob("*.jpg")), key=lambda f: f.split("/")
+    )
+    assert found == expected and len(found) == 5
+
+
 def test_a_folder_with_nothing_to_run_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(InputError, match="No images or videos"):

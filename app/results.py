@@ -215,16 +215,24 @@ def write_groups(
 
 
 def combined_table(place: Place) -> pa.Table:
-    """Every shard as one table in memory (`kiln run`'s local folder); the API streams instead
-    (`stream_parquet`)."""
-    return pq.read_table(io.BytesIO(b"".join(stream_parquet(place))))
+    """Every shard as one table in memory (`kiln run`'s local folder), as `stream_parquet`'s
+    file reads back — one chunk per shard — but joined in memory, not encoded and decoded
+    again (~10 µs a row); the API streams instead (`stream_parquet`)."""
+    schema, tables = _shard_tables(place)
+    conformed = [_conform(table, schema) for table in tables]
+    return pa.concat_tables(conformed) if conformed else schema.empty_table()
 
 
 def stream_parquet(place: Place) -> Iterator[bytes]:
     """Every shard as one Parquet file, produced shard by shard: memory holds one shard (and,
-    for a near-duplicate job, the key → group map), however many shards the job has. Shards
-    are read twice: once for their schemas (columns a shard lacks are null), then their rows.
-    A `group` column is added when the job found near-duplicates."""
+    for a near-duplicate job, the key → group map), however many shards the job has."""
+    yield from stream_tables(*_shard_tables(place))
+
+
+def _shard_tables(place: Place) -> tuple[pa.Schema, Iterator[pa.Table]]:
+    """The shards' one schema and their tables, read one at a time. Shards are read twice:
+    once for their schemas (columns a shard lacks are null), then their rows. A `group`
+    column is added when the job found near-duplicates."""
     store = place.store
     keys = shard_keys(place)
     group_of = _groups(place)
@@ -240,7 +248,7 @@ def stream_parquet(place: Place) -> Iterator[bytes]:
                 table = table.append_column("group", pa.array(groups, pa.int32()))
             yield table
 
-    yield from stream_tables(schema, tables())
+    return schema, tables()
 
 
 def stream_tables(schema: pa.Schema, tables: Iterable[pa.Table]) -> Iterator[bytes]:

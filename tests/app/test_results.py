@@ -173,6 +173,26 @@ def test_combined_table_across_shards_with_different_fields(store: LocalStore) -
     assert rows["d"]["error"] == "The file is empty."
 
 
+def test_combined_table_is_the_streamed_file_read_back(store: LocalStore) -> None:
+    """Joined in memory, the table is what the streamed Parquet file reads back as, chunk for
+    chunk (one a shard), and written out it makes the same file byte for byte."""
+    write_shard(P(store, "job1"), 0, [classified("a"), failed("b")], LABEL_FIELDS)
+    write_shard(P(store, "job1"), 1, [detected("c")], DETECTION_FIELDS)
+    write_shard(P(store, "job1"), 2, [failed("d")], [])
+    write_groups(P(store, "job1"), [["a", "c"]])
+    streamed = pq.read_table(io.BytesIO(b"".join(stream_parquet(P(store, "job1")))))
+    table = combined_table(P(store, "job1"))
+    assert table.schema == streamed.schema and table.equals(streamed)
+    assert [c.num_chunks for c in table.columns] == [c.num_chunks for c in streamed.columns]
+
+    def written(t: pa.Table) -> bytes:
+        sink = io.BytesIO()
+        pq.write_table(t, sink)
+        return sink.getvalue()
+
+    assert written(table) == written(streamed)
+
+
 def test_redelivered_chunk_overwrites_its_shard(store: LocalStore) -> None:
     write_shard(P(store, "job1"), 0, [classified("a", "cat")], LABEL_FIELDS)
     write_shard(P(store, "job1"), 0, [classified("a", "dog")], LABEL_FIELDS)

@@ -36,14 +36,21 @@ DECODERS = ("torchvision", "nvimgcodec")
 # What torchvision's decoders raise (TORCH_CHECK: RuntimeError; TORCH_CHECK_VALUE: ValueError).
 DECODE_ERRORS = (RuntimeError, ValueError)
 RGB = 3  # torchvision's ImageReadMode.RGB, as its image library's ops take it
+Sizes = Sequence[tuple[int, int]]  # per JPEG, (height, width) as stored
 
 
 class JpegDecoder(Protocol):
     name: str
     concurrent: bool  # whether threads may decode at once (each with its own state)
+    wants_sizes: bool  # whether `decode` should be given the JPEGs' sizes (`sizes`)
 
-    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
-        """Per JPEG a CHW uint8 tensor on `device` (orientation as stored), or None."""
+    def decode(
+        self, datas: Sequence[bytes | memoryview], device: Any, sizes: Sizes | None = None
+    ) -> list[Any | None]:
+        """Per JPEG a CHW uint8 tensor on `device` (orientation as stored), or None. `sizes`:
+        each JPEG's (height, width) as stored, where prep read its header already — for a
+        decoder that must know them before it decodes (the device stand-in's); the GPU's
+        own read them from the bytes as they decode."""
         ...
 
 
@@ -53,11 +60,14 @@ class TorchvisionJpeg:
 
     name = "torchvision"
     concurrent = False  # one process-wide decoder behind a mutex
+    wants_sizes = False
 
     def __init__(self, op: Callable[[list[Any], Any], list[Any]]) -> None:
         self._op = op
 
-    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
+    def decode(
+        self, datas: Sequence[bytes | memoryview], device: Any, sizes: Sizes | None = None
+    ) -> list[Any | None]:
         import torch
 
         settle(torch, device)
@@ -82,6 +92,7 @@ class NvImageCodecJpeg:
 
     name = "nvimgcodec"
     concurrent = True
+    wants_sizes = False
 
     def __init__(self, module: Any, device_id: int, backends: Sequence[str] | None = None) -> None:
         self._nvimgcodec = module
@@ -107,7 +118,9 @@ class NvImageCodecJpeg:
             )  # fmt: skip
         return decoder
 
-    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
+    def decode(
+        self, datas: Sequence[bytes | memoryview], device: Any, sizes: Sizes | None = None
+    ) -> list[Any | None]:
         import torch
 
         settle(torch, device)

@@ -32,7 +32,7 @@ from kiln.app.core.errors import InputError
 from kiln.app.model_spec import Preprocessing
 from kiln.workers.device import decoders
 from kiln.workers.device.decoders import JpegDecoder
-from kiln.workers.prep.header import Header, read_header
+from kiln.workers.prep.header import ROTATED, Header, read_header
 from kiln.workers.prep.pixels import (
     Letterbox,
     Squash,
@@ -125,13 +125,22 @@ def _on_device(
         decoder = decoders.jpeg_decoder("auto", str(where))
     if decoder is None:
         return {}
-    decoded = decoder.decode([cast(bytes, datas[i]) for i in jpegs], where)
+    # the stand-in's decoder makes its tensors by the headers' sizes; the GPU's read the bytes
+    sizes = [_stored(cast(Header, read[i])) for i in jpegs] if decoder.wants_sizes else None
+    decoded = decoder.decode([cast(bytes, datas[i]) for i in jpegs], where, sizes)
     found = {}
     for i, tensor in zip(jpegs, decoded, strict=True):
         header = read[i]
         if tensor is not None and isinstance(header, Header):
             found[i] = orient(tensor, header.orientation)
     return found
+
+
+def _stored(header: Header) -> tuple[int, int]:
+    """(height, width) as the JPEG stores it: its header's upright size, turned back."""
+    if header.orientation in ROTATED:
+        return header.width, header.height
+    return header.height, header.width
 
 
 def _groups(

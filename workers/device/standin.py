@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.workers.device.decoders import TorchvisionJpeg
+from kiln.workers.device.decoders import Sizes, TorchvisionJpeg
 from kiln.workers.device.stages import CudaStreams
 from kiln.workers.engines.base import Choice, EngineRequest, TensorSpec
 from kiln.workers.ops.device import Gpu
@@ -210,6 +210,8 @@ class StandinJpeg(TorchvisionJpeg):
 
     name = "standin"
     concurrent = False
+    # the sizes prep read from the headers: a GPU host does not read them again to decode
+    wants_sizes = True
 
     def __init__(self, calibration: Calibration, busy: Busy, lock: threading.Lock) -> None:
         super().__init__(self._op)
@@ -219,17 +221,20 @@ class StandinJpeg(TorchvisionJpeg):
         self._waiter = Waiter()
         self._sizes = threading.local()
 
-    def decode(self, datas: Sequence[bytes | memoryview], device: Any) -> list[Any | None]:
-        self._sizes.found = {id(d): jpeg_size(d) for d in datas}
-        self._sizes.order = [id(d) for d in datas]
+    def decode(
+        self, datas: Sequence[bytes | memoryview], device: Any, sizes: Sizes | None = None
+    ) -> list[Any | None]:
+        """Without `sizes` (a caller with no headers), read from each JPEG's frame header."""
+        found = list(sizes) if sizes is not None else [jpeg_size(d) for d in datas]
+        self._sizes.found = found
         return super().decode(datas, device)
 
     def _op(self, encoded: list[Any], device: Any) -> list[Any]:
         import torch
 
-        found = self._sizes.found
-        order = self._sizes.order if len(encoded) == len(self._sizes.order) else []
-        sizes = [found.get(key) for key in order] or [None] * len(encoded)
+        found: list[tuple[int, int] | None] = self._sizes.found
+        # a batch the op refused is tried image by image (`batch_or_alone`): no sizes then
+        sizes = found if len(encoded) == len(found) else [None] * len(encoded)
         with self._lock:
             started = time.perf_counter()
             self._waiter.until(started + self._calibration.decode_s(len(encoded)))

@@ -481,3 +481,13 @@ def test_the_header_reads_any_buffer_in_place() -> None:
         assert header == read_header(expected[name], max_pixels=MAX_PIXELS), name
     assert read_header(views["padded"], max_pixels=MAX_PIXELS).nvjpeg
     assert not read_header(views["cut"], max_pixels=MAX_PIXELS).nvjpeg
+
+
+def test_a_decoder_is_given_each_jpegs_size_as_stored() -> None:
+    """The stand-in's decoder makes its tensors by the headers' sizes: the header's upright
+    size turned back where EXIF turns the image (the decoders leave EXIF be)."""
+    from kiln.workers.device.pixels import _stored
+
+    assert _stored(Header(width=640, height=480, orientation=1, nvjpeg=True)) == (480, 640)
+    assert _stored(Header(width=480, height=640, orientation=6, nvjpeg=True)) == (480, 640)
+    assert _stored(Header(width=20, height=50, orientation=3, nvjpeg=True)) == (50, 20)

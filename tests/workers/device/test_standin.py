@@ -79,6 +79,8 @@ def run_torch(where: str) -> None:
     started = time.perf_counter()
     images = engine.jpeg_decoder.decode(datas, engine.device)
     one = time.perf_counter() - started
+    # the headers' sizes given (as `decode_groups` gives them): no byte read for them
+    given = engine.jpeg_decoder.decode([b"?", b"?"], engine.device, [(10, 20), (30, 40)])
     # two threads at once: the process-wide lock makes them take turns
     spans: list[tuple[float, float]] = []
     barrier = threading.Barrier(2)
@@ -103,6 +105,7 @@ def run_torch(where: str) -> None:
     waited = time.perf_counter() - queued
     report = {
         "shapes": sorted({tuple(i.shape) for i in images}),
+        "given": [list(i.shape) for i in given],
         "devices": sorted({str(i.device) for i in images}),
         "dtype": str(images[0].dtype),
         "one_s": one,
@@ -123,6 +126,7 @@ def test_decoder_and_engine_honour_the_calibration(tmp_path: Path) -> None:
     run_torch_child(CHILD, tmp_path)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["shapes"] == [[3, 40, 40], [3, 48, 64]] and report["devices"] == ["meta"]
+    assert report["given"] == [[3, 10, 20], [3, 30, 40]]
     assert report["dtype"] == "torch.uint8"
     decode = H200.decode_s(32)
     assert decode * 0.9 <= report["one_s"] < decode + 0.05

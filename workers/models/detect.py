@@ -148,17 +148,19 @@ CANDIDATES = 300  # anchors a device copies back per image (YOLOv8's max_det): ~
 def best_anchors(raw: Any, k: int | None) -> Any:
     """Torch, on the outputs' device: YOLOv8 outputs [images, 4 + classes, anchors] → each
     image's `k` best-scored anchors (None: every anchor), best first, as [images, 7, k]: cx,
-    cy, w, h, best class, its score, anchor index. Per batch, a dozen torch calls."""
+    cy, w, h, best class, its score, anchor index. Per batch, 13 torch calls (each releases the
+    GIL: a stage's calls stay few, `device/stages.py`)."""
     import torch
 
     with torch.inference_mode():
-        raw = raw.float()  # a half-precision engine's: float32, so anchor indices stay exact
+        if raw.dtype != torch.float32:  # a half-precision engine's: anchor indices stay exact
+            raw = raw.float()
         scores, best = raw[:, 4:].max(dim=1)  # the first best on ties, as NumPy's argmax
         anchors = int(raw.shape[2])
-        top, index = scores.topk(anchors if k is None else min(k, anchors), dim=1)
-        columns = torch.cat((raw[:, :4], best.unsqueeze(1).float()), 1)
-        picked = columns.gather(2, index.unsqueeze(1).expand(-1, 5, -1))
-        return torch.cat((picked, top.unsqueeze(1), index.unsqueeze(1).float()), 1)
+        _top, index = scores.topk(anchors if k is None else min(k, anchors), dim=1)
+        table = torch.cat((raw[:, :4], torch.stack((best.float(), scores), 1)), 1)
+        picked = table.gather(2, index[:, None].expand(-1, SCORE + 1, -1))
+        return torch.cat((picked, index[:, None].float()), 1)
 
 
 class YoloCandidates:

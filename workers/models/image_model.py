@@ -74,7 +74,7 @@ class ImageModelPipeline:
         self.options = device_options
         self.device = device_decoding(engine, self.pre, device_options) if gpu_decode else None
         self.stages: ImageStages | None = None
-        post = self.device_post()
+        self.post = post = self.device_post()
         if self.device is not None and device_options.staged:
             assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` takes
             self.stages = ImageStages(
@@ -157,7 +157,7 @@ class ImageModelPipeline:
         decoder = getattr(engine, "jpeg_decoder", None) or decoders.jpeg_decoder(
             self.options.decoder, str(self.device)
         )  # the device stand-in's own, else the GPU's
-        post = self.device_post()
+        post = self.post
         with engine.on_stream():
             groups, failed = decode_rows(rows, self.device, self.max_pixels, decoder)
             fitted = device_pixels.fit_groups(groups, self.pre, self.device)

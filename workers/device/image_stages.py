@@ -10,6 +10,10 @@ decodes (`ImageStages`):
     outputs  copied back into pinned memory and waited for: the batch's answer, its rows put
              back in the batch's order in one scatter
 
+A model may reduce its outputs on the device before the copy back (`DevicePost`: the detector
+keeps each image's best-scored anchors, a few KB, not its whole dense output): queued in
+forward right after the engine's graph, on its stream; outputs copies back what it made.
+
 Where the prep processes decoded on the CPU (`HostStages`): upload, forward, outputs. What a
 batch carries from stage to stage is in its `Work.values` (device tensors, handed over: one
 per size, never one per image) and `Work.host`; a batch none of whose images decoded fails
@@ -21,7 +25,7 @@ length (tests/workers/device/test_torch_calls.py counts them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -98,20 +102,58 @@ def answer(rows: int, output: np.ndarray, failed: dict[int, InputError], order: 
     return DeviceAnswer(full, dict(failed), fits)
 
 
+class DevicePost(Protocol):
+    """A model's outputs made smaller on the engine's device before the copy back (torch ops,
+    the same on CUDA, on the CPU in tests and on the stand-in's meta device)."""
+
+    def on_device(self, outputs: list[Any], whole: bool = False) -> list[Any]:
+        """The engine's outputs → what crosses back (`whole`: nothing cut for size)."""
+        ...
+
+    def cut_short(self, host: np.ndarray) -> bool:
+        """Whether the copy back left out something the answer needs (then `on_device` runs
+        again, `whole`, on the same outputs)."""
+        ...
+
+
+def posted(engine: DeviceFeeds, outputs: list[Any], post: DevicePost | None) -> list[Any]:
+    """The forward's outputs after the model's device step, queued after them."""
+    if post is None:
+        return outputs
+    reduced = post.on_device(outputs)
+    charge = getattr(engine, "post_processed", None)  # the device stand-in's clock
+    return charge(outputs, reduced) if charge is not None else reduced
+
+
+def copied_back(engine: DeviceFeeds, outputs: list[Any], raw: list[Any] | None,
+                post: DevicePost | None, rows: int) -> np.ndarray:  # fmt: skip
+    """The first output on the host; taken again whole where the device step cut it short."""
+    host = next(iter(engine.outputs_to_host(outputs, rows).values()))
+    if post is not None and raw is not None and post.cut_short(host):
+        again = engine.outputs_to_host(post.on_device(raw, whole=True), rows)
+        host = next(iter(again.values()))
+    return host
+
+
 class _Forward:
     """The stages every device pipeline ends with: the engine's forward, outputs left on the
-    device; then the copy back, waited for."""
+    device (after the model's `post`, if any); then the copy back, waited for."""
 
     engine: DeviceFeeds
     input_name: str
+    post: DevicePost | None = None
 
     def forward(self, work: Work) -> None:
         pixels = work.values.pop("pixels")
-        work.values["outputs"] = self.engine.forward_tensors({self.input_name: pixels})
+        outputs = self.engine.forward_tensors({self.input_name: pixels})
+        if self.post is not None:  # kept on the device for a copy back cut short
+            work.values["raw"] = outputs
+        work.values["outputs"] = posted(self.engine, outputs, self.post)
 
     def _host(self, work: Work, rows: int) -> np.ndarray:
-        host = self.engine.outputs_to_host(work.values.pop("outputs"), rows)
-        return next(iter(host.values()))
+        values = work.values
+        raw = values.pop("raw", None)
+        return copied_back(self.engine, values.pop("outputs"), raw, self.post, rows)
 
 
 class HostStages(_Forward):
@@ -120,8 +162,9 @@ class HostStages(_Forward):
     the engine's first output. The caller's buffer is not touched again before the answer
     comes, and by then its upload is done."""
 
-    def __init__(self, name: str, engine: DeviceFeeds, input_name: str) -> None:
-        self.engine, self.input_name = engine, input_name
+    def __init__(self, name: str, engine: DeviceFeeds, input_name: str,
+                 post: DevicePost | None = None) -> None:  # fmt: skip
+        self.engine, self.input_name, self.post = engine, input_name, post
         stages = [Stage("upload", self.upload), Stage("forward", self.forward),
                   Stage("outputs", self.outputs)]  # fmt: skip
         self.pipeline = StagedPipeline(f"{name}-host", stages, _streams(engine))
@@ -158,9 +201,9 @@ class ImageStages(_Forward):
     def __init__(
         self, name: str, engine: DeviceFeeds, input_name: str, pre: Preprocessing,
         max_pixels: int, options: DeviceOptions, *, decoder: JpegDecoder | None = None,
-        streams: Streams | None = None,
+        streams: Streams | None = None, post: DevicePost | None = None,
     ) -> None:  # fmt: skip
-        self.engine, self.input_name, self.pre = engine, input_name, pre
+        self.engine, self.input_name, self.pre, self.post = engine, input_name, pre, post
         self.device, self.max_pixels = engine.device, max_pixels
         decoder = decoder or getattr(engine, "jpeg_decoder", None)  # a stand-in's own
         if decoder is None and _on_cuda(engine):

@@ -9,7 +9,11 @@ only the device's own work replaced by calibrated waits that release the GIL:
 - forward (`StandinEngine.forward_tensors`): the H200 engine's time for the batch size,
   queued on one serial device clock as a CUDA launch is (the call returns at once; the last
   stage's wait for its event is where the time shows, as on a GPU); outputs are zeros of the
-  model's output shapes (read from its ONNX file), copied back at PCIe speed.
+  model's output shapes (read from its ONNX file), copied back at PCIe speed;
+- a model's device step after the forward (`image_stages.DevicePost`: the detector's
+  candidates), run on the meta outputs, so what is copied back has the shapes it makes: a
+  stated `POST_S` a batch on the same clock (a handful of small kernels; not yet measured on
+  the H200).
 
 Why torch's "meta" device, not CPU tensors, for what decode and fit make: a meta tensor has
 its real shape (so a fit's letterbox scale and crop are right) and every op on it goes
@@ -60,6 +64,9 @@ SAMPLE_EVERY = 4  # a stage thread counts its torch calls on one batch in this m
 SAMPLER_S = 0.1  # between two reads of every thread's CPU clock
 WRITE_S = 1.0  # between two writes of the report
 IDLE_S = 1.0  # batches resuming after this long open a new steady window
+# A model's device step after the forward (a max over classes, a top-k, a gather on a batch's
+# outputs): a few kernel launches on a GPU, ~10 µs each. Stated, not measured on the H200.
+POST_S = 50e-6
 
 
 @dataclass(frozen=True)
@@ -464,6 +471,16 @@ class StandinEngine:
 
     def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
         return self._queue(tuple(tensors[self.inputs[0].name].shape))
+
+    def post_processed(self, outputs: list[Any], reduced: list[Any]) -> _Pending:
+        """A model's device step on a forward's `outputs` (`image_stages.posted`): queued
+        after them on the device clock; `reduced` (meta tensors of the shapes it makes) is
+        what the copy back then reads."""
+        rows = int(reduced[0].shape[0]) if reduced else 0
+        pending = _Pending(reduced)
+        pending.ready_at = max(getattr(outputs, "ready_at", 0.0),
+                               self.clock.queue("post", POST_S, rows))  # fmt: skip
+        return pending
 
     def _queue(self, shape: tuple[int, ...], kind: str = "forward") -> _Pending:
         """The forward of a batch of `shape` (NHWC) queued on the device: its outputs."""

@@ -3,7 +3,15 @@
 The built-in is NudeNet's YOLOv8n (320 px) body-part/nudity detector, not a general object
 detector: its labels are NudeNet's (FACE_FEMALE, BUTTOCKS_EXPOSED, …). A registered detector
 brings its own labels, preprocessing and NMS settings; both decode boxes and run NMS here, a
-batch at a time in NumPy."""
+batch at a time in NumPy.
+
+Where the batch runs on a device (a CUDA torch engine, or the device stand-in), the dense part
+runs there first (`YoloCandidates`, torch): each anchor's best class and score, and each
+image's `CANDIDATES` best-scored anchors, best first — ~8 KB an image crosses back, not the
+whole output (22 × 2,100 floats for the built-in, 185 KB). The host then keeps those over the
+score floor, maps them back and runs NMS, as it does with a CPU engine's whole output; the same
+candidates, so the same boxes. An image with more anchors over the floor than that is taken
+again with every anchor (`cut_short`)."""
 
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
-from kiln.workers.device.image_stages import DEFAULT_OPTIONS, DeviceOptions
+from kiln.workers.device.image_stages import DEFAULT_OPTIONS, DeviceOptions, DevicePost
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, names_of, numeric, row_errors
 from kiln.workers.models.image_model import ImageModelPipeline
@@ -95,21 +103,93 @@ class Candidates:
 
 def candidates(raw: np.ndarray, fits: np.ndarray, score_threshold: float) -> Candidates:
     """YOLOv8 outputs [images, 4 + classes, anchors] → boxes in original pixels, each image's
-    fit (scale across, scale down, upright width, height: `prep.images.placement_row`)."""
-    predictions = raw.transpose(0, 2, 1)  # images, anchors, 4 + classes
-    class_scores = predictions[:, :, 4:]
-    class_ids = class_scores.argmax(axis=2)
-    scores = np.take_along_axis(class_scores, class_ids[..., None], axis=2)[..., 0]
+    fit (scale across, scale down, upright width, height: `prep.images.placement_row`). The
+    best class is looked for only at the anchors over the floor (its score is the max)."""
+    class_scores = raw[:, 4:, :]
+    scores = class_scores.max(axis=1)  # images, anchors
     image, anchor = np.nonzero(scores >= score_threshold)
-    cx, cy, w, h = (predictions[image, anchor, i] for i in range(4))
-    fit = fits[image].astype(predictions.dtype)
+    class_ids = class_scores[image, :, anchor].argmax(axis=1)  # the first best, as argmax
+    box = raw[image, :4, anchor]  # candidates, (cx, cy, w, h)
+    return _placed(image, anchor, box, scores[image, anchor], class_ids, fits)
+
+
+def posted_candidates(posted: np.ndarray, fits: np.ndarray, score_threshold: float) -> Candidates:
+    """`candidates` from what `YoloCandidates` copied back: [images, 7, K] (`POSTED`), each
+    image's best-scored anchors; the same candidates, in the same order."""
+    scores = posted[:, SCORE, :]
+    image, slot = np.nonzero(scores >= score_threshold)
+    picked = posted[image, :, slot]  # candidates, 7
+    anchor = picked[:, ANCHOR].astype(np.int64)
+    class_ids = picked[:, CLASS].astype(np.int64)
+    return _placed(image, anchor, picked[:, :4], picked[:, SCORE], class_ids, fits)
+
+
+def _placed(image: np.ndarray, anchor: np.ndarray, box: np.ndarray, scores: np.ndarray,
+            class_ids: np.ndarray, fits: np.ndarray) -> Candidates:  # fmt: skip
+    """Candidates' boxes (cx, cy, w, h in model pixels) in their images' original pixels,
+    clipped to them; sorted by image, best first, ties in anchor order."""
+    cx, cy, w, h = (box[:, i] for i in range(4))
+    fit = fits[image].astype(box.dtype)
     scales = np.stack([fit[:, 0], fit[:, 1], fit[:, 0], fit[:, 1]], axis=1)
     boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1) / scales
     limits = np.stack([fit[:, 2], fit[:, 3], fit[:, 2], fit[:, 3]], axis=1)
     boxes = np.clip(boxes, 0, limits)
-    kept = scores[image, anchor]
-    order = np.lexsort((anchor, -kept, image))  # by image, best first, ties in anchor order
-    return Candidates(image[order], boxes[order], kept[order], class_ids[image, anchor][order])
+    order = np.lexsort((anchor, -scores, image))
+    return Candidates(image[order], boxes[order], scores[order], class_ids[order])
+
+
+# What `YoloCandidates` copies back per image and candidate, as float32 (exact for class and
+# anchor indices up to 2**24): the box as the model gave it, then these.
+CLASS, SCORE, ANCHOR = 4, 5, 6
+POSTED = 7
+CANDIDATES = 300  # anchors a device copies back per image (YOLOv8's max_det): ~8 KB
+
+
+def best_anchors(raw: Any, k: int | None) -> Any:
+    """Torch, on the outputs' device: YOLOv8 outputs [images, 4 + classes, anchors] → each
+    image's `k` best-scored anchors (None: every anchor), best first, as [images, 7, k]: cx,
+    cy, w, h, best class, its score, anchor index. Per batch, 13 torch calls (each releases the
+    GIL: a stage's calls stay few, `device/stages.py`)."""
+    import torch
+
+    with torch.inference_mode():
+        if raw.dtype != torch.float32:  # a half-precision engine's: anchor indices stay exact
+            raw = raw.float()
+        scores, best = raw[:, 4:].max(dim=1)  # the first best on ties, as NumPy's argmax
+        anchors = int(raw.shape[2])
+        _top, index = scores.topk(anchors if k is None else min(k, anchors), dim=1)
+        table = torch.cat((raw[:, :4], torch.stack((best.float(), scores), 1)), 1)
+        picked = table.gather(2, index[:, None].expand(-1, SCORE + 1, -1))
+        return torch.cat((picked, index[:, None].float()), 1)
+
+
+class YoloCandidates:
+    """The detector's `DevicePost` (`device/image_stages.py`): its candidates made on the
+    engine's device, so a few KB an image cross back, not its dense output."""
+
+    def __init__(self, name: str, labels: int, score_threshold: float,
+                 k: int = CANDIDATES) -> None:  # fmt: skip
+        self.name, self.labels = name, labels
+        self.score_threshold, self.k = score_threshold, k
+
+    def on_device(self, outputs: list[Any], whole: bool = False) -> list[Any]:
+        raw = outputs[0]
+        _check_shape(self.name, tuple(raw.shape), self.labels)
+        return [best_anchors(raw, None if whole else self.k)]
+
+    def cut_short(self, host: np.ndarray) -> bool:
+        """An image whose last candidate copied back is still over the floor may have had
+        more (a batch with fewer anchors than `k` came back whole)."""
+        full = host.shape[2] >= self.k
+        return full and bool((host[:, SCORE, -1] >= self.score_threshold).any())
+
+
+def _check_shape(name: str, shape: tuple[int, ...], labels: int) -> None:
+    if len(shape) != 3 or shape[1] != 4 + labels:
+        raise ValueError(
+            f"Model {name!r} returned shape {list(shape)}, not [N, {4 + labels}, anchors] "
+            f"(4 box values and {labels} class scores per anchor)."
+        )
 
 
 def _kept(found: Candidates, images: int, iou_threshold: float) -> np.ndarray:
@@ -149,8 +229,20 @@ def detection_lists(
 ) -> pa.Array:
     """Each image's detections, best first, at most `max_boxes`, as a list of {label, score,
     box} in Arrow: the whole batch's decoding and NMS in NumPy."""
-    images = raw.shape[0]
     found = candidates(raw, fits, score_threshold)
+    return detections(found, raw.shape[0], iou_threshold=iou_threshold, labels=labels,
+                      max_boxes=max_boxes)  # fmt: skip
+
+
+def detections(
+    found: Candidates,
+    images: int,
+    *,
+    iou_threshold: float,
+    labels: Sequence[str] = LABELS,
+    max_boxes: int | None = None,
+) -> pa.Array:
+    """`detection_lists` from a batch's candidates: NMS per image, the first `max_boxes`."""
     keep = _kept(found, images, iou_threshold)
     if max_boxes is not None:  # the first max_boxes kept of each image
         image = found.image[keep]
@@ -196,27 +288,31 @@ class YoloPipeline(ImageModelPipeline):
     kind = "detect"
 
     def __init__(
-        self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int, **kw: Any
-    ) -> None:
+        self, name: str, engine: Engine, spec: dict[str, Any], *, max_pixels: int,
+        detection: Detection | None = None, **kw: Any,
+    ) -> None:  # fmt: skip
+        declared = ImageModelSpec.from_dict(spec)
+        self.labels = tuple(declared.labels)
+        # before the stages are built: the device step's score floor
+        self.detection = detection or declared.detection()
         super().__init__(name, engine, spec, max_pixels=max_pixels, **kw)
-        self.labels = tuple(self.declared.labels)
-        self.detection = self.declared.detection()
+
+    def device_post(self) -> DevicePost:
+        return YoloCandidates(self.name, len(self.labels), self.detection.score_threshold)
 
     def infer(self, batch: Batch) -> Answers:
         output, failed = self._output(batch)
-        if output.ndim != 3 or output.shape[1] != 4 + len(self.labels):
-            raise ValueError(
-                f"Model {self.name!r} returned shape {list(output.shape)}, not "
-                f"[N, {4 + len(self.labels)}, anchors] (4 box values and {len(self.labels)} "
-                f"class scores per anchor)."
-            )
         assert batch.meta is not None  # each image's fit: where its boxes map back to
-        found = self.detection
+        setting = self.detection
+        if self.posted:  # the device made the candidates (and checked the shape)
+            found = posted_candidates(output, batch.meta, setting.score_threshold)
+        else:
+            _check_shape(self.name, output.shape, len(self.labels))
+            found = candidates(output, batch.meta, setting.score_threshold)
         columns = {
-            "detections": detection_lists(
-                output, batch.meta, score_threshold=found.score_threshold,
-                iou_threshold=found.iou_threshold, labels=self.labels,
-                max_boxes=found.max_boxes,
+            "detections": detections(
+                found, len(batch), iou_threshold=setting.iou_threshold, labels=self.labels,
+                max_boxes=setting.max_boxes,
             )
         }  # fmt: skip
         if not failed:
@@ -252,6 +348,6 @@ class DetectorPipeline(YoloPipeline):
         super().__init__(
             "detector", engine, spec, max_pixels=max_pixels, gpu_decode=gpu_decode,
             device_options=device_options,
+            # NudeNet's answer keeps every box NMS keeps.
+            detection=Detection(score_threshold, iou_threshold, max_boxes=None),
         )  # fmt: skip
-        # NudeNet's answer keeps every box NMS keeps.
-        self.detection = Detection(score_threshold, iou_threshold, max_boxes=None)

@@ -23,10 +23,13 @@ from kiln.workers.device.image_stages import (
     DEFAULT_OPTIONS,
     DeviceAnswer,
     DeviceOptions,
+    DevicePost,
     HostStages,
     ImageStages,
     answer,
+    copied_back,
     decode_rows,
+    posted,
 )
 from kiln.workers.engines.base import Closable, DeviceFeeds, Engine, HostStaging
 from kiln.workers.engines.uint8_input import Normalization
@@ -71,15 +74,18 @@ class ImageModelPipeline:
         self.options = device_options
         self.device = device_decoding(engine, self.pre, device_options) if gpu_decode else None
         self.stages: ImageStages | None = None
+        self.post = post = self.device_post()
         if self.device is not None and device_options.staged:
             assert isinstance(engine, DeviceFeeds)  # the only engines `device_decoding` takes
             self.stages = ImageStages(
-                name, engine, self.input_name, self.pre, max_pixels, device_options
+                name, engine, self.input_name, self.pre, max_pixels, device_options, post=post
             )
         self.host_stages: HostStages | None = None
         if self.device is None and device_options.staged and _staged_host(engine):
             assert isinstance(engine, DeviceFeeds)
-            self.host_stages = HostStages(name, engine, self.input_name)
+            self.host_stages = HostStages(name, engine, self.input_name, post)
+        # the outputs `_output` gives: the device step's (`device_post`), or the engine's own
+        self.posted = post is not None and (self.device is not None or self.host_stages is not None)
         # Batches worth having in flight at once: every stage busy, its queue filled.
         staged = self.stages or self.host_stages
         watch = getattr(engine, "watch", None)  # the device stand-in reports the verdict
@@ -103,13 +109,19 @@ class ImageModelPipeline:
             meta_width=FIT_WIDTH,
         )
 
+    def device_post(self) -> DevicePost | None:
+        """What the engine's device makes of its outputs before they are copied back, where
+        the batch runs on a device (a detector's candidates); None: the outputs as they are."""
+        return None
+
     def _normalize(self, xp: Any, batch: Any) -> Any:
         """The model's normalisation on NumPy or CuPy (a CPU engine's `prepare`)."""
         return self.normalization(xp, batch, self.input_dtype)
 
     def _output(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:
-        """The engine's first output for the batch, and the rows that failed before it (an
-        image the GPU could not decode gets a row of zeros and its error)."""
+        """The engine's first output for the batch (after `device_post` where `posted`), and
+        the rows that failed before it (an image the GPU could not decode gets a row of zeros
+        and its error)."""
         if self.device is not None:
             return self._output_on_device(batch)
         assert batch.pixels is not None  # uint8: 4x less to copy to a GPU than floats
@@ -145,10 +157,13 @@ class ImageModelPipeline:
         decoder = getattr(engine, "jpeg_decoder", None) or decoders.jpeg_decoder(
             self.options.decoder, str(self.device)
         )  # the device stand-in's own, else the GPU's
+        post = self.post
         with engine.on_stream():
             groups, failed = decode_rows(rows, self.device, self.max_pixels, decoder)
             fitted = device_pixels.fit_groups(groups, self.pre, self.device)
-            output = next(iter(engine.infer_tensors({self.input_name: fitted.pixels}).values()))
+            raw = engine.forward_tensors({self.input_name: fitted.pixels})
+            outputs = posted(engine, raw, post)
+            output = copied_back(engine, outputs, raw, post, len(fitted.order))
         return answer(len(rows), output, failed, fitted.order, fitted.fits)
 
     def _run(self, batch: Batch) -> tuple[np.ndarray, dict[int, Exception]]:

@@ -158,6 +158,10 @@ def test_kiln_run_goes_through_the_device_stages(tmp_path: Path) -> None:
     assert statuses == ["succeeded"] * 6
     found = json.loads(report.read_text())
     assert found["rows"]["decode"] == found["rows"]["forward"] == 6  # every image, on the device
+    # the detector's candidates picked on the device, charged there; the copy back is theirs
+    assert found["rows"]["post"] == 6 and found["batches"]["post"] == found["batches"]["forward"]
+    assert found["busy_s"]["post"] == pytest.approx(standin.POST_S * found["batches"]["post"])
+    assert pq.read_table(output).column("detections").to_pylist() == [[]] * 6  # zeros: none
     [pipeline] = found["pipelines"]
     assert pipeline["name"] == "detector-device"
     assert pipeline["stats"]["fit"]["batches"] >= 1

@@ -1,6 +1,7 @@
 """The image pipeline's device path end to end, on torch CPU: the built-in detector with images
-decoded, letterboxed and normalised by `device_pixels` and run by the torch engine matches the
-CPU path (Pillow + ONNX Runtime), and an image that fails to decode fails its own item.
+decoded, letterboxed and normalised by `device_pixels`, run by the torch engine, its candidates
+made there (`detect.YoloCandidates`), matches the CPU path (Pillow + ONNX Runtime), and an
+image that fails to decode fails its own item.
 
 nvJPEG needs CUDA, so the child process turns device decoding on for the CPU device (the same
 torch code, with Pillow as the decoder); torch runs in that child so this process stays as
@@ -18,7 +19,7 @@ import pytest
 from devstack.images import photo, truncated_jpeg
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
-from kiln.workers.models.detect import DetectorPipeline, model_path
+from kiln.workers.models.detect import ANCHOR, SCORE, DetectorPipeline, model_path
 from tests.support import run_torch_child
 from tests.workers.models.halves import batch_of, outputs, prepare
 
@@ -65,7 +66,7 @@ batch = Batch(None, np.stack(metas), objects)
 raws, failed = pipeline._output(batch)
 report = {}
 for i, (name, outcome) in enumerate(zip(names, run_direct(pipeline, datas))):
-    np.save(folder / f"{name}.raw.npy", np.asarray(raws[i]))
+    np.save(folder / f"{name}.posted.npy", np.asarray(raws[i]))
     if isinstance(outcome, dict):
         report[name] = {"detections": outcome["detections"], "fit": batch.meta[i].tolist()}
     else:
@@ -75,7 +76,7 @@ for i, (name, outcome) in enumerate(zip(names, run_direct(pipeline, datas))):
 serial = DetectorPipeline(engine, max_pixels=50_000_000, device_options=DeviceOptions(staged=False))
 again, _ = serial._output(Batch(None, np.stack(metas), objects))
 report["_ways"] = {"staged": pipeline.stages is not None, "serial": serial.stages is None,
-                   "same": bool(np.array_equal(raws, again))}
+                   "same": bool(np.array_equal(raws, again)), "posted": pipeline.posted}
 pipeline.close()
 (folder / "report.json").write_text(json.dumps(report))
 """
@@ -98,10 +99,13 @@ def test_the_device_path_matches_the_cpu_path(device_run: Path) -> None:
     assert not failed
     expected = outputs(cpu, list(IMAGES.values()))
     report = json.loads((device_run / "report.json").read_text())
-    assert report["_ways"] == {"staged": True, "serial": True, "same": True}
+    assert report["_ways"] == {"staged": True, "serial": True, "same": True, "posted": True}
     for name, row, raw, answer in zip(IMAGES, rows, raws, expected, strict=True):
-        ours = np.load(device_run / f"{name}.raw.npy")
-        worst = float(np.abs(ours - raw).max())
+        # the device's candidates (its best-scored anchors): the CPU's box and best score there
+        posted = np.load(device_run / f"{name}.posted.npy")
+        anchors = posted[ANCHOR].astype(np.int64)
+        worst = max(float(np.abs(posted[:4] - raw[:4, anchors]).max()),
+                    float(np.abs(posted[SCORE] - raw[4:, anchors].max(axis=0)).max()))  # fmt: skip
         assert worst <= ATOL, f"{name}: max |device - cpu| = {worst}"
         assert report[name]["fit"] == row.meta.tolist()  # the same placement, so boxes map
         found = report[name]["detections"]

@@ -88,10 +88,15 @@ _FACTS = (  # JobFacts's fields, in order
 
 
 def take(
-    session: Session, job_id: str, item_ids: Sequence[int], owner: str, lease_s: float
+    session: Session,
+    job_id: str,
+    item_ids: Sequence[int],
+    owner: str,
+    lease_s: float,
+    max_attempts: int | None = None,
 ) -> list[LeasedItem]:
     """Lease the chunk's takeable items to `owner` and return them, in id order; others are
-    left alone.
+    left alone (and, with `max_attempts`, items already run that often: `give_up` fails them).
 
     One statement, and no lock on the job row: the items are locked in id order, as a cancel
     locks them, so the two queue instead of deadlocking; a cancel that wins leaves nothing
@@ -105,6 +110,8 @@ def take(
         .order_by(Item.id)
         .with_for_update()
     )
+    if max_attempts is not None:
+        takeable = takeable.where(Item.attempts < max_attempts)
     rows = session.execute(
         update(Item)
         .where(Item.id.in_(takeable))
@@ -201,9 +208,16 @@ def take_chunk(
     max_attempts: int,
 ) -> TakenChunk | None:
     """Take a chunk's open items and read its job (no lock on its row); None when the job no
-    longer exists. Items already run `max_attempts` times fail instead (`give_up`)."""
-    give_up(session, job_id, chunk, item_ids, owner, max_attempts)
-    items = take(session, job_id, item_ids, owner, lease_s)
+    longer exists. Items already run `max_attempts` times fail instead (`give_up`): never
+    taken, so an item's attempts never pass the limit. `give_up` is a statement of its own,
+    run on the items not taken, only when there are some (a fresh chunk takes them all: one
+    statement less per chunk)."""
+    items = take(session, job_id, item_ids, owner, lease_s, max_attempts)
+    # Not among what it just took: an item leased now to its last attempt is takeable (its
+    # own lease) with `max_attempts` spent.
+    rest = sorted(set(item_ids).difference(item.id for item in items))
+    if rest:
+        give_up(session, job_id, chunk, rest, owner, max_attempts)
     job = job_facts(session, job_id)
     if job is None:
         return None

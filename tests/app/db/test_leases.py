@@ -205,3 +205,22 @@ def test_duplicate_runs_of_a_chunk_count_one_attempt_each_and_stop_at_the_limit(
     item = items_of(session, job.id)[0]
     assert item.attempts == LIMIT and item.status == ItemStatus.FAILED
     assert item.error == leases.gave_up(LIMIT)  # no run recorded an error
+
+
+def test_a_chunk_takes_its_fresh_items_and_fails_its_spent_ones_in_one_lease(
+    session: Session,
+) -> None:
+    """`take` leaves an item at the limit alone and `give_up` fails it, on the items `take`
+    did not take: the one leased now to its last attempt runs (its own lease is takeable)."""
+    job = make_job(session, [ItemStatus.PENDING, ItemStatus.PENDING, ItemStatus.PENDING])
+    spent, last, fresh = items_of(session, job.id)
+    spent.attempts, last.attempts = LIMIT, LIMIT - 1
+    session.commit()
+    taken = take_chunk(session, job.id, "run-a")
+    assert taken is not None and [i.id for i in taken.items] == [last.id, fresh.id]
+    by_id = {i.id: i for i in items_of(session, job.id)}
+    assert (by_id[spent.id].status, by_id[spent.id].attempts) == (ItemStatus.FAILED, LIMIT)
+    assert by_id[spent.id].error == leases.gave_up(LIMIT)
+    assert (by_id[last.id].status, by_id[last.id].attempts) == (ItemStatus.RUNNING, LIMIT)
+    assert (by_id[fresh.id].status, by_id[fresh.id].attempts) == (ItemStatus.RUNNING, 1)
+    assert counters.read(session, job.id).failed == 1

@@ -86,10 +86,6 @@ class ImageModelPipeline:
         if staged is not None and watch is not None:
             watch(staged.pipeline)
         self.in_flight = staged.pipeline.in_flight if staged is not None else 0
-        # Batches its stages run at once, one per stage thread (`sizing.batch_runners`).
-        self.stage_threads = (
-            sum(stage.threads for stage in staged.pipeline.stages) if staged is not None else 0
-        )
         self.prep = self._prep_spec()
 
     def _prep_spec(self) -> PrepSpec:

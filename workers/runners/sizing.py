@@ -70,25 +70,13 @@ def learned_batch(
     return chosen
 
 
-# Batcher threads beyond one per stage thread of a staged pipeline: a batch waiting to enter
-# it while the first stage runs one, and a batch being answered (post-processed) after it.
-STAGED_SPARE_RUNNERS = 2
-
-
 def batch_runners(engine_runners: int, pipeline: Pipeline) -> int:
     """The model's Batcher threads: one per engine runner, or for a staged device pipeline
-    (`workers/device/`) one per stage thread and STAGED_SPARE_RUNNERS more, so every stage has
-    a batch while the others run theirs (each thread waits on its batch's trip). Not one per
-    place its queues hold (`in_flight`, 12 for the image stages): a batch waiting in a queue
-    between stages keeps no stage busier, and each thread more is one more waking for the GIL
-    (on the stand-in, 6 runners kept the device as busy as 12: issue 38)."""
+    (`workers/device/`) as many batches as its stages and queues hold, so every stage has
+    work while the others do theirs (each thread waits on its batch's trip)."""
     runners = min(engine_runners, pipeline.max_runners)
     if isinstance(pipeline, Staged) and pipeline.in_flight:
-        # `stage_threads`: an image model's (`ImageModelPipeline`); a staged pipeline that
-        # does not say keeps a thread per batch it holds.
-        threads = getattr(pipeline, "stage_threads", 0)
-        wanted = threads + STAGED_SPARE_RUNNERS if threads else pipeline.in_flight
-        return max(runners, min(pipeline.in_flight, wanted))
+        return max(runners, pipeline.in_flight)
     return runners
 
 

@@ -38,31 +38,3 @@ def test_the_sweep_is_read_for_what_feeds_the_engine(
     chosen = sizing.batch_size(settings, info, Pipeline(in_flight), engines)  # type: ignore[arg-type]
     assert chosen == 64
     assert asked == [{"cap": 256, "staged": staged}]
-
-
-class StagedImages:
-    """A staged pipeline as an image model shows it: batches it holds, and its stage threads."""
-
-    max_runners = 64
-
-    def __init__(self, in_flight: int, stage_threads: int | None) -> None:
-        self.in_flight = in_flight
-        if stage_threads is not None:
-            self.stage_threads = stage_threads
-
-
-@pytest.mark.parametrize(
-    ("engine_runners", "in_flight", "stage_threads", "runners"),
-    [
-        (1, 12, 4, 4 + sizing.STAGED_SPARE_RUNNERS),  # a thread per stage thread, and spares
-        (1, 3, 4, 3),  # never more than it holds
-        (1, 12, None, 12),  # a staged pipeline that does not say: one per batch it holds
-        (8, 12, 4, 8),  # never fewer than the engine's runners
-        (1, 0, 4, 1),  # not staged
-    ],
-)
-def test_a_staged_pipeline_gets_a_runner_per_stage_thread_and_spares(
-    engine_runners: int, in_flight: int, stage_threads: int | None, runners: int
-) -> None:
-    pipeline = StagedImages(in_flight, stage_threads)
-    assert sizing.batch_runners(engine_runners, pipeline) == runners  # type: ignore[arg-type]

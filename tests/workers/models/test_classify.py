@@ -13,7 +13,16 @@ from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.base import Refusal, names_of, null_mask, numeric
-from kiln.workers.models.classify import ClassifyPipeline, label_lists, softmax, top_k
+from kiln.workers.models.classify import (
+    ARGMAX_K,
+    ClassifyPipeline,
+    label_lists,
+    shifted_exp,
+    softmax,
+    take_top_k,
+    top_k,
+    top_k_indices,
+)
 from kiln.workers.models.direct import run_direct
 from tests.models import colour_classifier
 from tests.workers.models.halves import outputs
@@ -77,6 +86,24 @@ def test_top_k_without_enough_labels_uses_the_index() -> None:
         {"label": "1", "score": 0.2},
         {"label": "a", "score": 0.1},
     ]
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, ARGMAX_K, ARGMAX_K + 1, 40])
+def test_the_top_k_taken_from_the_exps_are_softmaxs_top_k(k: int) -> None:
+    """The batch path (top k of exp(logit - max), k scores divided) answers as the softmax
+    and its sorted top k do: the same classes in the same order, ties to the lower index
+    (a row of equal logits, a row of rounded ones), and the very same scores."""
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((6, 40)) * 3).astype(np.float32)
+    logits[0] = 0  # a row that failed to decode: every class tied
+    logits[1] = np.round(logits[1])  # ties across the k-th place
+    probabilities = softmax(logits)
+    exp, total = shifted_exp(logits)
+    best, taken = take_top_k(exp, k)
+    assert np.array_equal(best, top_k_indices(probabilities, k))
+    scores = taken / total[:, np.newaxis]
+    assert np.array_equal(scores, np.take_along_axis(probabilities, best, axis=1))
+    assert np.array_equal(1 / total, probabilities.max(axis=1))  # the top score
 
 
 def test_names_of_picks_labels_and_numbers_past_them() -> None:

@@ -28,6 +28,7 @@ its built size. What is taken from the sweep depends on what feeds the engine:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -90,13 +91,15 @@ def synthetic(spec: TensorSpec, batch: int) -> np.ndarray | None:
 
 
 def rate(run: Callable[[], object], batch: int, seconds: float = SWEEP_S) -> float:
-    """Rows per second of `run` (one warm-up call, then as many as fit in `seconds`)."""
+    """Rows per second of `run` at its fastest call (one warm-up call, then as many as fit in
+    `seconds`). The fastest, not the mean: a call the host preempted says nothing about the
+    engine, and on a busy host a mean moved the chosen batch from run to run."""
     run()
-    calls, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds or calls == 0:
+    fastest, started = math.inf, time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds or math.isinf(fastest):
         run()
-        calls += 1
-    return batch * calls / (time.perf_counter() - started)
+        fastest = min(fastest, time.perf_counter() - now)
+    return batch / max(fastest, 1e-9)
 
 
 def choose_batch(

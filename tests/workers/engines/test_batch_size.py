@@ -88,3 +88,24 @@ def test_choose_batch_takes_the_rule_for_what_feeds_the_engine(
     monkeypatch.setattr(batch_size, "sizes", lambda cap: sorted(H200))
     assert batch_size.choose_batch(Engine(), 256, "resnet", staged=staged) == chosen  # type: ignore[arg-type]
     assert swept == sorted(H200)
+
+
+def test_a_sweep_rates_a_batch_by_its_fastest_call_not_by_calls_the_host_slowed() -> None:
+    """One call in three preempted (a busy host): the mean would say 20 ms a batch and put 64
+    over the pipeline's 10 ms bound; the fastest call says what the engine does."""
+    calls = 0
+    now = 0.0
+
+    def fake_clock() -> float:
+        return now
+
+    def forward() -> None:
+        nonlocal calls, now
+        calls += 1
+        now += 0.050 if calls % 3 == 0 else 0.005
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch_size.time, "perf_counter", fake_clock)
+        measured = batch_size.rate(forward, 64, seconds=0.2)
+    assert measured == pytest.approx(64 / 0.005)
+    assert batch_size.for_pipeline({32: 32 / 0.0028, 64: measured}) == 64

@@ -50,13 +50,16 @@ class Process(Protocol):
 class Item:
     """One item of a unit in hand: the unit and the item's place in it, the unit's answer (the
     handler writes the item's row), the model's prep (None for a read-only unit) and the
-    item's slot (None for object families and read-only units)."""
+    item's slot (None for object families and read-only units). `held`: its bytes were kept
+    from its read-only unit, which hashed them and found no video in them (a video's bytes
+    are never held), so neither is done again."""
 
     unit: Unit
     i: int
     out: Prepped
     prep: Prep | None
     slot: np.ndarray | None
+    held: bool = False
 
     @property
     def id(self) -> int:
@@ -102,25 +105,29 @@ def handle(process: Process, item: Item) -> None:
 
 
 def read(process: Process, item: Item) -> Data:
-    """The item's text, or its bytes (held from a read-only unit, or fetched); hashed. A local
-    video is not read here: its path comes back (readers open it where it is). None: nothing
-    could be read (the item has failed with why)."""
+    """The item's text, or its bytes (held from a read-only unit, with the hash taken then, or
+    fetched and hashed). A local video is not read here: its path comes back (readers open it
+    where it is); held bytes are never a video's. None: nothing could be read (the item has
+    failed with why)."""
     text = item.unit.texts[item.i]
     if text is not None:
         item.out.sha256[item.i] = sha256_hex(text)
         return text
+    held = process.held.take(item.id)
+    if held is not None:
+        item.held = True
+        item.out.sha256[item.i] = held.sha256
+        return held.data
     path = process.fetcher.local_path(item.unit.sources[item.i])
     if path is not None and _local_video(path):
         return path
-    data = process.held.take(item.id)
-    if data is None:
-        try:
-            data = process.fetcher.fetch(item.unit.sources[item.i], item.unit.max_bytes)
-        except TransientError:
-            raise  # the whole unit, and so the chunk, is retried
-        except KilnError as error:
-            item.fail(str(error))
-            return None
+    try:
+        data = process.fetcher.fetch(item.unit.sources[item.i], item.unit.max_bytes)
+    except TransientError:
+        raise  # the whole unit, and so the chunk, is retried
+    except KilnError as error:
+        item.fail(str(error))
+        return None
     item.out.sha256[item.i] = sha256_hex(data)
     return data
 
@@ -183,8 +190,9 @@ def video(process: Process, item: Item, data: Data) -> None:
 def hold(process: Process, item: Item, data: Data) -> None:
     """An item of a read-only unit: its bytes are kept for the unit that prepares it (a text
     is in that unit already)."""
-    if isinstance(data, bytes):
-        process.held.hold(item.id, data)
+    digest = item.out.sha256[item.i]
+    if isinstance(data, bytes) and digest is not None:
+        process.held.hold(item.id, data, digest)
 
 
 def prepare(process: Process, item: Item, data: Data) -> None:
@@ -207,6 +215,8 @@ def _is_frame(item: Item, data: Data) -> bool:
 
 
 def _is_video(item: Item, data: Data) -> bool:
+    if item.held:
+        return False  # its read-only unit looked: a video is not held
     return isinstance(data, Path) or (isinstance(data, bytes) and is_video(data))
 
 
@@ -250,7 +260,17 @@ def _limits(settings: PrepSettings) -> VideoLimits:
 
 
 def is_video(data: bytes) -> bool:
+    if _plain_jpeg(data):
+        return False
     return container_of(data[:HEAD_BYTES]) is not None
+
+
+def _plain_jpeg(data: bytes) -> bool:
+    """Bytes `container_of` would say no to, told at a glance: a JPEG's start (FF D8 FF)
+    is none of its signatures, and what it could still find — an MP4 box name (letters
+    all) at 4:8, or an MPEG-TS sync byte (0x47) at 4 — is not there. A shortcut for the
+    common case, exact (tests/workers/prep/test_handlers.py)."""
+    return data[:3] == b"\xff\xd8\xff" and data[4:5] != b"\x47" and not data[4:8].isalpha()
 
 
 def _local_video(path: Path) -> bool:

@@ -154,6 +154,7 @@ def test_read_bytes_are_kept_for_the_prepare_that_follows(pool: PrepPool, tmp_pa
     path.unlink()
     answer = pool.submit(files(path), prefer=read.worker).result(30)
     assert answer.errors == [None] and answer.objects == ["KEPT"]
+    assert answer.sha256 == read.sha256  # the hash taken when it was read
 
 
 def test_closing_fails_what_is_outstanding(settings: Settings) -> None:

@@ -28,7 +28,7 @@ its built size. What is taken from the sweep depends on what feeds the engine:
 from __future__ import annotations
 
 import logging
-import math
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -91,15 +91,16 @@ def synthetic(spec: TensorSpec, batch: int) -> np.ndarray | None:
 
 
 def rate(run: Callable[[], object], batch: int, seconds: float = SWEEP_S) -> float:
-    """Rows per second of `run` at its fastest call (one warm-up call, then as many as fit in
-    `seconds`). The fastest, not the mean: a call the host preempted says nothing about the
-    engine, and on a busy host a mean moved the chosen batch from run to run."""
+    """Rows per second of `run` at its median call (one warm-up call, then as many as fit in
+    `seconds`). The median, not the mean: a call the host preempted says nothing about the
+    engine, and on a busy host the mean moved the chosen batch from run to run."""
     run()
-    fastest, started = math.inf, time.perf_counter()
-    while (now := time.perf_counter()) - started < seconds or math.isinf(fastest):
+    took: list[float] = []
+    started = time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds or not took:
         run()
-        fastest = min(fastest, time.perf_counter() - now)
-    return batch / max(fastest, 1e-9)
+        took.append(time.perf_counter() - now)
+    return batch / max(statistics.median(took), 1e-9)
 
 
 def choose_batch(

@@ -90,9 +90,9 @@ def test_choose_batch_takes_the_rule_for_what_feeds_the_engine(
     assert swept == sorted(H200)
 
 
-def test_a_sweep_rates_a_batch_by_its_fastest_call_not_by_calls_the_host_slowed() -> None:
+def test_a_sweep_rates_a_batch_by_its_median_call_not_by_calls_the_host_slowed() -> None:
     """One call in three preempted (a busy host): the mean would say 20 ms a batch and put 64
-    over the pipeline's 10 ms bound; the fastest call says what the engine does."""
+    over the pipeline's 10 ms bound; the median call says what the engine does."""
     calls = 0
     now = 0.0
 

@@ -39,7 +39,7 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from kiln.app.storage import open_store
 from kiln.workers.celery.app import KilnCelery, make_celery
-from kiln.workers.chunk import write
+from kiln.workers.chunk import warm as chunk_path
 from kiln.workers.prep.ahead import local_settings, walk_files
 from kiln.workers.prep.pool import Preparer
 from kiln.workers.prep.slots import reclaim
@@ -190,7 +190,7 @@ def _warming(runtime: WorkerRuntime, info: ModelInfo) -> Iterator[None]:
             runtime.models.runner(info)
         except Exception as error:  # recorded by the runners: the first chunk's items say why
             log.info("model %s did not load ahead of its job: %s", info.ref, error)
-        write.warm(info)  # the first chunk's write would otherwise pay these first-use costs
+        chunk_path.warm(runtime, info)  # what the first chunk would pay once
 
     thread = threading.Thread(target=warm, name="kiln-warm-up", daemon=True)
     thread.start()

@@ -14,12 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.app import results
-from kiln.app.catalog import ModelInfo
 from kiln.app.db import chunk_results
 from kiln.app.db.models import Item
 from kiln.app.db.session import unit_of_work
 from kiln.workers.chunk.content_cache import fresh_entries
-from kiln.workers.chunk.fallback import shard_fields
 from kiln.workers.chunk.lease import Lease
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.runtime import WorkerRuntime
@@ -72,13 +70,3 @@ def _shard(rows: ChunkRows, fields: list[pa.Field], earlier: list[Item]) -> pa.T
     ids = [item.id for item in rows.items] + [item.id for item in earlier]
     merged = pa.concat_tables([table, results.items_table(earlier, fields)])
     return merged.take(pa.array(np.argsort(ids, kind="stable")))
-
-
-def warm(model: ModelInfo) -> None:
-    """Pay the write path's first-use costs while the model loads, not in the first chunk:
-    NumPy's `ma` (imported lazily, the first time pyarrow converts an array: ~30 ms), and
-    Arrow's and Parquet's first shard table, in the model's own columns. Writes nothing."""
-    import numpy.ma  # noqa: F401  (what pyarrow would import mid-chunk)
-
-    rows = ChunkRows([])
-    results.to_parquet(rows.table(shard_fields(model, None)))

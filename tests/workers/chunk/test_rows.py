@@ -115,14 +115,3 @@ def test_the_cache_entries_are_the_rows_answers_read_once(
     }
     assert [row[3] for row in outputs][:2] == [entries["d0"][0], hit]
     assert len(reads) == 2  # the computed pieces joined in one read, the hit's; none again
-
-
-def test_write_path_warms_without_rows() -> None:
-    """The warm-up before the first chunk builds and encodes an empty shard in the model's
-    columns (pyarrow and numpy.ma loaded), and needs no lease or database."""
-    import sys
-
-    from kiln.workers.chunk.write import warm
-
-    warm(MODEL)
-    assert "numpy.ma" in sys.modules

@@ -39,6 +39,7 @@ from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from kiln.app.storage import open_store
 from kiln.workers.celery.app import KilnCelery, make_celery
+from kiln.workers.chunk import warm as chunk_path
 from kiln.workers.prep.ahead import local_settings, walk_files
 from kiln.workers.prep.pool import Preparer
 from kiln.workers.prep.slots import reclaim
@@ -200,7 +201,9 @@ def _model(settings: Settings, model: str, options: dict[str, Any]) -> ModelInfo
 def _warming(runtime: WorkerRuntime, info: ModelInfo) -> Iterator[None]:
     """The model's engine (on a GPU its build and graph capture) and the prep processes, made on
     a thread while the folder is walked and the items inserted, rather than once the first
-    chunk asks for them. Waited for on the way out, so nothing loads into a closed runtime."""
+    chunk asks for them; and what the chunk path pays once (its statements' compiles, Arrow's
+    first table), on a thread of its own: the first chunk takes its items before the model has
+    loaded. Waited for on the way out, so nothing loads into a closed runtime."""
 
     def warm() -> None:
         try:
@@ -208,12 +211,19 @@ def _warming(runtime: WorkerRuntime, info: ModelInfo) -> Iterator[None]:
         except Exception as error:  # recorded by the runners: the first chunk's items say why
             log.info("model %s did not load ahead of its job: %s", info.ref, error)
 
-    thread = threading.Thread(target=warm, name="kiln-warm-up", daemon=True)
-    thread.start()
+    threads = [
+        threading.Thread(target=warm, name="kiln-warm-up", daemon=True),
+        threading.Thread(
+            target=chunk_path.warm, args=(runtime, info), name="kiln-warm-up-chunks", daemon=True
+        ),
+    ]
+    for thread in threads:
+        thread.start()
     try:
         yield
     finally:
-        thread.join()
+        for thread in threads:
+            thread.join()
 
 
 @contextmanager

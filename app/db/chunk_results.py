@@ -40,7 +40,7 @@ def earlier_results(
     chunk's items that finished outside the run (a replay's, a cancel's, a run's before a
     crash), keys not in `mine`, in id order; none is read when the run's rows are the `whole`
     chunk."""
-    if mine and not leases.holds(session, job_id, owner):
+    if mine and not leases.holds_any(session, job_id, owner):
         return None
     if whole:
         return []

@@ -76,12 +76,23 @@ def cache_results(
     vectors = {sha: entry for sha, entry in entries.items() if entry[1] is not None}
     now, cutoff = utcnow(), _cutoff(ttl_s)
     if plain:
-        statement = _INSERT_POSTGRES if dialect.on_postgres(session) else _INSERT_SQLITE
+        postgres = dialect.on_postgres(session)
+        statement = _INSERT_POSTGRES if postgres else _INSERT_SQLITE
         dialect.open_transaction(session)
         params = {"model_key": model_key, "now": now, "cutoff": cutoff}
-        session.execute(statement, params | {"rows": json.dumps(plain)})
+        session.execute(statement, params | _documents(plain, postgres))
     if vectors:
         _cache_vectors(session, model_key, vectors, now, cutoff)
+
+
+def _documents(plain: list[tuple[str, dict[str, Any]]], postgres: bool) -> dict[str, str]:
+    """The statement's JSON parameters. SQLite: the digests and the outputs in two arrays,
+    joined by position, for SQLite 3.40 parses an element's text again for each value read
+    out of it (as the results' statement does: `queries.upsert_results`)."""
+    if postgres:
+        return {"rows": json.dumps(plain)}
+    digests = json.dumps([sha for sha, _outputs in plain])
+    return {"digests": digests, "outputs": json.dumps([outputs for _sha, outputs in plain])}
 
 
 _DATES = (
@@ -100,12 +111,14 @@ _INSERT_POSTGRES = text(
     WHERE content_cache.created_at < :cutoff
     """
 ).bindparams(*_DATES)
-# `WHERE true`: without it SQLite would read the ON CONFLICT as a join's ON.
+# `WHERE true`: without it SQLite would read the ON CONFLICT as a join's ON. CROSS JOIN keeps
+# the digests outside (the outputs found by position through an index), not the other way.
 _INSERT_SQLITE = text(
     """
+    WITH o AS MATERIALIZED (SELECT key AS i, value AS outputs FROM json_each(:outputs))
     INSERT INTO content_cache (model_key, sha256, outputs, vector, vector_dtype, created_at)
-    SELECT :model_key, value ->> 0, value -> 1, NULL, NULL, :now
-    FROM json_each(:rows) WHERE true
+    SELECT :model_key, d.value, o.outputs, NULL, NULL, :now
+    FROM json_each(:digests) AS d CROSS JOIN o ON o.i = d.key WHERE true
     ON CONFLICT (model_key, sha256) DO UPDATE SET
         outputs = excluded.outputs, vector = excluded.vector,
         vector_dtype = excluded.vector_dtype, created_at = excluded.created_at

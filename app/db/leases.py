@@ -296,6 +296,12 @@ def holds(session: Session, job_id: str, owner: str) -> int:
     return int(session.scalar(select(func.count()).where(_held_by(job_id, owner))) or 0)
 
 
+def holds_any(session: Session, job_id: str, owner: str) -> bool:
+    """Whether `owner` still holds an item of the job: one index entry read, not a count of
+    the chunk's (what a run asks before it writes)."""
+    return bool(session.scalar(select(exists().where(_held_by(job_id, owner)))))
+
+
 def release(
     session: Session, job_id: str, owner: str, reason: str | None = None, charged: bool = True
 ) -> int:

@@ -129,3 +129,21 @@ def test_a_purge_with_nothing_to_do_deletes_nothing(session: Session) -> None:
 
     assert step == content_cache.Purged()
     assert session.scalar(select(func.count()).select_from(ContentCache)) == 2
+
+
+def test_the_sqlite_insert_finds_each_digests_outputs_by_position(session: Session) -> None:
+    """The outputs travel apart from the digests and are looked up by position (an index),
+    not scanned again per digest; each digest keeps its own outputs."""
+    if session.get_bind().dialect.name != "sqlite":
+        return
+    params = content_cache._documents([("a", {}), ("b", {})], postgres=False)
+    params |= {"model_key": "m", "now": "x", "cutoff": "x"}
+    connection = session.connection().connection.driver_connection
+    statement = f"EXPLAIN QUERY PLAN {content_cache._INSERT_SQLITE}"
+    plan = [row[3] for row in connection.execute(statement, params)]
+    assert any(step.startswith("SEARCH o USING") and "i=?" in step for step in plan), plan
+    digests = [f"d{i}" for i in range(5)]
+    with unit_of_work(session):
+        content_cache.cache_results(session, "m", {d: entry(d) for d in digests}, 60)
+    found = content_cache.cached_results(session, "m", digests, 60)
+    assert {d: found[d][0] for d in digests} == {d: entry(d)[0] for d in digests}

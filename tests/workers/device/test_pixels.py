@@ -35,7 +35,7 @@ from kiln.workers.models.image_model import ImageModelPipeline
 from kiln.workers.prep.header import Header, read_header
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Decoded, Letterbox, Squash, decode_image, fit_image, fit_size
-from tests.support import run_torch_child
+from tests.support import loads_no_torch, run_torch_child
 from tests.workers.models.halves import batch_of, prepare
 from tests.workers.models.yolo import identity_model
 
@@ -444,15 +444,15 @@ def test_the_header_says_where_an_image_decodes() -> None:
     """Read on a task thread without torch: the upright size, the orientation, and whether
     nvJPEG may take it (a whole RGB or grey JPEG; CMYK, a JPEG cut short and every other
     format go to Pillow)."""
-    cmyk = encode(Image.new("CMYK", (20, 10), (0, 50, 100, 0)), "JPEG")
-    assert read_header(IMAGES["exif-jpeg"], max_pixels=MAX_PIXELS) == Header(300, 400, 6, True)
-    assert read_header(IMAGES["png-up"], max_pixels=MAX_PIXELS) == Header(150, 100, 1, False)
-    assert read_header(cmyk, max_pixels=MAX_PIXELS) == Header(20, 10, 1, False)
-    # nvJPEG would decode a truncated JPEG, its missing rows grey: Pillow refuses it.
-    assert read_header(BAD["truncated"], max_pixels=MAX_PIXELS) == Header(640, 480, 1, False)
-    with pytest.raises(InputError, match="over the limit of 1,000 pixels"):
-        read_header(IMAGES["jpeg-down"], max_pixels=1000)
-    assert "torch" not in sys.modules
+    with loads_no_torch():  # read on a task thread without torch
+        cmyk = encode(Image.new("CMYK", (20, 10), (0, 50, 100, 0)), "JPEG")
+        assert read_header(IMAGES["exif-jpeg"], max_pixels=MAX_PIXELS) == Header(300, 400, 6, True)
+        assert read_header(IMAGES["png-up"], max_pixels=MAX_PIXELS) == Header(150, 100, 1, False)
+        assert read_header(cmyk, max_pixels=MAX_PIXELS) == Header(20, 10, 1, False)
+        # nvJPEG would decode a truncated JPEG, its missing rows grey: Pillow refuses it.
+        assert read_header(BAD["truncated"], max_pixels=MAX_PIXELS) == Header(640, 480, 1, False)
+        with pytest.raises(InputError, match="over the limit of 1,000 pixels"):
+            read_header(IMAGES["jpeg-down"], max_pixels=1000)
 
 
 def test_lanczos_stays_on_the_cpu() -> None:

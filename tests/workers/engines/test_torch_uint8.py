@@ -11,7 +11,6 @@ replay, FP16 speed) is in tests/gpu.
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -330,7 +329,3 @@ def test_fp16_weights_and_their_fallback(torch_run: tuple[Path, dict[str, Any]])
     assert half == pytest.approx(full / 2, rel=0.05)
     assert not found["kept_half"] and found["kept_finite"]
     assert "FP32 weights: an output is not finite" in found["kept_reason"]
-
-
-def test_the_child_left_this_process_torch_free() -> None:
-    assert "torch" not in sys.modules

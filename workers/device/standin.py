@@ -638,12 +638,14 @@ class Probe:
         except OSError:
             tids = [t for t in names if t is not None]
         read = {}
+        with self._lock:  # a thread ending has left Python's list but not yet /proc: the
+            known = {tid: cpu[0] for tid, cpu in self._cpu.items()}  # name it had stays
         for tid in tids:
             try:
                 seconds = time.clock_gettime(((~tid) << 3) | 6)  # CPUCLOCK_SCHED, per thread
             except OSError:  # it ended
                 continue
-            read[tid] = (names.get(tid) or _native_name(tid), seconds)
+            read[tid] = (names.get(tid) or known.get(tid) or _native_name(tid), seconds)
         busy = self.busy
         # a tick: monotonic seconds, the forwards' rows and seconds, the process's CPU seconds
         forward_s = round(busy.seconds.get("forward", 0.0), 6)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,20 @@ def test_kiln_run_goes_through_the_device_stages(tmp_path: Path) -> None:
     stages = {s["thread"].rsplit("-", 2)[1] for s in found["stages"]}
     assert stages == {"decode", "fit", "forward", "outputs"}
     assert found["peak_threads"] > 0 and any(t["cpu_s"] > 0 for t in found["threads"])
+
+
+def test_a_thread_ending_keeps_its_name_in_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that has left Python's thread list but not yet /proc (its last read, at exit)
+    keeps the name it had, so its CPU stays in its group (a chunk thread's went to 'native:')."""
+    probe = standin.Probe(standin.calibration("h200"), None)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="kiln-chunk-test")
+    thread.start()
+    try:
+        probe.read_threads()
+        monkeypatch.setattr(threading, "enumerate", lambda: [threading.main_thread()])
+        probe.read_threads()
+        assert probe._cpu[thread.native_id][0] == "kiln-chunk-test"  # type: ignore[index]
+    finally:
+        stop.set()
+        thread.join()

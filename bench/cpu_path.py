@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.cases import embedded, feed
+from bench.cases import embedded, feed, standin
 from bench.inputs import link_folder, make_images
 from bench.models import labels, null_model
 from bench.stack import Registered
@@ -87,10 +84,7 @@ GROUPS = (
 
 
 def group(name: str) -> str:
-    for found, pattern in GROUPS:
-        if pattern.search(name):
-            return found
-    return "other threads"
+    return standin.group_of(name, GROUPS, "other threads")
 
 
 def run_once(workdir: Path, images: list[Path], model: Registered, tag: str) -> dict[str, Any]:
@@ -107,23 +101,16 @@ def run_once(workdir: Path, images: list[Path], model: Registered, tag: str) -> 
     probe = PROBE % {"sample": SAMPLE_S}
     args = ["run", str(folder), "--model", model.name, "-o", str(output)]
     command = [sys.executable, "-c", probe, str(report), *args]
-    with (data / "run.log").open("wb") as log:
-        started = time.perf_counter()
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        own = feed._exited_own_cpu(proc.pid)
-        _pid, status, rusage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - started
-    if (code := os.waitstatus_to_exitcode(status)) != 0:
-        raise RuntimeError(f"kiln run failed (exit {code}); see {data / 'run.log'}")
+    ran = feed.run_to_exit(command, env, data / "run.log")
     embedded.check_output(output, items)
     groups: dict[str, float] = {}
     for _tid, name, cpu in json.loads(report.read_text()):
         groups[group(name)] = groups.get(group(name), 0.0) + cpu
     probe_s = groups.pop("probe", 0.0)
-    engine = own - probe_s
+    engine = ran.own_cpu - probe_s
     groups["unread"] = engine - sum(groups.values())
-    total = rusage.ru_utime + rusage.ru_stime
-    return {"items": items, "seconds": seconds, "engine": engine, "prep": total - own,
+    return {"items": items, "seconds": ran.seconds, "engine": engine,
+            "prep": ran.total_cpu - ran.own_cpu,
             "groups": groups}  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,30 @@ def _kiln_run(
     total = rusage.ru_utime + rusage.ru_stime
     cpu = {"subject": total, "engine": own, "children": total - own}
     return Sized(items, round(usage.seconds, 3), {k: round(v, 3) for k, v in cpu.items()})
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A command run to its end: wall seconds, its own CPU, and its own with its reaped
+    children's."""
+
+    seconds: float
+    own_cpu: float
+    total_cpu: float
+
+
+def run_to_exit(command: list[str], env: dict[str, str], log_path: Path) -> Exited:
+    """Run `command` (a `kiln run`) to its end, its output into `log_path`; a non-zero exit
+    raises."""
+    with log_path.open("wb") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        own = _exited_own_cpu(proc.pid)
+        _pid, status, rusage = os.wait4(proc.pid, 0)  # the children's CPU, read as it is reaped
+        seconds = time.perf_counter() - started
+    if (code := os.waitstatus_to_exitcode(status)) != 0:
+        raise RuntimeError(f"kiln run failed (exit {code}); see {log_path}")
+    return Exited(seconds, own, rusage.ru_utime + rusage.ru_stime)
 
 
 def _exited_own_cpu(pid: int) -> float:

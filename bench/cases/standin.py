@@ -29,10 +29,8 @@ count.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,18 +113,10 @@ def _kiln_run(ctx: Context, model: Registered, images: list[Path]) -> tuple[Size
         embedded.add_model(env, model, ctx.workdir)
     output = data / "results.parquet"
     command = kiln_command("run", str(folder), "--model", model.name, "-o", str(output))
-    with (ctx.log_dir / f"standin-{model.name}-{items}.log").open("wb") as log:
-        started = time.perf_counter()
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        own = feed._exited_own_cpu(proc.pid)
-        _pid, status, rusage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - started
-    if (code := os.waitstatus_to_exitcode(status)) != 0:
-        raise RuntimeError(f"kiln run failed (exit {code}); see {log.name}")
+    ran = feed.run_to_exit(command, env, ctx.log_dir / f"standin-{model.name}-{items}.log")
     embedded.check_output(output, items)
-    total = rusage.ru_utime + rusage.ru_stime
-    cpu = {"engine": round(own, 3), "prep": round(total - own, 3)}
-    return Sized(items, round(seconds, 3), cpu), json.loads(report.read_text())
+    cpu = {"engine": round(ran.own_cpu, 3), "prep": round(ran.total_cpu - ran.own_cpu, 3)}
+    return Sized(items, round(ran.seconds, 3), cpu), json.loads(report.read_text())
 
 
 # ---- kiln worker -------------------------------------------------------------------------
@@ -309,18 +299,18 @@ def _get(report: dict[str, Any], key: str, kind: str) -> float:
     return float(report.get(key, {}).get(kind, 0.0))
 
 
-def _group(name: str) -> str:
-    for group, pattern in GROUPS:
-        if pattern.search(name):
-            return group
-    return "other"
+def group_of(
+    name: str, groups: tuple[tuple[str, re.Pattern[str]], ...] = GROUPS, other: str = "other"
+) -> str:
+    """A thread's group by its name: the first of `groups` whose pattern it matches."""
+    return next((group for group, pattern in groups if pattern.search(name)), other)
 
 
 def _cpu_by_group(report: dict[str, Any]) -> dict[str, float]:
     """CPU seconds of the named groups' threads ("other": what the process total leaves)."""
     found: dict[str, float] = {}
     for thread in report.get("threads", []):
-        group = _group(thread["name"])
+        group = group_of(thread["name"])
         if group != "other":
             found[group] = found.get(group, 0.0) + thread["cpu_s"]
     return found

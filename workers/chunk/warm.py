@@ -9,12 +9,15 @@ rolled back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sqlalchemy.orm import Session
 
 from kiln.app import results
 from kiln.app.catalog import ModelInfo
 from kiln.app.db import chunk_runs, content_cache, leases, queries
+from kiln.app.db.session import unit_of_work
 from kiln.workers.chunk.content_cache import scope_key
 from kiln.workers.chunk.fallback import shard_fields
 from kiln.workers.chunk.rows import ChunkRows
@@ -65,14 +68,17 @@ def warm_statements(runtime: WorkerRuntime, model: ModelInfo) -> None:
             chunk_runs.forget(session, [NO_RUN])
 
 
-class _rolled_back:
-    """A block whose transaction is rolled back however it ends."""
+class _Undone(Exception):
+    """Ends a warm-up block: the unit of work rolls back what it ran."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
 
-    def __enter__(self) -> Session:
-        return self.session
-
-    def __exit__(self, *_exc: object) -> None:
-        self.session.rollback()
+@contextmanager
+def _rolled_back(session: Session) -> Iterator[Session]:
+    """A block whose transaction is rolled back however it ends (through `unit_of_work`, the
+    one place that commits or rolls back: app/__init__.py's rule)."""
+    try:
+        with unit_of_work(session):
+            yield session
+            raise _Undone
+    except _Undone:
+        pass

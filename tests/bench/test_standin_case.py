@@ -26,7 +26,7 @@ def test_thread_names_fall_in_their_groups() -> None:
         "resnet50:1-device-fit-0": "stage fit", "detector-host-upload-0": "stage upload",
         "kiln-leases": "lease keeper", "kiln-standin-probe": "stand-in probe", "celery": "other",
     }  # fmt: skip
-    assert {name: standin._group(name) for name in names} == names
+    assert {name: standin.group_of(name) for name in names} == names
 
 
 def test_the_window_gives_rate_busy_share_and_cpu_per_row() -> None:

@@ -50,6 +50,14 @@ def among(
     return column.in_(ids)
 
 
+def checked(session: Session, term: ColumnElement[bool]) -> ColumnElement[bool]:
+    """`term` as a check on the rows `among` finds by id, not a way to find them: on SQLite
+    wrapped in `likely()`, so the planner looks the ids up by primary key rather than scan an
+    index on the term's column (`job_id = ?` scanned every item of the job, per chunk: a
+    chunk's lease grew with its job). Postgres plans by its statistics: the term as it is."""
+    return term if on_postgres(session) else func.likely(term)
+
+
 def among_text(
     session: Session, column: QueryableAttribute[str | None], values: Sequence[str]
 ) -> ColumnElement[bool]:

@@ -11,9 +11,20 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import ColumnElement, and_, case, exists, func, literal, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    and_,
+    case,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, dialect
@@ -41,6 +52,15 @@ class LeasedItem(NamedTuple):
     attempts: int
     frame_index: int | None = None  # a video's sampled frame (its source is the video's)
     frame_time_s: float | None = None
+
+
+_ITEMS = cast(Table, Item.__table__)
+
+
+def _of_job(session: Session, job_id: str) -> ColumnElement[bool]:
+    """The items found by id are the job's: checked per item, not used to find them
+    (`dialect.checked`)."""
+    return dialect.checked(session, Item.job_id == job_id)
 
 
 def _takeable(owner: str, now: datetime) -> ColumnElement[bool]:
@@ -105,35 +125,37 @@ def take(
     now = utcnow()
     takeable = (
         select(Item.id)
-        .where(Item.job_id == job_id, dialect.among(session, Item.id, item_ids))
+        .where(_of_job(session, job_id), dialect.among(session, Item.id, item_ids))
         .where(_takeable(owner, now))
         .order_by(Item.id)
         .with_for_update()
     )
     if max_attempts is not None:
         takeable = takeable.where(Item.attempts < max_attempts)
+    # On the items table, not the mapped class: a Core UPDATE … RETURNING hands back plain
+    # rows, without the ORM's bulk-update path per row (~0.5 µs a row of a chunk's take).
+    items = _ITEMS.c
     rows = session.execute(
-        update(Item)
-        .where(Item.id.in_(takeable))
+        update(_ITEMS)
+        .where(items.id.in_(takeable))
         .values(
             status=ItemStatus.RUNNING,
-            attempts=Item.attempts + 1,
+            attempts=items.attempts + 1,
             started_at=now,
             lease_owner=owner,
             lease_expires_at=now + timedelta(seconds=lease_s),
         )
         .returning(
-            Item.id,
-            Item.job_id,
-            Item.key,
-            Item.source,
-            Item.text,
-            Item.chunk,
-            Item.attempts,
-            Item.frame_index,
-            Item.frame_time_s,
-        ),
-        execution_options={"synchronize_session": False},
+            items.id,
+            items.job_id,
+            items.key,
+            items.source,
+            items.text,
+            items.chunk,
+            items.attempts,
+            items.frame_index,
+            items.frame_time_s,
+        )
     )
     return sorted(map(LeasedItem._make, rows), key=itemgetter(0))  # by id
 
@@ -162,7 +184,7 @@ def give_up(
     now = utcnow()
     spent = (
         select(Item.id)
-        .where(Item.job_id == job_id, dialect.among(session, Item.id, item_ids))
+        .where(_of_job(session, job_id), dialect.among(session, Item.id, item_ids))
         .where(_takeable(owner, now), Item.attempts >= max_attempts)
         .order_by(Item.id)
         .with_for_update()

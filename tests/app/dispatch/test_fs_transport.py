@@ -6,12 +6,13 @@ import socket
 import time
 from pathlib import Path
 from queue import Empty
+from typing import Any
 
 import pytest
 
 from kiln.app.core.config import get_settings
-from kiln.app.dispatch.contract import CHUNK_TASK
-from kiln.app.dispatch.fs_transport import WAKE_S
+from kiln.app.dispatch.contract import CHUNK_TASK, QUEUES
+from kiln.app.dispatch.fs_transport import WAKE_S, Channel
 from kiln.app.dispatch.producer import CeleryDispatcher, make_producer
 
 
@@ -42,4 +43,31 @@ def test_a_read_ends_soon_so_a_stopping_worker_is_not_kept_waiting(tmp_path: Pat
         with pytest.raises(socket.timeout):
             connection.drain_events(timeout=2.0)
         assert time.monotonic() - started < 10 * WAKE_S
+    app.close()
+
+
+def test_an_empty_folder_is_listed_once_a_poll_and_a_message_is_still_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While no message waits, a read lists the folder once a poll: kombu's per-queue read
+    (a listing and a sort each) runs only once a message file is there."""
+    app = make_producer(get_settings(data_dir=tmp_path))
+    reads: list[str] = []
+    real_get = Channel._get
+
+    def counted(channel: Channel, queue: str) -> Any:
+        reads.append(queue)
+        return real_get(channel, queue)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(Channel, "_get", counted)
+    with app.connection_for_read() as connection:
+        got: list[Any] = []
+        for queue in QUEUES:
+            connection.default_channel.basic_consume(queue, True, got.append, queue)
+        with pytest.raises(socket.timeout):
+            connection.drain_events(timeout=2.0)
+        assert reads == []  # nothing waited: no queue was read
+        CeleryDispatcher(app).enqueue_chunk("job", 0, [1], "bulk")
+        connection.drain_events(timeout=2.0)
+        assert [m.headers["task"] for m in got] == [CHUNK_TASK]
     app.close()

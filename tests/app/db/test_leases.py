@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import event, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, leases, queries
@@ -226,3 +227,29 @@ def test_a_chunk_takes_its_fresh_items_and_fails_its_spent_ones_in_one_lease(
     assert (by_id[last.id].status, by_id[last.id].attempts) == (ItemStatus.RUNNING, LIMIT)
     assert (by_id[fresh.id].status, by_id[fresh.id].attempts) == (ItemStatus.RUNNING, 1)
     assert counters.read(session, job.id).failed == 1
+
+
+def test_a_take_on_sqlite_finds_its_items_by_id_not_by_scanning_the_job(session: Session) -> None:
+    """The job check is a check (`dialect.checked`): SQLite looks the chunk's ids up by
+    primary key, so a chunk's take does not grow with its job (the plan scanned an index on
+    `job_id`, every item of the job, per chunk)."""
+    job = make_job(session, [ItemStatus.PENDING] * 3)
+    ids = _ids(session, job.id)
+    statements: list[tuple[str, Any]] = []
+
+    def seen(_conn: Any, _cursor: Any, sql: str, params: Any, *_rest: Any) -> None:
+        if sql.startswith("UPDATE items"):
+            statements.append((sql, params))
+
+    engine = session.get_bind()
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        assert [i.id for i in leases.take(session, job.id, ids[:2], "run-a", 60)] == ids[:2]
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    (sql, params), *_ = statements
+    explained = session.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params)
+    plan = [row[3] for row in explained]
+    assert not any("USING INDEX" in step for step in plan), plan
+    assert any("INTEGER PRIMARY KEY" in step for step in plan), plan
+    session.rollback()

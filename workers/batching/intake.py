@@ -108,6 +108,9 @@ class Intake(Generic[B, R]):
     def write_off(self, announcement: Announcement[B, R], rows: int) -> None:
         with self._cond:
             rows = min(rows, announcement.remaining)
+            if rows <= 0:
+                return  # nothing a runner waits on changed: no one to wake (a chunk writes
+                # off 0 rows per unit that prepared whole, and at its end)
             self.announced -= rows
             announcement.remaining -= rows
             self._cond.notify_all()  # a runner may be waiting for those rows

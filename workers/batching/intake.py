@@ -108,9 +108,10 @@ class Intake(Generic[B, R]):
     def write_off(self, announcement: Announcement[B, R], rows: int) -> None:
         with self._cond:
             rows = min(rows, announcement.remaining)
+            # Nothing a runner waits on changes: no one to wake (a chunk writes off 0 rows
+            # per unit that prepared whole, and at its end).
             if rows <= 0:
-                return  # nothing a runner waits on changed: no one to wake (a chunk writes
-                # off 0 rows per unit that prepared whole, and at its end)
+                return
             self.announced -= rows
             announcement.remaining -= rows
             self._cond.notify_all()  # a runner may be waiting for those rows

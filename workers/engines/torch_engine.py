@@ -271,17 +271,9 @@ class TorchEngine:
         self.device = self._device  # where `infer_tensors` wants its feeds (device_pixels)
         self._cuda = self._device.type == "cuda"
         self._fp16 = options.precision == "fp16"
-        placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
-        if len(placeholders) != len(inputs):
-            raise BackendUnavailableError(
-                f"The converted graph takes {len(placeholders)} inputs, "
-                f"the ONNX file declares {len(inputs)}."
-            )
+        _check_inputs(module, inputs)
         self._module = _placed(module, self._device, options.half_weights, len(inputs[0].shape))
-        # For the memory budget: the weights as they sit on the device (activations are not
-        # counted; the budget's headroom is for them).
-        tensors = [*self._module.parameters(), *self._module.buffers()]
-        self.memory_bytes = int(sum(t.numel() * t.element_size() for t in tensors))
+        self.memory_bytes = _weights_bytes(self._module)
         self.backend = backend_name(self._device.type, options.precision)
         self.reason = "; ".join((options.reason, *options.notes))
         self.options = options
@@ -510,6 +502,22 @@ class TorchEngine:
     def _host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
         """The first `rows` rows of each output, by the ONNX file's names, on the host."""
         return self._transfers.to_host([s.name for s in self.outputs], values, rows)
+
+
+def _check_inputs(module: Any, inputs: Sequence[TensorSpec]) -> None:
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise BackendUnavailableError(
+            f"The converted graph takes {len(placeholders)} inputs, "
+            f"the ONNX file declares {len(inputs)}."
+        )
+
+
+def _weights_bytes(module: Any) -> int:
+    """For the memory budget: the weights as they sit on the device (activations are not
+    counted; the budget's headroom is for them)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return int(sum(t.numel() * t.element_size() for t in tensors))
 
 
 def _placed(module: Any, device: Any, half: bool, rank: int) -> Any:

@@ -116,9 +116,17 @@ def manifest_key(place: Place) -> str:
     return place.key("manifest.json")
 
 
-def to_parquet(table: pa.Table) -> bytes:
+# A shard's columns worth a dictionary: the base strings that repeat from row to row. The
+# others (keys, digests, scores, a family's outputs) are left plain: pyarrow would build a
+# dictionary of a 512-row chunk's unique keys before writing them anyway, and zstd takes
+# what repeats (a null8 chunk's shard: 640 -> ~500 us of CPU, 32.6 -> 29.7 KB).
+SHARD_DICTIONARY = ["status", "error", "answered_by", "fallback_reason"]
+
+
+def to_parquet(table: pa.Table, dictionary: bool | list[str] = True) -> bytes:
+    """The table as Parquet (zstd); `dictionary`: the columns dictionary-encoded (all: True)."""
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dictionary)
     return sink.getvalue()
 
 
@@ -148,7 +156,7 @@ def items_table(items: Sequence[Result], output_fields: Sequence[pa.Field]) -> p
 def write_table(place: Place, chunk: int, table: pa.Table) -> str:
     """Write (or overwrite, on redelivery) the chunk's shard from its table; returns its key."""
     key = shard_key(place, chunk)
-    place.store.put(key, to_parquet(table), "application/vnd.apache.parquet")
+    place.store.put(key, to_parquet(table, SHARD_DICTIONARY), "application/vnd.apache.parquet")
     return key
 
 

@@ -90,9 +90,13 @@ def _documents(plain: list[tuple[str, dict[str, Any]]], postgres: bool) -> dict[
     joined by position, for SQLite 3.40 parses an element's text again for each value read
     out of it (as the results' statement does: `queries.upsert_results`)."""
     if postgres:
-        return {"rows": json.dumps(plain)}
-    digests = json.dumps([sha for sha, _outputs in plain])
-    return {"digests": digests, "outputs": json.dumps([outputs for _sha, outputs in plain])}
+        return {"rows": _encode(plain)}
+    digests = _encode([sha for sha, _outputs in plain])
+    return {"digests": digests, "outputs": _encode([outputs for _sha, outputs in plain])}
+
+
+# Trees built here (no cycles): not checking for them saves ~20% of the encoding.
+_encode = json.JSONEncoder(check_circular=False).encode
 
 
 _DATES = (

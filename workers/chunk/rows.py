@@ -117,10 +117,10 @@ class ChunkRows:
         return np.flatnonzero(~done)
 
     def statuses(self) -> list[str]:
+        # The members read once, not an enum attribute lookup per row (~4× the list's time).
+        gone, failed, done = ItemStatus.CANCELLED, ItemStatus.FAILED, ItemStatus.SUCCEEDED
         return [
-            ItemStatus.CANCELLED
-            if cancelled
-            else (ItemStatus.FAILED if error is not None else ItemStatus.SUCCEEDED)
+            gone if cancelled else (failed if error is not None else done)
             for cancelled, error in zip(self.cancelled.tolist(), self.errors, strict=True)
         ]
 
@@ -202,8 +202,10 @@ class ChunkRows:
         ]
 
     def _column(self, field: pa.Field) -> pa.Array:
-        """One output column over every row: the pieces' values, nulls elsewhere."""
-        answered = [p for p in self.pieces if len(p.rows)]
+        """One output column over every row: the pieces' values, nulls elsewhere. The pieces
+        are joined in the order of their first rows (blocks finish out of order), so a chunk
+        all answered in blocks of consecutive rows needs no `take` to put them back."""
+        answered = sorted((p for p in self.pieces if len(p.rows)), key=lambda p: int(p.rows[0]))
         taken = np.concatenate([p.rows for p in answered]) if answered else np.empty(0, int)
         rest = np.setdiff1d(np.arange(len(self)), taken)
         columns = [(p.columns.get(field.name), len(p.rows)) for p in answered]

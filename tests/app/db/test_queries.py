@@ -304,6 +304,25 @@ def test_upsert_results_writes_every_column_of_each_row(session: Session) -> Non
     ]
 
 
+def test_upsert_results_of_a_chunk_with_no_errors_nulls_them_all(session: Session) -> None:
+    """On SQLite a column null in every row of the chunk is not read out of the rows (a flag
+    says so): it is still written, as nulls, over what an earlier attempt left."""
+    job = make_job(session, [ItemStatus.PENDING] * 2)
+    ids = [i.id for i in items_of(session, job.id)]
+    leases.take(session, job.id, ids, "run-1", 60)
+    for item in items_of(session, job.id):
+        item.error, item.fallback_reason, item.stages_ms = "stale", "old", {"fetch": 1.0}
+    session.commit()
+    queries.upsert_results(session, job.id, 0, [result_row("k0"), result_row("k1")], "run-1")
+    session.commit()
+    session.expire_all()
+    items = items_of(session, job.id)
+    assert [(i.status, i.error, i.fallback_reason, i.stages_ms) for i in items] == [
+        (ItemStatus.SUCCEEDED, None, None, None),
+        (ItemStatus.SUCCEEDED, None, None, None),
+    ]
+
+
 def test_upsert_results_of_nothing_is_a_no_op(session: Session) -> None:
     job = make_job(session, [ItemStatus.PENDING])
     queries.upsert_results(session, job.id, 0, [])

@@ -7,7 +7,7 @@ first, for its shard (`earlier_results`). Never commits: the caller owns the tra
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,19 +33,20 @@ class ChunkResults:
 
 
 def earlier_results(
-    session: Session, job_id: str, chunk: int, owner: str, mine: Collection[str], whole: bool
+    session: Session, job_id: str, chunk: int, owner: str, mine: Mapping[int, str], whole: bool
 ) -> list[Item] | None:
     """Before a run writes its chunk: None when it holds its items no longer (another run took
     the chunk over; a run with no rows of its own holds none, and is not asked). Else the
     chunk's items that finished outside the run (a replay's, a cancel's, a run's before a
-    crash), keys not in `mine`, in id order; none is read when the run's rows are the `whole`
-    chunk."""
-    if mine and not leases.holds_any(session, job_id, owner):
+    crash), keys not among `mine` (the run's items, id → key), in id order; none is read when
+    the run's rows are the `whole` chunk."""
+    if mine and not leases.holds_any(session, job_id, owner, list(mine)):
         return None
     if whole:
         return []
+    keys = set(mine.values())
     finished = queries.finished_chunk_items(session, job_id, chunk)
-    return [item for item in finished if item.key not in mine]
+    return [item for item in finished if item.key not in keys]
 
 
 def record(session: Session, done: ChunkResults) -> None:

@@ -318,10 +318,12 @@ def holds(session: Session, job_id: str, owner: str) -> int:
     return int(session.scalar(select(func.count()).where(_held_by(job_id, owner))) or 0)
 
 
-def holds_any(session: Session, job_id: str, owner: str) -> bool:
-    """Whether `owner` still holds an item of the job: one index entry read, not a count of
-    the chunk's (what a run asks before it writes)."""
-    return bool(session.scalar(select(exists().where(_held_by(job_id, owner)))))
+def holds_any(session: Session, job_id: str, owner: str, item_ids: Sequence[int]) -> bool:
+    """Whether `owner` still holds any of `item_ids` (its run's items): what a run asks before
+    it writes. Read by primary key, so the answer is the first id's row when the lease holds:
+    the job's running items, every chunk's in flight, are not scanned for one of the run's."""
+    held = and_(_held_by(job_id, owner), dialect.among(session, Item.id, item_ids))
+    return bool(session.scalar(select(exists().where(held))))
 
 
 def release(

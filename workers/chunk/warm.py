@@ -55,7 +55,7 @@ def warm_statements(runtime: WorkerRuntime, model: ModelInfo) -> None:
     with runtime.sessions() as session:
         with _rolled_back(session):
             leases.job_facts(session, NO_JOB)
-            leases.holds_any(session, NO_JOB, NO_RUN)
+            leases.holds_any(session, NO_JOB, NO_RUN, [0])
             queries.nothing_open(session, NO_JOB)
             if settings.content_cache:
                 scope = scope_key(settings, NO_RUN, model)

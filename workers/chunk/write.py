@@ -37,7 +37,7 @@ def write_chunk(
     chunks). Whether a shard was written; None when another run took the lease over (nothing
     written)."""
     settings = runtime.settings
-    mine = {item.key for item in rows.items}
+    mine = {item.id: item.key for item in rows.items}
     whole = len(rows) == len(lease.item_ids)  # every item of the chunk is among this run's rows
     with runtime.sessions() as session:
         with unit_of_work(session):  # reads only

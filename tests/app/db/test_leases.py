@@ -59,8 +59,8 @@ def test_an_expired_lease_is_taken_over_and_the_old_run_writes_nothing(session: 
     assert [i.id for i in leases.take(session, job.id, ids, "run-b", 60)] == ids
     assert leases.holds(session, job.id, "run-a") == 0
     assert leases.holds(session, job.id, "run-b") == 1
-    assert not leases.holds_any(session, job.id, "run-a")
-    assert leases.holds_any(session, job.id, "run-b")
+    assert not leases.holds_any(session, job.id, "run-a", ids)
+    assert leases.holds_any(session, job.id, "run-b", ids)
     late = result_row("k0", ItemStatus.FAILED, error="From the stale run.", outputs=None)
     queries.upsert_results(session, job.id, 0, [late], owner="run-a")
     assert items_of(session, job.id)[0].status == ItemStatus.RUNNING

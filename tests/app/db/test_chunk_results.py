@@ -35,6 +35,4 @@ def test_a_run_whose_lease_was_taken_over_gets_none(session: Session) -> None:
 def test_a_run_with_no_rows_of_its_own_is_not_asked_for_its_lease(session: Session) -> None:
     """Its videos became frames: it holds no item, and still writes the chunk's shard."""
     job = make_job(session, [ItemStatus.SUCCEEDED])
-    assert [i.key for i in earlier_results(session, job.id, 0, "run-a", {}, False) or []] == [
-        "k0"
-    ]
+    assert [i.key for i in earlier_results(session, job.id, 0, "run-a", {}, False) or []] == ["k0"]

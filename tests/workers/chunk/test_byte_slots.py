@@ -22,9 +22,9 @@ from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.db.leases import LeasedItem
 from kiln.workers.chunk.answer import Stage, run_model
-from kiln.workers.chunk.keeper import Held
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.models.base import Answers, Batch
+from kiln.workers.ops.keeper import Held
 from kiln.workers.prep.pool import PrepPool
 from kiln.workers.prep.slots import ByteSlots
 from kiln.workers.prep.spec import prep_spec

@@ -103,7 +103,7 @@ def place_for(store: ObjectStore, job_id: str, output: str | None, s3: S3Factory
 
 
 def library_place(store: ObjectStore, pipeline_id: int, model_ref: str) -> Place:
-    """A pipeline's library for one model version (`workers/close/library.py` keeps it up to date;
+    """A pipeline's library for one model version (`workers/models/library.py` keeps it up to date;
     search reads its vector index): `pipelines/<id>/<ref, ':' written '@'>/`."""
     return Place(store, f"pipelines/{pipeline_id}/{model_ref.replace(':', '@')}/")
 

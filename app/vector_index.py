@@ -37,8 +37,9 @@ EXPANSION = 128
 # Vectors are stored at half precision: it halves the index and builds and groups ~1.5x
 # faster at the same recall (bench/README.md, "vector index"); a cosine moves by ~1e-3 at
 # most, which grouping takes back by scoring its candidate pairs on the job's own float32
-# vectors (`workers.close.grouping.neighbour_pairs`); a pipeline library, which keeps no other copy,
-# groups on the stored ones (a pair within ~1e-3 of the threshold may fall either side).
+# vectors (`workers.models.grouping.neighbour_pairs`); a pipeline library, which keeps no
+# other copy, groups on the stored ones (a pair within ~1e-3 of the threshold may fall either
+# side).
 # Candidates a graph insertion keeps: usearch's
 # default; 64 builds ~1.8x faster but loses 0.5% of pairs and 2.5% of search recall@10.
 DTYPE = "f16"

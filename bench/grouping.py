@@ -43,11 +43,11 @@ from bench.pair_metrics import (
 from kiln.app.families.embed import DEFAULT_THRESHOLD
 from kiln.app.families.phash import DEFAULT_MAX_DISTANCE
 from kiln.app.model_spec import ImageModelSpec, check_onnx
-from kiln.workers.close.grouping import cosine_groups, cosine_pairs
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.base import Pipeline
 from kiln.workers.models.direct import answers_of
 from kiln.workers.models.embed import EmbedPipeline
+from kiln.workers.models.grouping import cosine_groups, cosine_pairs
 from kiln.workers.models.phash import PhashPipeline, near_duplicate_groups, parse_hashes
 
 HERE = Path(__file__).parent

@@ -45,7 +45,7 @@ from kiln.app.families.embed import DEFAULT_THRESHOLD
 from kiln.app.results import Place
 from kiln.app.storage.local import LocalStore
 from kiln.app.vector_index import VectorIndex
-from kiln.workers.close.grouping import cosine_groups
+from kiln.workers.models.grouping import cosine_groups
 
 HERE = Path(__file__).parent
 SIZES = "100000,1000000"

@@ -4,6 +4,9 @@
 - `kiln.app` (what a job is, the API) never imports `kiln.workers` (what does the work), except
   in the CLI, the composition root whose `worker`/`run` commands build both sides;
 - no import circles inside `kiln`, counting imports inside functions and for type checking;
+- `kiln.workers`' rooms (its folders and loose modules) are ranked once, in `WORKER_ROOMS`, and
+  a room imports only rooms ranked below it, counted the same way (`AGAINST_THE_ORDER` names at
+  most two exceptions, each with its reason);
 - Kiln imports neither its tests nor its benchmarks; the benchmarks do not import the tests;
 - `kiln.workers` builds no SQL: it takes only a session's types and errors from SQLAlchemy.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -103,6 +106,83 @@ def test_no_import_circles() -> None:
 def test_the_cycle_finder_finds_one() -> None:
     assert sorted(set(_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}))) == ["a", "b", "c"]
     assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+# kiln.workers' rooms, lowest first: data and dependencies flow up this list, so a room imports
+# only rooms before it (a value two rooms share lives in the lower one). docs/architecture.md
+# ("The worker's rooms") draws them in this order; a new room is placed here before it lands.
+WORKER_ROOMS = (
+    "prep",  # the prep processes: decode, fetch, slots; imports no other room
+    "batching",  # the generic Batcher
+    "ops",  # the process's services: health, the lease keeper, chunk totals, metrics, devices
+    "device",  # the device path of image models (it declares what it needs of an engine)
+    "engines",  # an Engine per backend, the stand-in among them
+    "models",  # each family: its batch half, its prep half where it needs the family, grouping
+    "runners",  # the loaded models and their Batchers
+    "runtime",  # WorkerRuntime: the process's resources
+    "close",  # the job's close, and what a chunk run hands it (Lease, fallback)
+    "chunk",  # one chunk's trip
+    "jobs",  # per job, outside its chunks: ingest, the reconciler
+    "celery",  # the glue
+    "embedded",  # kiln run's whole stack in one process
+)
+# Imports against the order that stay, each with its reason: at most two (none today).
+AGAINST_THE_ORDER: dict[tuple[str, str], str] = {}
+
+
+def _room(module: str) -> str | None:
+    """A kiln.workers module's room: its folder, or a loose module's own name."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["kiln", "workers"] and len(parts) > 2 else None
+
+
+def _upward(edges: dict[str, set[str]], order: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(room, the room above it, "module imports target") for each import up the order."""
+    rank = {room: i for i, room in enumerate(order)}
+    return sorted(
+        (a, b, f"{module} imports {target}")
+        for module, targets in edges.items()
+        for target in targets
+        if (a := _room(module)) in rank and (b := _room(target)) in rank and rank[a] < rank[b]
+    )
+
+
+def test_every_worker_room_is_ranked_once() -> None:
+    workers = ROOT / "workers"
+    folders = {path.parent.name for path in workers.glob("*/__init__.py")}
+    loose = {path.stem for path in workers.glob("*.py")} - {"__init__"}
+    assert len(set(WORKER_ROOMS)) == len(WORKER_ROOMS)
+    assert sorted(WORKER_ROOMS) == sorted(folders | loose)
+
+
+def test_worker_rooms_import_only_rooms_below() -> None:
+    found = [
+        line for a, b, line in _upward(_edges(), WORKER_ROOMS) if (a, b) not in AGAINST_THE_ORDER
+    ]
+    assert found == []
+
+
+def test_exceptions_are_few_reasoned_and_still_needed() -> None:
+    used = {(a, b) for a, b, _ in _upward(_edges(), WORKER_ROOMS)}
+    assert len(AGAINST_THE_ORDER) <= 2
+    assert all(reason.strip() for reason in AGAINST_THE_ORDER.values())
+    assert set(AGAINST_THE_ORDER) <= used  # a stale exception is deleted, not kept
+
+
+def test_the_order_check_finds_one() -> None:
+    edges = {
+        "kiln.workers.a.x": {"kiln.workers.b.y", "kiln.workers.a.z"},
+        "kiln.workers.b.y": {"kiln.workers.a.z", "kiln.app.core"},
+        "kiln.workers.b": {"kiln.workers.c"},  # a loose module is a room of its own
+    }
+    assert _upward(edges, ("a", "b", "c")) == [
+        ("a", "b", "kiln.workers.a.x imports kiln.workers.b.y"),
+        ("b", "c", "kiln.workers.b imports kiln.workers.c"),
+    ]
+    assert _upward(edges, ("c", "b", "a")) == [
+        ("b", "a", "kiln.workers.b.y imports kiln.workers.a.z"),
+    ]
+    assert _room("kiln.workers.runtime") == "runtime" and _room("kiln.workers") is None
 
 
 @pytest.mark.parametrize(

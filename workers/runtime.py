@@ -20,9 +20,9 @@ from kiln.app.db.session import engine_for, make_session_factory
 from kiln.app.results import Place, place_for
 from kiln.app.storage import ObjectStore, open_store
 from kiln.workers.batching import BatchStats
-from kiln.workers.chunk.keeper import Leases
-from kiln.workers.chunk.stats import ChunkStats, ChunkTotals
+from kiln.workers.ops.chunk_stats import ChunkStats, ChunkTotals
 from kiln.workers.ops.health import EngineHealth, Health
+from kiln.workers.ops.keeper import Leases
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.pool import InlinePrep, Preparer, PrepPool, usable_cores
 from kiln.workers.prep.settings import PrepSettings

@@ -141,7 +141,7 @@ class WorkerFacts(Base):
 
 class ChunkRun(Base):
     """A chunk run in progress: how many of its rows are answered but not yet written, upserted
-    by its worker's lease keeper every tick (workers/chunk/keeper.py) and deleted with the run's
+    by its worker's lease keeper every tick (workers/ops/keeper.py) and deleted with the run's
     results (or by the reconciler once stale), so a job's progress moves between its chunks'
     commits."""
 

@@ -1,7 +1,7 @@
 """standin (issue 38): the device path measured without a device. `kiln run` (and a warm `kiln
 worker`) over 640×480 JPEGs with `KILN_DEVICE_STANDIN=h200`: chunks, prep checking headers,
 the Batcher and the staged device pipeline run as on a GPU host, with the device's decode and
-forward replaced by waits calibrated on the H200 (`workers/device/standin.py`).
+forward replaced by waits calibrated on the H200 (`workers/engines/standin.py`).
 
 Kiln's defaults throughout, the content cache on (where every other case turns it off): that
 is what a user runs. Each run has a fresh data dir, so the cache holds nothing; the worker's
@@ -43,7 +43,7 @@ from bench.models import BUILTIN_MODELS, detector_model, export_resnet, labels
 from bench.results import CaseResult, Sized, marginal
 from bench.stack import Layout, Registered, Stack, local_deployment
 from devstack.services import kiln_command, service_env
-from kiln.workers.device.standin import children_cpu
+from kiln.workers.engines.standin import children_cpu
 
 SUBJECTS = ("standin-run", "standin-worker")
 STANDIN = "h200"

@@ -12,7 +12,7 @@ from kiln.app import vector_index
 from kiln.app.results import Place
 from kiln.app.storage.local import LocalStore
 from kiln.app.vector_index import VectorIndex
-from kiln.workers.close.grouping import cosine_groups, cosine_pairs, neighbour_pairs, unit_rows
+from kiln.workers.models.grouping import cosine_groups, cosine_pairs, neighbour_pairs, unit_rows
 
 
 def planted(originals: int, copies: int, dim: int = 64, seed: int = 0) -> np.ndarray:

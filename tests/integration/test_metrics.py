@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack.images import photo
 from devstack.services import wait_for
 from kiln.app.dispatch.contract import QUEUES
-from kiln.workers.chunk.stats import STAGES
+from kiln.workers.ops.chunk_stats import STAGES
 from tests.integration.test_http_jobs import upload, wait_done
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -14,8 +14,8 @@ from kiln.app.core.config import Settings
 from kiln.app.db.models import SHARED_TENANT, WorkerFacts
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.workers.batching import BatchStats
-from kiln.workers.chunk.stats import ChunkTotals
 from kiln.workers.ops import device
+from kiln.workers.ops.chunk_stats import ChunkTotals
 from kiln.workers.ops.device import GpuTelemetry
 from kiln.workers.ops.facts import FactsPublisher, worker_facts
 from kiln.workers.ops.health import EngineHealth

@@ -10,7 +10,7 @@ import pytest
 
 from kiln.app.core.errors import InputError
 from kiln.app.vector_index import VectorIndex
-from kiln.workers.close.grouping import (
+from kiln.workers.models.grouping import (
     components,
     cosine_groups,
     cosine_pairs,

@@ -1,4 +1,4 @@
-"""A pipeline's library (workers/close/library.py): runs fold their rows in, deletions and changed
+"""A pipeline's library (workers/models/library.py): runs fold their rows in, deletions and changed
 objects leave, and a run's groups cover every object the pipeline has processed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 from kiln.app import results
 from kiln.app.results import Place, ResultRow
 from kiln.app.storage.local import LocalStore
-from kiln.workers.close.library import Library, library_place, update
 from kiln.workers.models import phash
+from kiln.workers.models.library import Library, library_place, update
 
 
 def store(tmp_path: Path) -> LocalStore:

@@ -18,7 +18,7 @@ from kiln.workers.batching import (
     Part,
     seconds_bound,
 )
-from kiln.workers.chunk.stats import ChunkTotals
+from kiln.workers.ops.chunk_stats import ChunkTotals
 from kiln.workers.ops.health import EngineHealth
 from kiln.workers.ops.metrics import batch_size_histogram, size_buckets, worker_registry
 

@@ -16,19 +16,19 @@ The room, one module per thing:
 - `oom`: telling an out-of-memory failure apart, and the batch cap it lowers and regrows;
 - `watchdog`: failing a batch stuck past its deadline and replacing its runner;
 - `stats`: the running totals metrics read;
-- `errors`: what a block's future fails with besides the batch function's errors;
-- `gather` and `build`: a model's Batcher — its batch gathered out of the shared-memory slots,
-  and the one place it is built (`model_batcher`, `queued_policy`, QUEUED_BATCHES).
+- `errors`: what a block's future fails with besides the batch function's errors.
+
+A model's Batcher — its batch gathered out of the slots, the one place it is built — is model
+glue, so it lives with the runners (`workers/runners/gather.py`, `build.py`); the policy its
+Batchers share (`queued_policy`, QUEUED_BATCHES) is here, in `policy`.
 """
 
 from kiln.workers.batching.batcher import Batcher
 from kiln.workers.batching.blocks import BatchFn, ListShape, Part, Shape
-from kiln.workers.batching.build import QUEUED_BATCHES, model_batcher, queued_policy
 from kiln.workers.batching.errors import BatchDeadlineError, BatcherClosedError, WithdrawnError
-from kiln.workers.batching.gather import PixelBuffer, gather
 from kiln.workers.batching.intake import Announcement
 from kiln.workers.batching.oom import is_out_of_memory
-from kiln.workers.batching.policy import BatchPolicy
+from kiln.workers.batching.policy import QUEUED_BATCHES, BatchPolicy, queued_policy
 from kiln.workers.batching.stats import SECONDS_BOUNDS, BatchStats, seconds_bound
 
 __all__ = [
@@ -43,12 +43,9 @@ __all__ = [
     "BatcherClosedError",
     "ListShape",
     "Part",
-    "PixelBuffer",
     "Shape",
     "WithdrawnError",
-    "gather",
     "is_out_of_memory",
-    "model_batcher",
     "queued_policy",
     "seconds_bound",
 ]

@@ -1,8 +1,18 @@
-"""The knobs of one Batcher, fixed when it is built and checked once."""
+"""The knobs of one Batcher, fixed when it is built and checked once; and the greedy, bounded
+policy every model's Batchers share (`queued_policy`).
+
+Every model's Batcher is greedy (chunks announce their rows, see `workers/chunk`) and lets rows
+queue at most QUEUED_BATCHES batches per runner ahead of the engine: object rows (OCR pages)
+are big, and rows queued further ahead only hold memory and slots.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kiln.app.core.config import Settings
+
+QUEUED_BATCHES = 4  # rows may run this many batches ahead of the engine (per runner)
 
 
 @dataclass(frozen=True)
@@ -35,3 +45,15 @@ class BatchPolicy:
             or (self.max_queued is not None and self.max_queued < 1)
         ):
             raise ValueError("max_batch, runners and max_queued must be >= 1, max_delay_s >= 0.")
+
+
+def queued_policy(settings: Settings, max_batch: int, runners: int) -> BatchPolicy:
+    """Batches of `max_batch` rows, or fewer after the worker's `max_delay_s`, run by
+    `runners` threads; greedy, and bounded at QUEUED_BATCHES batches per runner."""
+    return BatchPolicy(
+        max_batch=max_batch,
+        max_delay_s=settings.max_delay_s,
+        runners=runners,
+        greedy=True,
+        max_queued=QUEUED_BATCHES * max_batch * runners,
+    )

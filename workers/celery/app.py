@@ -16,7 +16,7 @@ from kiln.workers.runners.memory import rss_bytes
 
 if TYPE_CHECKING:
     from kiln.workers.batching import BatchStats
-    from kiln.workers.chunk.stats import ChunkTotals
+    from kiln.workers.ops.chunk_stats import ChunkTotals
     from kiln.workers.runtime import WorkerRuntime
 
 

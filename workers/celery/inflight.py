@@ -13,13 +13,15 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
+if TYPE_CHECKING:  # the reconciler's own type; importing it at run time would load the close
+    from kiln.workers.jobs.periodic import Chunk
+
 log = logging.getLogger(__name__)
 
-Chunk = tuple[str, int]  # (job id, chunk number)
 MAX_MESSAGES = 100_000  # beyond this, reading the queues costs more than a duplicate send
 
 

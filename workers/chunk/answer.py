@@ -32,9 +32,9 @@ from kiln.app.core.errors import TransientError
 from kiln.app.families.fallback import FAILED, REFUSED
 from kiln.app.video import Sampling
 from kiln.workers.batching import Announcement
-from kiln.workers.chunk.keeper import Held
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.models.base import Answers, Rows
+from kiln.workers.ops.keeper import Held
 from kiln.workers.prep.pool import Preparer
 from kiln.workers.prep.slots import ByteSlots
 from kiln.workers.prep.units import UNIT_ROWS, Prepped, Unit, in_place

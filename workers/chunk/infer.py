@@ -18,12 +18,12 @@ from kiln.app.db import content_cache as cache_rows
 from kiln.app.families.fallback import FAILED
 from kiln.workers.chunk import content_cache
 from kiln.workers.chunk.answer import Stage, drop_held, read_all, run_model
-from kiln.workers.chunk.fallback import Fallback
-from kiln.workers.chunk.keeper import Held
-from kiln.workers.chunk.lease import Lease
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.chunk.stats import ChunkReport
+from kiln.workers.close.fallback import Fallback
+from kiln.workers.close.lease import Lease
 from kiln.workers.models.loader import output_fields
+from kiln.workers.ops.keeper import Held
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -7,45 +7,19 @@ keeper (`keeper.py`) renews the lease.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-from kiln.app import results, video
-from kiln.app.catalog import ModelInfo
+from kiln.app import video
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import KilnError, SetupError, plain_reason
 from kiln.app.db import leases, queries
-from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import OPEN_JOB_STATUSES, JobStatus
 from kiln.app.db.session import unit_of_work
-from kiln.app.video import Sampling
-from kiln.workers.chunk.fallback import Fallback, job_fallback
+from kiln.workers.close.fallback import job_fallback
+from kiln.workers.close.lease import Lease
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Lease:
-    """What a chunk learned when it took its items."""
-
-    job_id: str
-    chunk: int
-    item_ids: list[int]
-    chunk_count: int
-    was_open: bool  # the job was open when leased (else this is a replay of a closed job)
-    model: ModelInfo
-    items: list[LeasedItem]
-    place: results.Place  # where the job's results go
-    bulk: bool = False  # items come from an ingest (the chunk count grows while it lists)
-    pipeline_id: int | None = None  # bulk, incremental: remember what succeeded
-    owner: str = ""  # the run holding the items' lease: only its results are written
-    held_elsewhere: bool = False  # nothing leased because another live run holds the chunk
-    tenant: str = ""
-    fallback: Fallback | None = None  # the job's fallback model, if it names one
-    sampling: Sampling | None = None  # how the job samples its videos
-    cancelling: bool = False  # the job was cancelled: what this run took, it cancels
-    failed: bool = False  # the job failed: its items ended with it, nothing is left to write
 
 
 def take(

@@ -29,12 +29,12 @@ from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.observability.tracing import annotate
 from kiln.workers.chunk import lease as leasing
 from kiln.workers.chunk.expand import expand_videos
-from kiln.workers.chunk.fallback import shard_fields
 from kiln.workers.chunk.infer import answer_chunk
 from kiln.workers.chunk.stats import ChunkReport, count
 from kiln.workers.chunk.write import write_chunk
 from kiln.workers.close.close import close_after_chunk
 from kiln.workers.close.fail import fail_for_output
+from kiln.workers.close.fallback import shard_fields
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from kiln.app.catalog import ModelInfo
 from kiln.app.db import chunk_runs, content_cache, leases, queries
 from kiln.app.db.session import unit_of_work
 from kiln.workers.chunk.content_cache import scope_key
-from kiln.workers.chunk.fallback import shard_fields
 from kiln.workers.chunk.rows import ChunkRows
+from kiln.workers.close.fallback import shard_fields
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from kiln.app.db import chunk_results
 from kiln.app.db.models import Item
 from kiln.app.db.session import unit_of_work
 from kiln.workers.chunk.content_cache import fresh_entries
-from kiln.workers.chunk.lease import Lease
 from kiln.workers.chunk.rows import ChunkRows
+from kiln.workers.close.lease import Lease
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ from kiln.app import results
 from kiln.app.core.errors import OutputError
 from kiln.app.db import leases, queries
 from kiln.app.db.session import unit_of_work
-from kiln.workers.chunk.fallback import job_fallback, shard_fields
-from kiln.workers.chunk.lease import Lease
 from kiln.workers.close.fail import fail_for_output
+from kiln.workers.close.fallback import job_fallback, shard_fields
+from kiln.workers.close.lease import Lease
 from kiln.workers.close.manifest import ensure_manifest
 from kiln.workers.close.steps import close_steps
 from kiln.workers.runtime import WorkerRuntime

@@ -15,7 +15,7 @@ from typing import Any
 
 from kiln.app import results
 from kiln.app.results import Place
-from kiln.workers.close.grouping import components
+from kiln.workers.models.grouping import components
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from kiln.app.db import queries
 from kiln.app.db.models import Job
 from kiln.app.storage import ObjectStore
 from kiln.workers.close import identical
-from kiln.workers.close.library import library_place
-from kiln.workers.close.library import update as update_library
 from kiln.workers.models.base import ClosedJob
+from kiln.workers.models.library import library_place
+from kiln.workers.models.library import update as update_library
 from kiln.workers.models.loader import job_closed, library_columns
 
 

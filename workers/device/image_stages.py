@@ -24,8 +24,10 @@ length (tests/workers/device/test_torch_calls.py counts them).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,10 +43,38 @@ from kiln.workers.device.stages import (
     Streams,
     Work,
 )
-from kiln.workers.engines.base import DeviceFeeds
 
 if TYPE_CHECKING:
     from kiln.app.model_spec import Preprocessing
+
+
+@runtime_checkable
+class DeviceFeeds(Protocol):
+    """An engine that takes feeds already on its device (the torch engine). Image pipelines
+    decode and fit a batch there (`device_pixels`) on the engine's stream and run it.
+
+    Declared here, by the device path that needs it, not in `engines/base.py`: the torch
+    engine matches it structurally, so the device room imports no engine."""
+
+    device: Any  # a torch.device: where the feeds are made
+
+    def on_stream(self) -> AbstractContextManager[None]:
+        """This runner thread's stream, and the device as the default for new tensors."""
+        ...
+
+    def infer_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """`infer` for device tensors made inside `on_stream()`: host arrays out."""
+        ...
+
+    def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
+        """The forward half of `infer_tensors`, queued on the current stream, nothing waited
+        for: device outputs of the batch's rows (a staged pipeline's forward stage)."""
+        ...
+
+    def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
+        """The other half: `forward_tensors`' outputs copied back on the current stream, and
+        waited for (a staged pipeline's last stage)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -187,7 +217,7 @@ def _on_cuda(engine: DeviceFeeds) -> bool:
 
 
 def _streams(engine: DeviceFeeds) -> Streams:
-    own = getattr(engine, "streams", None)  # the device stand-in's (device/standin.py)
+    own = getattr(engine, "streams", None)  # the device stand-in's (engines/standin.py)
     if own is not None:
         return own()  # type: ignore[no-any-return]
     return CudaStreams(_torch(), engine.device) if _on_cuda(engine) else CpuStreams()

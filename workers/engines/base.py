@@ -4,7 +4,6 @@ declare beside it, and what a pipeline tells an engine."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
@@ -88,32 +87,6 @@ class HostStaging(Protocol):
 
     def host_buffer(self, shape: Sequence[int], dtype: str = "uint8") -> np.ndarray:
         """This runner thread's buffer for the first input, `shape` and `dtype`, as NumPy."""
-        ...
-
-
-@runtime_checkable
-class DeviceFeeds(Protocol):
-    """An engine that takes feeds already on its device (the torch engine). Image pipelines
-    decode and fit a batch there (`device_pixels`) on the engine's stream and run it."""
-
-    device: Any  # a torch.device: where the feeds are made
-
-    def on_stream(self) -> AbstractContextManager[None]:
-        """This runner thread's stream, and the device as the default for new tensors."""
-        ...
-
-    def infer_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """`infer` for device tensors made inside `on_stream()`: host arrays out."""
-        ...
-
-    def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
-        """The forward half of `infer_tensors`, queued on the current stream, nothing waited
-        for: device outputs of the batch's rows (a staged pipeline's forward stage)."""
-        ...
-
-    def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
-        """The other half: `forward_tensors`' outputs copied back on the current stream, and
-        waited for (a staged pipeline's last stage)."""
         ...
 
 

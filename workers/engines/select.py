@@ -178,7 +178,7 @@ class EngineFactory:
     ) -> None:
         self.settings = settings
         self.store = store
-        standin = settings.device_standin  # benches and tests: workers/device/standin.py
+        standin = settings.device_standin  # benches and tests: workers/engines/standin.py
         self.host = host or (_standin_host(standin) if standin else Host.probe())
         self.candidates = (
             [_standin_choice(standin)] if standin else candidates(self.host, settings.engine)
@@ -281,7 +281,7 @@ class EngineFactory:
         )  # fmt: skip
 
     def _standin(self, request: EngineRequest, choice: Choice) -> Engine:
-        from kiln.workers.device import standin
+        from kiln.workers.engines import standin
 
         name, report = self.settings.device_standin, self.settings.device_standin_report
         assert name is not None  # the only way this builder is chosen
@@ -290,7 +290,7 @@ class EngineFactory:
 
 def _standin_host(name: str) -> Host:
     """The host as the device stand-in shows it: its one GPU, no other backend."""
-    from kiln.workers.device import standin
+    from kiln.workers.engines import standin
 
     return Host(
         tensorrt=False, gpus=(standin.gpu(name),), ort_providers=(), cpus=os.cpu_count() or 1
@@ -298,7 +298,7 @@ def _standin_host(name: str) -> Host:
 
 
 def _standin_choice(name: str) -> Choice:
-    from kiln.workers.device import standin
+    from kiln.workers.engines import standin
 
     return standin.choice(name)
 

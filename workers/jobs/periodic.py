@@ -14,12 +14,12 @@ from kiln.app.db import ingest as db
 from kiln.app.db.models import utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
-from kiln.workers.celery.inflight import Chunk
 from kiln.workers.close.close import close_finished_job
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
+Chunk = tuple[str, int]  # (job id, chunk number)
 InFlight = Callable[[], set[Chunk] | None]  # the broker's chunk messages; None = unknown
 RUN_ROWS_KEPT_S = 600.0  # a chunk run's progress row outlives its silent worker this long
 PURGE_STEPS = 100  # content-cache purge steps per reconcile: a backlog waits for the next one

@@ -13,7 +13,7 @@ import pyarrow as pa
 from kiln.app.core.errors import InputError, KilnError
 from kiln.app.db.models import Job
 from kiln.app.results import Place
-from kiln.workers.close.library import Library
+from kiln.workers.models.library import Library
 from kiln.workers.prep.spec import PrepSpec
 
 # Outputs too large for a database row (embeddings go to storage, not rows): they

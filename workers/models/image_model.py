@@ -22,6 +22,7 @@ from kiln.workers.device import pixels as device_pixels
 from kiln.workers.device.image_stages import (
     DEFAULT_OPTIONS,
     DeviceAnswer,
+    DeviceFeeds,
     DeviceOptions,
     DevicePost,
     HostStages,
@@ -31,7 +32,7 @@ from kiln.workers.device.image_stages import (
     decode_rows,
     posted,
 )
-from kiln.workers.engines.base import Closable, DeviceFeeds, Engine, HostStaging
+from kiln.workers.engines.base import Closable, Engine, HostStaging
 from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models.base import Answers, Batch
 from kiln.workers.prep.images import FIT_WIDTH, placement_row
@@ -210,7 +211,7 @@ def device_decoding(
         return None
     if not isinstance(engine, DeviceFeeds):
         return None
-    if getattr(engine, "jpeg_decoder", None) is not None:  # the stand-in's (device/standin.py)
+    if getattr(engine, "jpeg_decoder", None) is not None:  # the stand-in's (engines/standin.py)
         return engine.device
     available = device_pixels.nvjpeg_available(str(engine.device), options.decoder)
     return engine.device if available else None

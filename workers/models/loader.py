@@ -101,7 +101,7 @@ _JOB_CLOSED: dict[str, JobClosed] = {
 }
 
 
-# What a pipeline's library keeps of each object besides key and sha256 (workers/close/library.py).
+# What a pipeline's library keeps of each object besides key and sha256 (workers/models/library.py).
 _LIBRARY_COLUMNS: dict[str, list[str]] = {"phash": ["phash"]}
 
 

@@ -1,7 +1,7 @@
 """The built-in OCR model: PP-OCRv4 det / cls / rec ONNX files shipped by rapidocr-onnxruntime,
 run on Kiln's engines, with lines from many images batched together.
 
-- prep (a prep process, `workers/prep/ocr.py`): decode, the working image, the detector's
+- prep (a prep process, `workers/models/ocr_prep.py`): decode, the working image, the detector's
   resized input — shapes vary, so they travel as objects, not slots.
 - `infer` (the model's Batcher): the detector over a batch of images, then DB boxes.
 - `finish` (the chunk's thread): crop every line of the block's images, pass them through two
@@ -67,7 +67,7 @@ class OcrPipeline:
         self.backend = ", ".join(dict.fromkeys(e.backend for e in engines_used))  # one, usually
         self.detection = Detection(config)
         self.reader = LineReader(config, cls_engine, rec_engine)
-        self.prep = prep_spec("kiln.workers.prep.ocr:OcrPrep", {"max_pixels": max_pixels})
+        self.prep = prep_spec("kiln.workers.models.ocr_prep:OcrPrep", {"max_pixels": max_pixels})
         self._det_input = self.det_engine.inputs[0].name
         self._det_prepare = self.detection.normalizer()
         self.cls_batcher: Batcher[list[Strip], list[Any]] = _inner(

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from kiln.app import results
 from kiln.app.families.phash import DEFAULT_MAX_DISTANCE, MAX_DISTANCE_LIMIT, PhashOptions
-from kiln.workers.close.grouping import components, groups_of
 from kiln.workers.models.base import Answers, Batch, ClosedJob
+from kiln.workers.models.grouping import components, groups_of
 from kiln.workers.models.hamming import close_pairs
 from kiln.workers.prep.phash import HASH_SIDE
 from kiln.workers.prep.slots import SlotLayout

@@ -4,7 +4,7 @@ by cosine similarity when the job asked for them (`options.group`).
 The vectors are read back from the job's Parquet shards (they never go to the database) into a
 usearch index stored beside them (`app/vector_index.py`), which search loads later. Pairs at
 or above the threshold are found exactly for small sets and among each vector's nearest
-neighbours in the index for large ones, joined transitively (`workers/close/grouping.py`), and
+neighbours in the index for large ones, joined transitively (`workers/models/grouping.py`), and
 `groups.parquet` is written beside the shards as phash's groups are. A pipeline run also
 updates its library's index, and groups over all of it.
 """
@@ -22,9 +22,9 @@ from kiln.app import results, vector_index
 from kiln.app.families.embed import EmbedOptions
 from kiln.app.results import Place
 from kiln.app.vector_index import VectorIndex
-from kiln.workers.close.grouping import cosine_groups
-from kiln.workers.close.library import Library
 from kiln.workers.models.base import ClosedJob
+from kiln.workers.models.grouping import cosine_groups
+from kiln.workers.models.library import Library
 
 
 def close_job(closed: ClosedJob) -> dict[str, Any]:

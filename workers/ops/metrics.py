@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from kiln.workers.batching import SECONDS_BOUNDS, BatchStats
-from kiln.workers.chunk.stats import ChunkTotals
+from kiln.workers.ops.chunk_stats import ChunkTotals
 from kiln.workers.ops.device import GpuTelemetry
 from kiln.workers.ops.health import EngineHealth
 

@@ -30,7 +30,7 @@ from kiln.app.core.errors import KilnError
 from kiln.app.db import queries
 from kiln.app.db.session import unit_of_work
 from kiln.app.storage import ObjectStore
-from kiln.workers.batching import Batcher, BatchStats, model_batcher
+from kiln.workers.batching import Batcher, BatchStats
 from kiln.workers.engines.failures import BuildFailures
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Answers, Pipeline, Rows
@@ -38,6 +38,7 @@ from kiln.workers.models.loader import load_pipeline
 from kiln.workers.ops.health import Health
 from kiln.workers.prep.slots import ByteSlots, Lender, SlotPool
 from kiln.workers.runners import sizing
+from kiln.workers.runners.build import model_batcher
 from kiln.workers.runners.memory import (
     ModelMemory,
     budget_bytes,

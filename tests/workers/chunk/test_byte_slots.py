@@ -21,14 +21,14 @@ from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.db.leases import LeasedItem
-from kiln.workers.batching import model_batcher
 from kiln.workers.chunk.answer import Stage, run_model
-from kiln.workers.chunk.keeper import Held
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.models.base import Answers, Batch
+from kiln.workers.ops.keeper import Held
 from kiln.workers.prep.pool import PrepPool
 from kiln.workers.prep.slots import ByteSlots
 from kiln.workers.prep.spec import prep_spec
+from kiln.workers.runners.build import model_batcher
 from kiln.workers.runners.runners import ModelRunner
 from tests.support import migrated_settings
 

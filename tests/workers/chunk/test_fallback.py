@@ -21,10 +21,10 @@ from kiln.app.db.models import ContentCache, Item, ItemStatus
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import JobRequest, Upload, submit_job
 from kiln.app.model_spec import ImageModelSpec
-from kiln.workers.chunk.fallback import Fallback, job_fallback, shard_fields
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.close.close import write_missing_shards
+from kiln.workers.close.fallback import Fallback, job_fallback, shard_fields
 from kiln.workers.runtime import WorkerRuntime
 from tests.models import colour_classifier
 from tests.workers.colours import MODEL

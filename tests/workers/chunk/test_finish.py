@@ -20,11 +20,11 @@ from kiln.app.db.models import Ingest, Item, ItemStatus, JobStatus, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import cancel_job
 from kiln.workers.chunk import lease as leasing
-from kiln.workers.chunk.fallback import shard_fields
-from kiln.workers.chunk.lease import Lease
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.chunk.write import write_chunk
 from kiln.workers.close.close import close_after_chunk, write_missing_shards
+from kiln.workers.close.fallback import shard_fields
+from kiln.workers.close.lease import Lease
 from kiln.workers.close.manifest import ensure_manifest
 from kiln.workers.jobs.periodic import reconcile
 from kiln.workers.models.loader import output_fields

@@ -1,6 +1,6 @@
 """A pipeline's two halves in a test, as a worker drives them: its prep (what a prep process
 runs) writes one input into a slot and a meta row, or returns the object its engine takes; a
-`Batch` is those rows stacked (as `batching.gather` stacks a batch's rows); `outputs` runs
+`Batch` is those rows stacked (as `runners.gather` stacks a batch's rows); `outputs` runs
 both halves over inputs with `run_direct` and gives each input's outputs."""
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from kiln.app import vector_index
 from kiln.app.db.models import Job
 from kiln.app.results import Place, ResultRow, library_place, write_shard
 from kiln.app.storage.local import LocalStore
-from kiln.workers.close.library import update as update_library
 from kiln.workers.models import embed, vector_groups
 from kiln.workers.models.base import ClosedJob
+from kiln.workers.models.library import update as update_library
 
 FIELDS = embed.fields({"dim": 3})
 

@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw, ImageFont
 from devstack.images import solid
 from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
-from kiln.workers.batching import Batcher, BatchPolicy, Part, gather
+from kiln.workers.batching import Batcher, BatchPolicy, Part
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Answers, AnswersShape, Rows
 from kiln.workers.models.direct import outcomes_of
@@ -33,6 +33,7 @@ from kiln.workers.models.ocr_lines import (
     padded_normalizer,
 )
 from kiln.workers.prep.pixels import Decoded
+from kiln.workers.runners.gather import gather
 from tests.support import migrated_settings
 from tests.workers.models.halves import outputs, prepare
 

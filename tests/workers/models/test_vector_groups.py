@@ -17,10 +17,10 @@ from kiln.app.db.models import Job
 from kiln.app.families import check_options
 from kiln.app.results import Place, ResultRow, write_shard
 from kiln.app.storage.local import LocalStore
-from kiln.workers.close.library import library_place
-from kiln.workers.close.library import update as update_library
 from kiln.workers.models import embed, vector_groups
 from kiln.workers.models.base import ClosedJob
+from kiln.workers.models.library import library_place
+from kiln.workers.models.library import update as update_library
 from kiln.workers.models.loader import job_closed
 
 FIELDS = embed.fields({"dim": 3})

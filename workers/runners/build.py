@@ -1,11 +1,6 @@
-"""The one place a model's Batcher is built, and the batching every model's Batchers share.
-
-Every model's Batcher is greedy (chunks announce their rows, see `workers/chunk`) and lets
-rows queue at most QUEUED_BATCHES batches per runner ahead of the engine: object rows (OCR
-pages) are big, and rows queued further ahead only hold memory and slots. A model's own
-Batcher also has the worker's deadline (per model, `KILN_BATCH_DEADLINES`) and out-of-memory
-recovery; a pipeline's inner Batchers (OCR's lines) take the shared policy as it is.
-"""
+"""The one place a model's Batcher is built: the shared `queued_policy` (batching/policy.py)
+plus the worker's deadline (per model, `KILN_BATCH_DEADLINES`) and out-of-memory recovery; a
+pipeline's inner Batchers (OCR's lines) take the shared policy as it is."""
 
 from __future__ import annotations
 
@@ -16,25 +11,11 @@ from kiln.app.core.config import Settings
 from kiln.app.observability.tracing import traced_infer
 from kiln.workers.batching.batcher import Batcher
 from kiln.workers.batching.blocks import Part
-from kiln.workers.batching.gather import gather
-from kiln.workers.batching.policy import BatchPolicy
+from kiln.workers.batching.policy import queued_policy
 from kiln.workers.batching.watchdog import Wedged
 from kiln.workers.models.base import Answers, AnswersShape, Pipeline, Rows, StagedPixels
 from kiln.workers.prep.slots import SlotPool
-
-QUEUED_BATCHES = 4  # rows may run this many batches ahead of the engine (per runner)
-
-
-def queued_policy(settings: Settings, max_batch: int, runners: int) -> BatchPolicy:
-    """Batches of `max_batch` rows, or fewer after the worker's `max_delay_s`, run by
-    `runners` threads; greedy, and bounded at QUEUED_BATCHES batches per runner."""
-    return BatchPolicy(
-        max_batch=max_batch,
-        max_delay_s=settings.max_delay_s,
-        runners=runners,
-        greedy=True,
-        max_queued=QUEUED_BATCHES * max_batch * runners,
-    )
+from kiln.workers.runners.gather import gather
 
 
 def model_batcher(

@@ -7,7 +7,7 @@ from collections import Counter
 from prometheus_client import generate_latest
 
 from kiln.workers.batching import BatchStats
-from kiln.workers.chunk.stats import STAGES, ChunkStats, ChunkTotals
+from kiln.workers.ops.chunk_stats import STAGES, ChunkStats, ChunkTotals
 from kiln.workers.ops.metrics import worker_registry
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.chunk.test_run import run_all, submit

@@ -1,4 +1,4 @@
-"""The device stand-in (`device/standin.py`): its calibration, its decoder and engine (timing
+"""The device stand-in (`engines/standin.py`): its calibration, its decoder and engine (timing
 roughly honoured, shapes, the locks) in a child process (this one stays torch-free, as a
 worker does), and `kiln run` through `ImageStages` end to end with it."""
 
@@ -18,7 +18,7 @@ from PIL import Image
 
 from devstack.services import kiln_command
 from kiln.app.core.config import Settings
-from kiln.workers.device import standin
+from kiln.workers.engines import standin
 from kiln.workers.engines.select import EngineFactory
 from tests.models import colour_classifier
 from tests.support import loads_no_torch, run_torch_child
@@ -59,7 +59,7 @@ def test_the_engine_factory_chooses_the_standin(tmp_path: Path) -> None:
 
 CHILD = """
 import sys
-from tests.workers.device.test_standin import run_torch
+from tests.workers.engines.test_standin import run_torch
 run_torch(sys.argv[1])
 """
 

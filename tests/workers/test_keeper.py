@@ -21,9 +21,9 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import LeaseTiming, cancel_job, progress
 from kiln.workers.chunk import answer as answer_module
-from kiln.workers.chunk.keeper import Leases, _keep_s
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.jobs.periodic import reconcile
+from kiln.workers.ops.keeper import Leases, _keep_s
 from kiln.workers.runtime import WorkerRuntime
 from tests.workers.chunk.test_run import FILES, items_by_key, job_row, manifest, shard_rows, submit
 from tests.workers.colours import MODEL

@@ -41,7 +41,8 @@ WORKER_STAGES = {
     "outputs": ("_collect",),
     "shard": ("write_shard",),
     "result write": ("upsert_results",),
-    "close + manifest": ("close_after_chunk", "close_if_done", "ensure_manifest"),
+    # `close_if_done`, `ensure_manifest`: the close's stages before issue 39 (one `close_job` now)
+    "close + manifest": ("close_after_chunk", "close_job", "close_if_done", "ensure_manifest"),
     "finish (other)": ("write_chunk", "finish_chunk"),  # `finish_chunk`: before issue 31
 }
 API_STAGES = {

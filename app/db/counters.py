@@ -89,12 +89,17 @@ def read(session: Session, job_id: str) -> Tally:
 def read_with(session: Session, job_id: str, beside: ColumnElement[int]) -> tuple[Tally, int]:
     """The job's counts and `beside` (a scalar subquery) in one statement: one snapshot, so a
     transaction that moves rows between the two is seen wholly or not at all."""
-    sums = (func.coalesce(func.sum(getattr(JobCounter, name)), 0) for name in COUNTED)
     row = session.execute(
-        select(*sums, beside.label("beside")).where(JobCounter.job_id == job_id)
+        select(*sums(), beside.label("beside")).where(JobCounter.job_id == job_id)
     ).one()
     *counted, other = row
     return Tally(*(int(n) for n in counted)), int(other or 0)
+
+
+def sums() -> list[ColumnElement[int]]:
+    """The counted columns summed over the rows selected (a job's slots: the caller's WHERE),
+    in `Tally`'s order, each labelled by its name: `Tally(*row)` reads them back."""
+    return [func.coalesce(func.sum(getattr(JobCounter, name)), 0).label(name) for name in COUNTED]
 
 
 def recount(session: Session, job_id: str) -> Tally:

@@ -1,8 +1,9 @@
 """Telling the API that a job closed, so a client waiting on it gets its answer at once.
 
 On Postgres the closing transaction sends `NOTIFY kiln_jobs, '<job id>'` (delivered only if it
-commits) and the API listens on one dedicated connection. Elsewhere (SQLite) nothing is sent and
-waiters fall back to re-reading the job at a short interval.
+commits; a job's close sends it from its own UPDATE, `closed_notice`) and the API listens on
+one dedicated connection. Elsewhere (SQLite) nothing is sent and waiters fall back to
+re-reading the job at a short interval.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import logging
 import threading
 from collections import defaultdict
 
-from sqlalchemy import text
+from sqlalchemy import ColumnElement, func, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from kiln.app.db.dialect import on_postgres
 
@@ -29,6 +30,12 @@ def notify_job_closed(session: Session, job_id: str) -> None:
         session.execute(
             text("SELECT pg_notify(:channel, :job)"), {"channel": CHANNEL, "job": job_id}
         )
+
+
+def closed_notice(job_id: InstrumentedAttribute[str]) -> ColumnElement[str]:
+    """The notification as a column of the statement that closes the job (Postgres only):
+    `UPDATE jobs … RETURNING …, pg_notify(…)` closes and tells in one round trip."""
+    return func.pg_notify(CHANNEL, job_id)
 
 
 def libpq_url(database_url: str) -> str | None:

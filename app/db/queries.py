@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, and_, bindparam, case, exists, func, or_, select, text, update
+from sqlalchemy import (
+    DateTime,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    text,
+    true,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from kiln.app.db import chunk_runs, counters, dialect
@@ -20,12 +32,13 @@ from kiln.app.db.models import (
     Item,
     ItemStatus,
     Job,
+    JobCounter,
     JobStatus,
     Pipeline,
     aware,
     utcnow,
 )
-from kiln.app.db.notify import notify_job_closed
+from kiln.app.db.notify import closed_notice
 from kiln.app.sources import VIDEO_SUFFIXES
 from kiln.app.throughput import Span
 
@@ -53,7 +66,8 @@ class Counts:
 def job_counts(session: Session, job_id: str, bulk: bool = True) -> Counts:
     """The job's counters (a few rows, whatever the job's size; `counters` says why they
     cannot drift) and, for a bulk job (`bulk`), its listing's progress."""
-    return _counts(session, job_id, bulk, counters.read(session, job_id))
+    ingest = session.get(Ingest, job_id) if bulk else None
+    return _counts(ingest, counters.read(session, job_id))
 
 
 def counts_and_answered(
@@ -64,11 +78,10 @@ def counts_and_answered(
     transaction, so two reads could see them in neither (the bar stepped back) or in both."""
     answered = chunk_runs.answered_sum(job_id, fresh_since)
     tally, answered_rows = counters.read_with(session, job_id, answered)
-    return _counts(session, job_id, bulk, tally), answered_rows
+    return _counts(session.get(Ingest, job_id) if bulk else None, tally), answered_rows
 
 
-def _counts(session: Session, job_id: str, bulk: bool, tally: counters.Tally) -> Counts:
-    ingest = session.get(Ingest, job_id) if bulk else None
+def _counts(ingest: Ingest | None, tally: counters.Tally) -> Counts:
     return Counts(
         skipped=ingest.skipped if ingest else 0,
         deleted=ingest.deleted if ingest else 0,
@@ -326,6 +339,37 @@ def nothing_open(session: Session, job_id: str) -> bool:
     return not session.scalar(select(or_(open_items, listing)))
 
 
+@dataclass(frozen=True)
+class Closing:
+    """What a job's close reads, once none of its items is open: the job as the database has
+    it now, its counts (final: only an open item or a listing can change them) and its
+    chunks (each owes a shard)."""
+
+    job: Job
+    counts: Counts
+    chunks: list[int]
+
+
+def closing(session: Session, job_id: str) -> Closing | None:
+    """The close's one read; None while an item of the job is open or its source is still
+    listed (or when there is no such job)."""
+    if not nothing_open(session, job_id):
+        return None
+    tally = select(*counters.sums()).where(JobCounter.job_id == job_id).subquery()
+    row = session.execute(
+        select(Job, Ingest, *tally.c)  # the job as now, its listing and its counts: one read
+        .outerjoin(Ingest, Ingest.job_id == Job.id)
+        .join(tally, true())
+        .where(Job.id == job_id)
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+    if row is None:
+        return None
+    job, ingest, *counted = row
+    counts = _counts(ingest, counters.Tally(*(int(n) for n in counted)))
+    return Closing(job, counts, job_chunks(session, job_id))
+
+
 def job_chunks(session: Session, job_id: str) -> list[int]:
     return list(
         session.scalars(
@@ -334,18 +378,29 @@ def job_chunks(session: Session, job_id: str) -> list[int]:
     )
 
 
-def chunk_items(session: Session, job_id: str, chunk: int) -> list[Item]:
-    return list(
-        session.scalars(
-            select(Item).where(Item.job_id == job_id, Item.chunk == chunk).order_by(Item.id)
-        )
-    )
+def chunk_items(session: Session, job_id: str, chunks: Collection[int]) -> dict[int, list[Item]]:
+    """The items of these chunks of the job, by chunk, each in id order (one statement)."""
+    found: dict[int, list[Item]] = {chunk: [] for chunk in chunks}
+    query = select(Item).where(Item.job_id == job_id, Item.chunk.in_(list(chunks)))
+    for item in session.scalars(query.order_by(Item.chunk, Item.id)):
+        found[item.chunk].append(item)
+    return found
 
 
-def finish_job_if_done(session: Session, job_id: str) -> str | None:
-    """Close the job once no item is open; returns the final status if this call closed it.
+@dataclass(frozen=True)
+class Finished:
+    """A job as its close left it."""
 
-    One statement: concurrent callers serialise on the job row, and only one sees a row back.
+    status: str
+    started_at: datetime
+    finished_at: datetime
+
+
+def finish_job_if_done(session: Session, job_id: str) -> Finished | None:
+    """Close the job once no item is open; what the close set if this call closed it.
+
+    One statement: concurrent callers serialise on the job row, and only one sees a row back;
+    on Postgres the same statement tells the API (`notify`: delivered only if it commits).
     """
     open_items = exists().where(Item.job_id == job_id, Item.status.in_(OPEN_ITEM_STATUSES))
     listing = exists().where(Ingest.job_id == job_id, Ingest.done.is_(False))  # more may come
@@ -354,17 +409,17 @@ def finish_job_if_done(session: Session, job_id: str) -> str | None:
         (Job.status == JobStatus.CANCELLING, JobStatus.CANCELLED.value),
         else_=JobStatus.COMPLETED.value,
     )
-    closed = session.execute(
+    told = [closed_notice(Job.id)] if dialect.on_postgres(session) else []
+    row = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(OPEN_JOB_STATUSES), ~open_items, ~listing)
         .values(status=final, finished_at=now, started_at=func.coalesce(Job.started_at, now))
-        .returning(Job.status),
+        .returning(Job.status, Job.started_at, Job.finished_at, *told),
         execution_options={"synchronize_session": False},
-    ).scalar_one_or_none()
-    if closed is None:
+    ).one_or_none()
+    if row is None:
         return None
-    notify_job_closed(session, job_id)
-    return str(closed)
+    return Finished(str(row[0]), row[1] or now, row[2] or now)  # the update set both
 
 
 def cancel_items(session: Session, job_id: str) -> int:
@@ -497,11 +552,6 @@ def item_by_key(session: Session, job_id: str, key: str) -> Item | None:
 
 def is_open(job: Job) -> bool:
     return job.status in OPEN_JOB_STATUSES
-
-
-def job_as_now(session: Session, job_id: str) -> Job | None:
-    """The job as the database has it now (the session may hold an older copy)."""
-    return session.get(Job, job_id, populate_existing=True)
 
 
 # A job with more open items than this does not count its unplanned videos (a scan of them).

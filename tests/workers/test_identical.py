@@ -1,4 +1,5 @@
-"""Byte-identical inputs join the job's groups, whatever the model (workers/close/identical.py)."""
+"""Byte-identical inputs join the job's groups, whatever the model (`merge` in
+workers/close/grouping.py, `join_identical` in workers/close/steps.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from kiln.app import results
 from kiln.app.storage.local import LocalStore
-from kiln.workers.close.identical import Groups, close_job, merge
+from kiln.workers.close.grouping import Groups, merge
+from kiln.workers.close.steps import join_identical
 
 
 def place(tmp_path: Path) -> results.Place:
@@ -45,7 +47,7 @@ def test_phash_groups_keep_no_similarity() -> None:
 
 def test_no_identical_items_leave_the_groups_and_summary_alone(tmp_path: Path) -> None:
     summary = {"groups": {"key": "k", "groups": 1}}
-    assert close_job(place(tmp_path), [], summary) is summary
+    assert join_identical(place(tmp_path), [], summary) is summary
     assert not place(tmp_path).store.exists(results.groups_key(place(tmp_path)))
 
 
@@ -54,7 +56,7 @@ def test_close_writes_the_sha256_of_identical_members_and_true_counts(tmp_path: 
     results.write_groups(at, [["a", "b"]], [[1.0, 0.97]])
     summary = {"groups": {"key": results.groups_key(at), "threshold": 0.92, "groups": 1}}
 
-    part = close_job(at, [("d1", "c"), ("d1", "z")], summary)
+    part = join_identical(at, [("d1", "c"), ("d1", "z")], summary)
 
     assert part["groups"] == {
         "key": results.groups_key(at),

@@ -86,7 +86,9 @@ def process_chunk(
             try:
                 wrote = write_chunk(runtime, lease, rows, fields, stages=urgent)
                 if wrote is not None:
-                    report.job_status = close_after_chunk(runtime, lease, wrote, fields)
+                    report.job_status = close_after_chunk(
+                        runtime.sessions, runtime.store, runtime.models, lease, wrote, fields
+                    )
             except OutputError as error:  # retrying cannot fix it: the job ends now
                 report.job_status = fail_for_output(runtime, job_id, error)
             report.seconds["write"] = time.monotonic() - timer

@@ -33,7 +33,7 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.ingest import Source
 from kiln.app.storage.s3 import translate
-from kiln.workers.close.manifest import ensure_manifest
+from kiln.workers.close.close import close_closed_job
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -249,8 +249,7 @@ def _finish(
         session.flush()
         closed = queries.finish_job_if_done(session, job.id)
     if closed is not None:
-        model = runtime.model_info(session, job.model, job.tenant)
-        ensure_manifest(runtime, session, job.id, model, True, None)
+        close_closed_job(runtime, session, job)
     log.info(
         "ingest %s: listed %d (%d left out by the filters), skipped %d, %d known failures "
         "kept, deleted %d, %d chunks",

@@ -1,14 +1,18 @@
 """Near-duplicate groups: pairs of items that are close, joined transitively (connected
 components). One mechanism for every family that groups: phash pairs hashes within a Hamming
 distance (`hamming.close_pairs`); embedders pair vectors above a cosine similarity
-(`cosine_pairs`: exact, in blocks, for the sizes a job holds in memory).
+(`cosine_pairs`: exact, in blocks, for the sizes a job holds in memory); and byte-identical
+inputs, for every model, join the groups a family found (`merge`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
+import pyarrow as pa
 
 from kiln.app.core.errors import InputError
 from kiln.app.vector_index import VectorIndex
@@ -162,3 +166,85 @@ def _members(
         sims = rows[indices] @ first
         groups.append([(keys[i], round(float(s), 6)) for i, s in zip(indices, sims, strict=True)])
     return groups
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Groups as groups.parquet holds them: members in order, each with its similarity to
+    the group's first member (None where the grouping has no such measure)."""
+
+    members: list[list[str]]
+    similarities: list[list[float | None]]
+
+
+def groups_in(table: pa.Table | None) -> Groups:
+    """The groups a groups.parquet table holds (none without one)."""
+    found = Groups([], [])
+    if table is None:
+        return found
+    rows = table.select(["group", "key", "similarity"]).to_pydict()
+    last = None
+    for group, key, similarity in zip(rows["group"], rows["key"], rows["similarity"], strict=True):
+        if group != last:
+            found.members.append([])
+            found.similarities.append([])
+            last = group
+        found.members[-1].append(key)
+        found.similarities[-1].append(similarity)
+    return found
+
+
+def merge(found: Groups, identical: Sequence[tuple[str, str]]) -> Groups:
+    """`found` with every set of byte-identical items joined (transitively) into one group.
+
+    The family's order is kept (its groups' first members stay first); an item only the digest
+    brought in comes after, with its identical twin's similarity — 1.0 in a group of identical
+    items alone, as no measure can tell identical bytes apart.
+    """
+    similarity = {
+        k: s for keys, sims in zip(found.members, found.similarities, strict=True)
+        for k, s in zip(keys, sims, strict=True)
+    }  # fmt: skip
+    keys = [k for group in found.members for k in group]
+    keys += [k for _, k in identical if k not in similarity]
+    position = {k: i for i, k in enumerate(keys)}
+    roots = components(len(keys), _pairs(found.members, identical, position))
+    members: dict[int, list[str]] = {}
+    for key, root in zip(keys, roots, strict=True):
+        members.setdefault(root, []).append(key)
+    twin = _first_twin(identical)
+    grouped = [group for group in members.values() if len(group) > 1]
+    sims = [[_similarity(k, group, similarity, twin) for k in group] for group in grouped]
+    return Groups(grouped, sims)
+
+
+def _pairs(
+    groups: Sequence[Sequence[str]],
+    identical: Sequence[tuple[str, str]],
+    position: dict[str, int],
+) -> list[tuple[int, int]]:
+    """Each member joined to the one before it: within a family group, and within a digest."""
+    pairs = [(position[a], position[b]) for group in groups for a, b in pairwise(group)]
+    for (digest_a, a), (digest_b, b) in pairwise(identical):
+        if digest_a == digest_b:
+            pairs.append((position[a], position[b]))
+    return pairs
+
+
+def _first_twin(identical: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Each key → the first key with its digest."""
+    first: dict[str, str] = {}
+    twin: dict[str, str] = {}
+    for digest, key in identical:
+        twin[key] = first.setdefault(digest, key)
+    return twin
+
+
+def _similarity(
+    key: str, group: list[str], known: dict[str, float | None], twin: dict[str, str]
+) -> float | None:
+    if key in known:
+        return known[key]
+    if not any(k in known for k in group):
+        return 1.0  # a group of identical items alone
+    return known.get(twin.get(key, key))

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, leases, queries
-from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Pipeline, utcnow
+from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Pipeline, aware, utcnow
 from kiln.app.db.session import unit_of_work
 
 
@@ -353,6 +353,37 @@ def test_cancel_items_cancels_only_pending(session: Session) -> None:
     ]
 
 
+# --- closing -------------------------------------------------------------------------------
+
+
+def test_closing_waits_for_open_items(session: Session) -> None:
+    job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.RUNNING])
+    assert queries.closing(session, job.id) is None
+
+
+def test_closing_reads_the_job_its_counts_and_its_chunks_once_nothing_is_open(
+    session: Session,
+) -> None:
+    job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.FAILED, ItemStatus.CANCELLED])
+    session.execute(update(Item).where(Item.job_id == job.id, Item.key == "k2").values(chunk=3))
+    session.commit()
+
+    found = queries.closing(session, job.id)
+
+    assert found is not None
+    assert found.job.id == job.id and found.job.status == JobStatus.RUNNING
+    assert found.counts == queries.Counts(total=3, succeeded=1, failed=1, cancelled=1)
+    assert found.chunks == [0, 3]
+    by_chunk = queries.chunk_items(session, job.id, [3, 5])
+    assert {chunk: [i.key for i in items] for chunk, items in by_chunk.items()} == {
+        3: ["k2"], 5: [],
+    }  # fmt: skip
+
+
+def test_closing_of_an_unknown_job_is_none(session: Session) -> None:
+    assert queries.closing(session, "nope") is None
+
+
 # --- finish_job_if_done -------------------------------------------------------------------
 
 
@@ -367,7 +398,8 @@ def test_finish_job_if_done_waits_for_open_items(session: Session) -> None:
 def test_finish_job_if_done_answers_exactly_once(session: Session) -> None:
     job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.FAILED])
 
-    assert queries.finish_job_if_done(session, job.id) == JobStatus.COMPLETED
+    finished = queries.finish_job_if_done(session, job.id)
+    assert finished is not None and finished.status == JobStatus.COMPLETED
     session.commit()
     assert queries.finish_job_if_done(session, job.id) is None
     session.commit()
@@ -383,7 +415,8 @@ def test_finish_job_if_done_maps_cancelling_to_cancelled(session: Session) -> No
     job = make_job(
         session, [ItemStatus.SUCCEEDED, ItemStatus.CANCELLED], status=JobStatus.CANCELLING
     )
-    assert queries.finish_job_if_done(session, job.id) == JobStatus.CANCELLED
+    finished = queries.finish_job_if_done(session, job.id)
+    assert finished is not None and finished.status == JobStatus.CANCELLED
     assert queries.finish_job_if_done(session, job.id) is None
     session.commit()
     session.expire_all()
@@ -392,12 +425,17 @@ def test_finish_job_if_done_maps_cancelling_to_cancelled(session: Session) -> No
 
 def test_finish_job_if_done_closes_a_queued_job_and_sets_started_at(session: Session) -> None:
     job = make_job(session, [ItemStatus.SUCCEEDED], status=JobStatus.QUEUED)
-    assert queries.finish_job_if_done(session, job.id) == JobStatus.COMPLETED
+    finished = queries.finish_job_if_done(session, job.id)
+    assert finished is not None and finished.status == JobStatus.COMPLETED
     session.commit()
     session.expire_all()
     closed = session.get(Job, job.id)
     assert closed is not None and closed.started_at is not None
     assert closed.started_at <= closed.finished_at  # type: ignore[operator]
+    # what the close returns is what it stored
+    assert (aware(finished.started_at), aware(finished.finished_at)) == (
+        aware(closed.started_at), aware(closed.finished_at),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("status", [JobStatus.FAILED, JobStatus.COMPLETED, JobStatus.CANCELLED])

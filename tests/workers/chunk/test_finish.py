@@ -22,10 +22,9 @@ from kiln.app.jobs import cancel_job
 from kiln.workers.chunk import lease as leasing
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.chunk.write import write_chunk
-from kiln.workers.close.close import close_after_chunk, write_missing_shards
+from kiln.workers.close.close import close_after_chunk, close_closed_job, close_job
 from kiln.workers.close.fallback import shard_fields
 from kiln.workers.close.lease import Lease
-from kiln.workers.close.manifest import ensure_manifest
 from kiln.workers.jobs.periodic import reconcile
 from kiln.workers.models.loader import output_fields
 from kiln.workers.runtime import WorkerRuntime
@@ -47,7 +46,9 @@ def finish_chunk(runtime: WorkerRuntime, lease: Lease, rows: ChunkRows) -> str |
     """The end of `process_chunk`: write, then close if this chunk was the job's last."""
     fields = shard_fields(lease.model, lease.fallback)
     wrote = write_chunk(runtime, lease, rows, fields)
-    return None if wrote is None else close_after_chunk(runtime, lease, wrote, fields)
+    if wrote is None:
+        return None
+    return close_after_chunk(runtime.sessions, runtime.store, runtime.models, lease, wrote, fields)
 
 
 RED = {"labels": [{"label": "red", "score": 0.9}, {"label": "dark", "score": 0.1}]}
@@ -225,8 +226,8 @@ def test_a_replay_leaves_a_written_manifest_alone(runtime: WorkerRuntime) -> Non
     job_id, lease = _finished(runtime)
     runtime.store.put(results.manifest_key(lease.place), b'{"marker": true}')
 
-    with runtime.sessions() as session:
-        ensure_manifest(runtime, session, job_id, lease.model, closed_now=False, shards=None)
+    replay = take(runtime, job_id, 0, lease.item_ids, owner="redelivered")
+    assert finish_chunk(runtime, replay, ChunkRows([])) is None
 
     assert manifest(runtime, lease) == {"marker": True}
 
@@ -234,8 +235,8 @@ def test_a_replay_leaves_a_written_manifest_alone(runtime: WorkerRuntime) -> Non
 def test_an_open_job_has_no_manifest(runtime: WorkerRuntime) -> None:
     job_id, calls = submit(runtime)
     lease = take(runtime, job_id, 0, calls[0].item_ids)
-    with runtime.sessions() as session:
-        ensure_manifest(runtime, session, job_id, lease.model, closed_now=True, shards=[])
+    with runtime.sessions() as session:  # as if it had closed (the ingest's call)
+        close_closed_job(runtime, session, job_row(runtime, job_id))
     assert manifest(runtime, lease) is None
 
 
@@ -245,10 +246,12 @@ def test_missing_shards_are_written_from_the_database(runtime: WorkerRuntime) ->
     before = shard_rows(runtime, job_id, 1)
     runtime.store.delete(lost)
 
-    with runtime.sessions() as session:
-        keys = write_missing_shards(session, lease.place, job_id, output_fields(lease.model))
+    with runtime.sessions() as session:  # a replay of the closed job: was_open=False
+        fields = output_fields(lease.model)
+        close_job(session, runtime.store, runtime.models, lease.place, lease.model, fields,
+                  job_id, was_open=False)  # fmt: skip
 
-    assert keys == [results.shard_key(lease.place, 0), lost]
+    assert results.shard_keys(lease.place) == [results.shard_key(lease.place, 0), lost]
     assert shard_rows(runtime, job_id, 1) == before
 
 
@@ -290,7 +293,7 @@ def test_groups_are_written_before_the_job_shows_closed(
     seen: list[bool] = []
     close = queries.finish_job_if_done
 
-    def watching(session: Any, job: str) -> str | None:
+    def watching(session: Any, job: str) -> queries.Finished | None:
         place = results.Place(runtime.store, results.results_prefix(job))
         seen.append(runtime.store.exists(results.groups_key(place)))
         return close(session, job)

@@ -1,5 +1,5 @@
 """Byte-identical inputs join the job's groups, whatever the model (`merge` in
-workers/close/grouping.py, `join_identical` in workers/close/steps.py)."""
+workers/models/grouping.py, `join_identical` in workers/close/steps.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from kiln.app import results
 from kiln.app.storage.local import LocalStore
-from kiln.workers.close.grouping import Groups, merge
 from kiln.workers.close.steps import join_identical
+from kiln.workers.models.grouping import Groups, merge
 
 
 def place(tmp_path: Path) -> results.Place:

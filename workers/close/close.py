@@ -26,9 +26,9 @@ from kiln.app.db.leases import JobFacts
 from kiln.app.db.models import Job
 from kiln.app.db.session import unit_of_work
 from kiln.app.storage import ObjectStore
+from kiln.workers.close.fail import fail_for_output
 from kiln.workers.close.fallback import job_fallback, shard_fields
 from kiln.workers.close.lease import Lease
-from kiln.workers.close.fail import fail_for_output
 from kiln.workers.close.manifest import manifest_of
 from kiln.workers.close.steps import close_steps
 from kiln.workers.runners.runners import ModelRunners

@@ -24,10 +24,10 @@ from kiln.app.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.app.db.models import Job
 from kiln.app.storage import ObjectStore
+from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.grouping import groups_in, merge
 from kiln.workers.models.library import library_place
 from kiln.workers.models.library import update as update_library
-from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.loader import job_closed, library_columns
 
 

@@ -46,7 +46,7 @@ def ensure_manifest(
         "job_id": job.id,
         "model": job.model,
         "status": job.status,
-        "engine": runner.pipeline.backend if runner else None,
+        "engine": runner.predictor.backend if runner else None,
         "counts": {
             "total": counts.total,
             "succeeded": counts.succeeded,

@@ -29,8 +29,8 @@ g. `decoders` (issue 33): each GPU JPEG decoder (nvImageCodec, torchvision's nvJ
 h. `profile` (issue 33's next step): one `kiln run` of the large folder under py-spy (`--gil
    --subprocesses`), summarised per process, thread group and function (bench/gpu_profile.py;
    needs py-spy on PATH: the bundle's `profile` part).
-Issue 33's rows beside them: `kiln run` with the staged device pipeline (the default) and with
-`KILN_DEVICE_PIPELINE=serial` (before it), and the engine fed by the staged host pipeline with
+Issue 33's rows beside them: `kiln run` with the device stages (the default) and with
+`KILN_DEVICE_PIPELINE=serial` (before it), and the engine fed by the host stages with
 each stage's busy/starved/blocked seconds.
 
 How: a and b time back-to-back calls for `--seconds` after a warm-up (the first call timed

@@ -48,7 +48,7 @@ class Run:
     seconds: float
     cpu_s: float
     sm_busy: list[float] = field(default_factory=list)  # NVML utilisation samples, percent
-    # the engine process's staged pipelines, as each said when it closed: where the time went
+    # the engine process's device stages, as each said when it closed: where the time went
     pipelines: list[str] = field(default_factory=list)
 
 
@@ -144,7 +144,7 @@ def kiln_run(
     # `kiln run` is embedded whatever the service's URLs say, and `models add` must register
     # into its SQLite too: the URLs of a service (bench.gpu's part f) are not passed on.
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS}
-    # info: the log keeps each staged pipeline's verdict (`pipeline_verdicts`). Kiln's
+    # info: the log keeps each model's device stages' verdict (`device_stages_verdicts`). Kiln's
     # defaults otherwise, the content cache on (issue 38): each run has a fresh data dir, so
     # nothing is found in it, and what a user's run pays for the lookup is paid here too.
     env |= {"KILN_DATA_DIR": str(data), "KILN_ENGINE": engine, "KILN_LOG_LEVEL": "info",
@@ -167,11 +167,14 @@ def kiln_run(
         raise RuntimeError(f"kiln run failed; see {log.name}")
     _all_done(data / "out.parquet", items, log.name)
     cpu_s = round(usage.ru_utime + usage.ru_stime, 2)
-    return Run(items, round(seconds, 3), cpu_s, busy.samples, pipeline_verdicts(Path(log.name)))
+    return Run(
+        items, round(seconds, 3), cpu_s, busy.samples, device_stages_verdicts(Path(log.name))
+    )
 
 
-def pipeline_verdicts(log: Path) -> list[str]:
-    """What each staged pipeline said as it closed (`StagedPipeline.close`), from a JSON log."""
+def device_stages_verdicts(log: Path) -> list[str]:
+    """What each model's device stages said as they closed (`DeviceStages.close`), from a JSON
+    log."""
     said = []
     for line in log.read_text(errors="replace").splitlines():
         try:

@@ -20,11 +20,11 @@ from bench.gpu_feed import (
     SIDE,
     Busy,
     Subject,
+    device_stages_verdicts,
     images,
     kiln_run,
     kiln_subject,
     peer_subject,
-    pipeline_verdicts,
 )
 from bench.gpu_report import Row, marginal_busy, row, skipped, write_atomic
 from kiln.workers.engines.cuda_graphs import buckets
@@ -229,18 +229,18 @@ def _infer(engine: TorchEngine, name: str, buffer: Any) -> object:
 
 
 def _staged_fed_rows(s: Settings, sink: Sink) -> None:
-    """The engine as a worker with the staged pipeline drives it (issue 33): as many caller
-    threads as the pipeline holds batches, each gathering into its own staging buffer and
+    """The engine as a worker with the device stages drives it (issue 33): as many caller
+    threads as the device stages hold batches, each gathering into its own staging buffer and
     running it through upload → forward → outputs (`device.image_stages.HostStages`)."""
     from kiln.workers.device.image_stages import HostStages
 
     engine, _seconds = build_engine(s, True, runners=1)
     stages = HostStages("bench", engine, engine.inputs[0].name)
-    callers = stages.pipeline.in_flight
+    callers = stages.device_stages.in_flight
     for batch in native_batches(s.max_batch):
-        rate, samples, first = _fed(engine, stages.pipeline.run, callers, batch, s.seconds)
+        rate, samples, first = _fed(engine, stages.device_stages.run, callers, batch, s.seconds)
         sink.add({**row("engine", STAGED_FED, batch, rate, samples), "callers": callers,
-                  "first_call_s": first, "stages": stages.pipeline.stats()})  # fmt: skip
+                  "first_call_s": first, "stages": stages.device_stages.stats()})  # fmt: skip
     stages.close()
 
 
@@ -269,7 +269,7 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-# `kiln run`'s subjects: name → settings. The staged device pipeline (issue 33) is the default;
+# `kiln run`'s subjects: name → settings. The device stages (issue 33) are the default;
 # `serial` is how every batch ran before it, measured beside it in the same session.
 KILN_SUBJECTS = {
     "kiln run, GPU decode": {"KILN_GPU_DECODE": "true"},
@@ -348,8 +348,8 @@ def part_service(s: Settings, sink: Sink) -> None:
                 sink.add(skipped("service", name, _sentence(error), "failed"))
     worker_log = s.workdir / "service-logs" / "worker.log"  # complete: the worker has stopped
     if worker_log.exists():
-        for i, said in enumerate(pipeline_verdicts(worker_log)):
-            sink.fact(f"worker pipeline {i + 1}", said)
+        for i, said in enumerate(device_stages_verdicts(worker_log)):
+            sink.fact(f"worker device stages {i + 1}", said)
 
 
 def _service_row(svc: Service, name: str, model: str, versus: str, work: Path) -> Row:

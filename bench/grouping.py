@@ -6,9 +6,9 @@ beside phash groups, on one generated, labelled set.
 
 The set is `bench.near_duplicates.labelled_set`. Every image goes through Kiln's own code: the
 embedder is the ONNX file the bench exports (`bench.models.export_resnet`, random weights,
-seed 0), registered as `embed` would store it (`check_onnx`) and run by `EmbedPipeline`
+seed 0), registered as `embed` would store it (`check_onnx`) and run by `EmbedPredictor`
 (Kiln's decode, centre crop, normalisation, unit-length vectors); hashes come from
-`PhashPipeline`. Groups are `workers.grouping.cosine_groups` (exact) at each threshold and
+`PhashPredictor`. Groups are `workers.grouping.cosine_groups` (exact) at each threshold and
 `workers.models.phash.near_duplicate_groups` at each distance, the default ones marked. Scores
 are pair precision and recall (`bench.pair_metrics`) and, per transformation, the share of
 copies grouped with their original. Prints the tables, writes `bench/results/grouping-*.json`.
@@ -44,11 +44,11 @@ from kiln.app.families.embed import DEFAULT_THRESHOLD
 from kiln.app.families.phash import DEFAULT_MAX_DISTANCE
 from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
-from kiln.workers.models.base import Pipeline
+from kiln.workers.models.base import Predictor
 from kiln.workers.models.direct import answers_of
-from kiln.workers.models.embed import EmbedPipeline
+from kiln.workers.models.embed import EmbedPredictor
 from kiln.workers.models.grouping import cosine_groups, cosine_pairs
-from kiln.workers.models.phash import PhashPipeline, near_duplicate_groups, parse_hashes
+from kiln.workers.models.phash import PhashPredictor, near_duplicate_groups, parse_hashes
 
 HERE = Path(__file__).parent
 BATCH = 16  # the embedder's batch, as a worker fills it
@@ -75,32 +75,32 @@ class Line:
         return {**asdict(self), **scores}
 
 
-# --- Kiln's pipelines -------------------------------------------------------------------------
+# --- Kiln's predictors -------------------------------------------------------------------------
 
 
-def embedder(onnx: Path, input_size: int = RESNET_INPUT) -> EmbedPipeline:
+def embedder(onnx: Path, input_size: int = RESNET_INPUT) -> EmbedPredictor:
     """An ONNX image embedder as Kiln runs a registered `embed` model: with the spec that
     registration stores for it (defaults but the input side), on ONNX Runtime's CPU engine.
     The bench's ResNet-18 is one: its 1000 logits are the vector."""
     spec = check_onnx(onnx.read_bytes(), "embed", ImageModelSpec(input_size=input_size))
     engine = OnnxRuntimeEngine(onnx, max_batch=BATCH)
-    return EmbedPipeline(onnx.stem, engine, spec, max_pixels=MAX_PIXELS)
+    return EmbedPredictor(onnx.stem, engine, spec, max_pixels=MAX_PIXELS)
 
 
-def _outputs(pipeline: Pipeline, images: Sequence[bytes], batch: int) -> list[dict[str, Any]]:
+def _outputs(predictor: Predictor, images: Sequence[bytes], batch: int) -> list[dict[str, Any]]:
     """Each image's outputs, both halves of the pipeline run here; an image Kiln cannot read
     stops the bench (its sets are generated: every image must have its answer)."""
-    return answers_of(pipeline, images, batch)
+    return answers_of(predictor, images, batch)
 
 
-def embed_all(pipeline: EmbedPipeline, images: Sequence[bytes]) -> np.ndarray:
-    found = _outputs(pipeline, images, BATCH)
+def embed_all(predictor: EmbedPredictor, images: Sequence[bytes]) -> np.ndarray:
+    found = _outputs(predictor, images, BATCH)
     return np.asarray([out["embedding"] for out in found], dtype=np.float32)
 
 
 def hash_all(images: Sequence[bytes]) -> list[str]:
-    pipeline = PhashPipeline(max_pixels=MAX_PIXELS)
-    return [out["phash"] for out in _outputs(pipeline, images, pipeline.max_batch)]
+    predictor = PhashPredictor(max_pixels=MAX_PIXELS)
+    return [out["phash"] for out in _outputs(predictor, images, predictor.max_batch)]
 
 
 # --- scores -----------------------------------------------------------------------------------

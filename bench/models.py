@@ -148,12 +148,12 @@ BUILTIN_MODELS = frozenset({DETECTOR})
 
 
 def _detector_default(parameter: str) -> Any:
-    """A default of Kiln's detector pipeline (input side, thresholds): the loader passes none."""
+    """A default of Kiln's detector predictor (input side, thresholds): the loader passes none."""
     import inspect
 
-    from kiln.workers.models.detect import DetectorPipeline
+    from kiln.workers.models.detect import DetectorPredictor
 
-    return inspect.signature(DetectorPipeline).parameters[parameter].default
+    return inspect.signature(DetectorPredictor).parameters[parameter].default
 
 
 def detector_model() -> tuple[Path, int, list[str]]:

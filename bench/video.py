@@ -15,7 +15,7 @@ Each row runs one model at one sampling rate, twice, back to back:
   presentation time (from the first frame's) is ≤ t — every frame for N = 0 — converted to
   the model's input with Kiln's own prep (`decoded_frame`, then the family's
   `prepare_decoded`), run in batches of 16 (Kiln's batch on a CPU) through Kiln's own batch
-  half (`PhashPipeline`; the built-in `DetectorPipeline` on ONNX Runtime), one process.
+  half (`PhashPredictor`; the built-in `DetectorPredictor` on ONNX Runtime), one process.
 - `video-kiln`: `kiln run CLIP --model M --video-fps N -o OUT`, a fresh data folder each time;
   every row of its Parquet must have succeeded, and there must be as many as the sampling
   gives, or the row is a failure, not a rate. Its phashes are checked against the peer's.
@@ -233,17 +233,17 @@ def expected_samples(frame_count: int, fps: float) -> int:
 # ---- the peer (in a fresh interpreter: bench.child runs bench.cases.video.measure) -----------
 
 
-def _pipeline(model: str) -> Any:
+def _predictor(model: str) -> Any:
     """Kiln's own batch half of `model`, as its loader builds it on a CPU."""
     if model == "phash":
-        from kiln.workers.models.phash import PhashPipeline
+        from kiln.workers.models.phash import PhashPredictor
 
-        return PhashPipeline(max_pixels=MAX_PIXELS)
+        return PhashPredictor(max_pixels=MAX_PIXELS)
     from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
     from kiln.workers.models import detect
 
     engine = OnnxRuntimeEngine(detect.model_path(), max_batch=BATCH)
-    return detect.DetectorPipeline(engine, max_pixels=MAX_PIXELS, gpu_decode=False)
+    return detect.DetectorPredictor(engine, max_pixels=MAX_PIXELS, gpu_decode=False)
 
 
 def peer(args: dict[str, Any]) -> CaseResult:
@@ -256,11 +256,11 @@ def peer(args: dict[str, Any]) -> CaseResult:
 
     started = time.perf_counter()
     model, fps = str(args["model"]), float(args["fps"])
-    pipeline = _pipeline(model)
-    prep = build(pipeline.prep)
+    predictor = _predictor(model)
+    prep = build(predictor.prep)
     mode = prep.frame_mode if isinstance(prep, FrameModePrep) else "RGB"
     assert isinstance(prep, FramePrep)  # the image families take decoded frames
-    layout, width = pipeline.prep.layout, pipeline.prep.meta_width
+    layout, width = predictor.prep.layout, predictor.prep.meta_width
     slots = np.zeros((BATCH, *layout.shape), layout.dtype)
     metas = np.zeros((BATCH, width), np.float32)
     answers: dict[str, Any] = {}
@@ -268,7 +268,7 @@ def peer(args: dict[str, Any]) -> CaseResult:
     loaded = time.perf_counter() - started
 
     def run(rows: int) -> None:
-        got = pipeline.infer(Batch(slots[:rows].copy(), metas[:rows].copy()))
+        got = predictor.infer(Batch(slots[:rows].copy(), metas[:rows].copy()))
         column = next(iter(got.columns.values())).to_pylist()
         for t, value in zip(moments[-rows:], column, strict=True):
             answers[f"{t:.3f}"] = value

@@ -1,4 +1,4 @@
-"""`kiln run`: the whole pipeline in one process, on the embedded stack.
+"""`kiln run`: everything in one process, on the embedded stack.
 
 The same submit path and Celery task code as production, with a Celery worker running in a
 thread of this process over kombu's filesystem transport: no server to start. Always on the

@@ -268,7 +268,7 @@ def engines_build(
     from kiln.app.catalog import get_model
     from kiln.app.storage import open_store
     from kiln.workers.engines.select import EngineFactory
-    from kiln.workers.models.loader import load_pipeline
+    from kiln.workers.models.loader import load_predictor
 
     current = settings().model_copy(update={"engine": "tensorrt"})  # no fallback here
     if precision is not None:
@@ -282,7 +282,7 @@ def engines_build(
     try:
         with session() as db:
             info = get_model(db, model, tenant)
-        load_pipeline(info, engines).close()  # building the engines caches their plans
+        load_predictor(info, engines).close()  # building the engines caches their plans
     except KilnError as error:
         raise fail(error) from None
     gpu = engines.host.gpus[0]

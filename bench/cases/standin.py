@@ -1,6 +1,6 @@
 """standin (issue 38): the device path measured without a device. `kiln run` (and a warm `kiln
 worker`) over 640×480 JPEGs with `KILN_DEVICE_STANDIN=h200`: chunks, prep checking headers,
-the Batcher and the staged device pipeline run as on a GPU host, with the device's decode and
+the Batcher and the device stages run as on a GPU host, with the device's decode and
 forward replaced by waits calibrated on the H200 (`workers/engines/standin.py`).
 
 Kiln's defaults throughout, the content cache on (where every other case turns it off): that
@@ -22,7 +22,7 @@ Per row: the engine-owning process's CPU in µs, in total and per thread group (
 thread's CPU clock, from the stand-in's report); the prep processes' CPU; the rate and the
 stand-in device's busy share (its forward seconds over the wall seconds). Per batch, of the
 larger run: each stage thread's GIL release points (torch calls + hand-overs, counted on
-sampled batches), the batch sizes, the pipeline's verdict; the engine process's peak thread
+sampled batches), the batch sizes, the device stages' verdict; the engine process's peak thread
 count.
 """
 

@@ -1,5 +1,5 @@
 """The built-in detector as a bench model, and how the Ray case keeps start-up out of its window:
-pure functions and a fake pipeline, no services, no timings asserted."""
+pure functions and a fake predictor, no services, no timings asserted."""
 
 from __future__ import annotations
 

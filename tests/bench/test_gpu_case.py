@@ -52,7 +52,7 @@ def test_cpu_run_covers_every_part(tmp_path: Path) -> None:
     assert {"engine graphs=True", "engine graphs=False"} <= set(subjects)
     for name in ("kiln run, GPU decode", "kiln run, GPU decode, serial", "GPU decoders"):
         assert subjects[name]["skipped"].startswith("no GPU")
-    staged = subjects[gpu_parts.STAGED_FED]  # the staged host pipeline ran (CPU streams)
+    staged = subjects[gpu_parts.STAGED_FED]  # the host stages ran (CPU streams)
     assert set(staged["stages"]) == {"upload", "forward", "outputs"}
     profiled = subjects[gpu_parts.PROFILED]  # py-spy over a whole kiln run (the dev extra's)
     assert profiled["images_per_s"] > 0 and profiled["seconds"] > 0

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from bench import gpu_report
-from bench.gpu_feed import Run, pipeline_verdicts
+from bench.gpu_feed import Run, device_stages_verdicts
 
 
 def test_steady_part_drops_idle_start_and_end() -> None:
@@ -127,8 +127,8 @@ def test_markdown_says_how_the_service_ran() -> None:
     ) in lines
 
 
-def test_a_kiln_run_row_carries_what_its_pipelines_said(tmp_path: Path) -> None:
-    """The engine process logs each staged pipeline's verdict as it closes; bench.gpu keeps
+def test_a_kiln_run_row_carries_what_its_device_stages_said(tmp_path: Path) -> None:
+    """The engine process logs each model's device stages' verdict as they close; bench.gpu keeps
     those lines of the large run and the markdown shows them under the table."""
     said = (
         "resnet50-device pipeline closed: 9.8 s with batches inside; busy per thread: "
@@ -144,7 +144,7 @@ def test_a_kiln_run_row_carries_what_its_pipelines_said(tmp_path: Path) -> None:
             "[1, 2]",  # JSON, not an object
         ]) + "\n"
     )  # fmt: skip
-    assert pipeline_verdicts(log) == [said + "; per stage: {}"]
+    assert device_stages_verdicts(log) == [said + "; per stage: {}"]
     kiln = {**ROWS[4], "pipelines": [said]}
     report = {
         "host": {"gpu": None, "torch": "2.11.0", "cores": 2, "device": "cpu",

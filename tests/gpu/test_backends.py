@@ -1,6 +1,6 @@
 """Every GPU backend Kiln can choose, on a real NVIDIA GPU: ONNX Runtime's CUDA provider and the
 PyTorch backend run the built-in detector and match ONNX Runtime on the CPU, the engine alone and
-the pipeline as a worker drives it (on the PyTorch engine with nvJPEG, images decoded, fitted
+the predictor as a worker drives it (on the PyTorch engine with nvJPEG, images decoded, fitted
 and normalised on the GPU); `auto` ranks them; the engines account for their memory.
 
 Each backend is skipped, with the reason, where its pieces are missing; with KILN_REQUIRE_GPU=1
@@ -32,7 +32,7 @@ from kiln.workers.engines.base import MemoryAccount
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.engines.select import EngineFactory, Host, candidates
 from kiln.workers.engines.uint8_input import Normalization
-from kiln.workers.models.detect import DetectorPipeline, YoloPipeline, model_path
+from kiln.workers.models.detect import DetectorPredictor, YoloPredictor, model_path
 from kiln.workers.models.direct import run_direct
 from kiln.workers.ops.device import list_gpus
 from tests.workers.models.halves import Row, batch_of, prepare
@@ -53,7 +53,7 @@ TOLERANCE = {"fp32": (1e-3, 1e-2), "fp16": (2e-2, 0.5)}  # boxes are in pixels (
 MAX_PIXELS = 50_000_000
 # PNGs: Pillow decodes them on either path (nvJPEG takes JPEGs only), so the device path differs
 # from the CPU's by its resize alone (torch's antialiased kernels against Pillow's: a couple of
-# levels; on the CPU device, tests/workers/models/test_device_pipeline.py measured raw outputs
+# levels; on the CPU device, tests/workers/models/test_device_path.py measured raw outputs
 # within 0.54 model pixels). JPEGs: the CPU path drafts them (a 1/2-scale DCT decode), nvJPEG
 # decodes them whole: the class scores stay close, as between a draft and a full decode on the
 # CPU (tests/workers/models/test_decode_draft.py).
@@ -112,31 +112,31 @@ def _labels(detections: list[dict[str, Any]], floor: float) -> Counter[str]:
     return Counter(d["label"] for d in detections if d["score"] >= floor)
 
 
-def _raw(pipeline: DetectorPipeline, inputs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def _raw(predictor: DetectorPredictor, inputs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """The engine's output and the batch's fit rows for one batch of `inputs`, as a worker
     gathers it from prep's rows (pixels in slots, or (bytes, header) objects for the GPU
     decoder, whose fits `_output` records in the batch's meta)."""
-    rows: list[Row] = [prepare(pipeline, data) for data in inputs]
+    rows: list[Row] = [prepare(predictor, data) for data in inputs]
     batch = batch_of(rows)
-    output, failed = pipeline._output(batch)
+    output, failed = predictor._output(batch)
     assert not failed, failed
     assert batch.meta is not None
     return output, batch.meta
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime-cuda", "torch-cuda"])
-def test_the_detector_pipeline_answers_as_on_the_cpu(tmp_path: Path, backend: str) -> None:
+def test_the_detector_predictor_answers_as_on_the_cpu(tmp_path: Path, backend: str) -> None:
     """The built-in detector as a worker runs it on each GPU backend: its prep half, then its
     batch half over one batch — uint8 pixels normalised on the device, or, on the PyTorch CUDA
     engine with nvJPEG, rows of (bytes, header) decoded, fitted and normalised on the GPU.
-    Raw outputs, fits and answers match the CPU pipeline's; a JPEG that does not decode fails
+    Raw outputs, fits and answers match the CPU predictor's; a JPEG that does not decode fails
     its own row with the CPU's sentence."""
     if MISSING[backend]:
         pytest.skip(MISSING[backend] or "")
-    norm = Normalization.of(DetectorPipeline.preprocessing())  # as the loader builds it
+    norm = Normalization.of(DetectorPredictor.preprocessing())  # as the loader builds it
     engine = _factory(tmp_path, backend).build("detector", model_path(), 8, (), norm)
-    gpu = DetectorPipeline(engine, max_pixels=MAX_PIXELS)
-    cpu = DetectorPipeline(OnnxRuntimeEngine(model_path(), max_batch=8), max_pixels=MAX_PIXELS)
+    gpu = DetectorPredictor(engine, max_pixels=MAX_PIXELS)
+    cpu = DetectorPredictor(OnnxRuntimeEngine(model_path(), max_batch=8), max_pixels=MAX_PIXELS)
     on_device = backend == "torch-cuda" and nvjpeg_available(str(getattr(engine, "device", "")))
     assert (gpu.device is not None) == on_device
     assert (gpu.prep.layout is None) == on_device  # the bytes travel on; prep reads headers
@@ -197,10 +197,12 @@ def test_a_registered_detectors_boxes_map_back_as_on_the_cpu(
     spec = declared.stored("detect")
     norm = Normalization.of(declared.preprocessing("detect"))  # as the loader builds it
     engine = _factory(tmp_path, backend).build("boxes:1", path, 8, (), norm)
-    gpu = YoloPipeline("boxes:1", engine, spec, max_pixels=MAX_PIXELS)
+    gpu = YoloPredictor("boxes:1", engine, spec, max_pixels=MAX_PIXELS)
     if resize_filter == "lanczos":
         assert gpu.device is None and gpu.prep.layout is not None  # slots of fitted pixels
-    cpu = YoloPipeline("boxes:1", OnnxRuntimeEngine(path, max_batch=8), spec, max_pixels=MAX_PIXELS)
+    cpu = YoloPredictor(
+        "boxes:1", OnnxRuntimeEngine(path, max_batch=8), spec, max_pixels=MAX_PIXELS
+    )
     images = [
         _solid((64, 48), (255, 0, 0), "PNG"),  # letterboxed: the mean red is 0.75
         _solid((64, 64), (255, 0, 255), "JPEG"),  # red and blue (nvJPEG on the device path)

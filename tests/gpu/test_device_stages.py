@@ -1,5 +1,5 @@
 """Issue 33 on a real NVIDIA GPU: the GPU JPEG decoders agree with each other and with Pillow,
-and the staged device pipelines (decode → fit → forward → outputs; upload → forward →
+and the device stages (decode → fit → forward → outputs; upload → forward →
 outputs), each stage on its own CUDA stream with events between them, give the serial path's
 answers with many batches in flight.
 
@@ -66,7 +66,7 @@ def test_the_gpu_decoders_agree_with_each_other_and_with_pillow() -> None:
 
 def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: Path) -> None:
     """24 batches of 5 JPEGs (one of them not decodable) through the four stages from as many
-    callers as the pipeline holds: each batch's logits are the serial path's."""
+    callers as the device stages hold: each batch's logits are the serial path's."""
     from devstack.images import truncated_jpeg
     from kiln.app.model_spec import Preprocessing
     from kiln.workers.device import pixels as device_pixels
@@ -92,13 +92,13 @@ def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: P
             out = next(iter(engine.infer_tensors({"images": fitted.pixels}).values()))
         return answer(len(rows), out, failed, fitted.order, fitted.fits).output
 
-    with ThreadPoolExecutor(stages.pipeline.in_flight) as callers:
-        staged = list(callers.map(stages.pipeline.run, batches * 3))
+    with ThreadPoolExecutor(stages.device_stages.in_flight) as callers:
+        staged = list(callers.map(stages.device_stages.run, batches * 3))
     for i, (done, rows) in enumerate(zip(staged, batches * 3, strict=True)):
         np.testing.assert_allclose(done.output, serial(rows), atol=1e-3, err_msg=str(i))
     assert list(staged[3].failed) == [2] and not staged[3].output[2].any()
     assert staged[3].good == [0, 1, 3, 4]
-    stats = stages.pipeline.stats()
+    stats = stages.device_stages.stats()
     print(f"\nstages ({stages.decoder_name}): {stats}")
     assert all(s["batches"] == 24 for s in stats.values())
     stages.close()
@@ -126,7 +126,7 @@ def test_each_stage_calls_torch_a_few_times_a_batch_on_the_gpu(classifier: Path)
     datas = [photo(i, (640, 480)) for i in range(64)]
     for rows in (16, 32, 64):
         batch = [(d, read_header(d, max_pixels=MAX_PIXELS)) for d in datas[:rows]]
-        stages.pipeline.run(batch)
+        stages.device_stages.run(batch)
     stages.close()
     counted = {stage: per_batch(steps) for stage, steps in streams.steps.items()}
     print(f"\ntorch calls per batch at 16, 32, 64 ({stages.decoder_name}): {counted}")
@@ -150,9 +150,9 @@ def test_staged_upload_forward_outputs_give_infers_answers(classifier: Path) -> 
     def run(pixels: np.ndarray) -> Any:
         buffer = engine.host_buffer(pixels.shape)  # as a worker gathers: the caller's staging
         buffer[:] = pixels
-        return stages.pipeline.run(buffer)
+        return stages.device_stages.run(buffer)
 
-    with ThreadPoolExecutor(stages.pipeline.in_flight) as callers:
+    with ThreadPoolExecutor(stages.device_stages.in_flight) as callers:
         for _ in range(3):
             for ours, theirs in zip(callers.map(run, batches), expected, strict=True):
                 np.testing.assert_allclose(ours, theirs, atol=1e-3)
@@ -176,12 +176,12 @@ def test_a_graph_set_the_staged_forward_lent_back_is_safe_for_the_next_borrower(
     def staged(pixels: np.ndarray) -> Any:
         buffer = engine.host_buffer(pixels.shape)
         buffer[:] = pixels
-        return stages.pipeline.run(buffer)
+        return stages.device_stages.run(buffer)
 
     def direct(pixels: np.ndarray) -> Any:
         return engine.infer({"images": pixels})["logits"]
 
-    with ThreadPoolExecutor(stages.pipeline.in_flight + 4) as callers:
+    with ThreadPoolExecutor(stages.device_stages.in_flight + 4) as callers:
         runs = [(callers.submit(staged if i % 3 else direct, b), j)
                 for i in range(12) for j, b in enumerate(batches)]  # fmt: skip
         for future, j in runs:

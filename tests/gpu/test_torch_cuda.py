@@ -168,16 +168,16 @@ def test_the_first_answer_comes_soon_after_the_engine_is_ready(tmp_path: Path) -
     from kiln.app.core.config import Settings
     from kiln.app.storage.local import LocalStore
     from kiln.workers.engines.select import EngineFactory
-    from kiln.workers.models.detect import DetectorPipeline, model_path
+    from kiln.workers.models.detect import DetectorPredictor, model_path
     from kiln.workers.models.direct import run_direct
 
     settings = Settings(data_dir=tmp_path, engine="torch-cuda")
     factory = EngineFactory(settings, LocalStore(tmp_path / "store"))
-    norm = Normalization.of(DetectorPipeline.preprocessing())
+    norm = Normalization.of(DetectorPredictor.preprocessing())
     engine = factory.build("detector", model_path(), 64, (), norm)
-    pipeline = DetectorPipeline(engine, max_pixels=50_000_000)
+    predictor = DetectorPredictor(engine, max_pixels=50_000_000)
     started = time.perf_counter()
-    (answer,) = run_direct(pipeline, [photo(1, (640, 480))])
+    (answer,) = run_direct(predictor, [photo(1, (640, 480))])
     seconds = time.perf_counter() - started
     print(f"\nfirst answer {seconds:.2f} s after the engine was ready ({engine.reason})")
     assert isinstance(answer, dict) and seconds < 5.0

@@ -18,7 +18,7 @@ import pytest
 from kiln.app.core.config import Settings
 from kiln.app.video import Sampling, VideoLimits
 from kiln.app.video.reader import VideoReader
-from kiln.workers.models.phash import PhashPipeline
+from kiln.workers.models.phash import PhashPredictor
 from kiln.workers.prep.process import PrepWorker
 from kiln.workers.prep.settings import PrepSettings
 from kiln.workers.prep.slots import SlotPool
@@ -95,7 +95,7 @@ def test_a_prep_process_over_an_hour_of_frames_stays_flat(
 ) -> None:
     """Every frame of the hour as frame items, `UNIT_ROWS` a unit, into phash's slots: what a
     prep process does for a job that samples the video at its own rate."""
-    spec = PhashPipeline(max_pixels=settings.max_image_pixels).prep
+    spec = PhashPredictor(max_pixels=settings.max_image_pixels).prep
     assert spec.layout is not None
     pool = SlotPool(spec.layout, UNIT_ROWS, label="hour")
     source = hour.as_uri()

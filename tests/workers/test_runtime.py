@@ -1,5 +1,5 @@
 """The worker runtime's model loading: builds isolated per model, load failures remembered,
-loaded models bounded by the memory budget. Pipelines are fakes with declared sizes; the
+loaded models bounded by the memory budget. Predictors are fakes with declared sizes; the
 database and store are real (SQLite, local)."""
 
 from __future__ import annotations
@@ -40,17 +40,17 @@ class SizedEngine:
         self.outputs: list[TensorSpec] = []
 
     def infer(self, feeds: Any, prepare: Any = None) -> dict[str, np.ndarray]:
-        raise AssertionError("not called: the fake pipeline answers itself")
+        raise AssertionError("not called: the fake predictor answers itself")
 
 
 class FakePrep:
-    """Rows as objects (no slots): the fake pipeline answers without looking at them."""
+    """Rows as objects (no slots): the fake predictor answers without looking at them."""
 
     def prepare(self, data: bytes | str, slot: np.ndarray | None, meta: np.ndarray) -> Any:
         return data
 
 
-class FakePipeline:
+class FakePredictor:
     max_batch = 4
     max_runners = 1
     prep = prep_spec("tests.workers.test_runtime:FakePrep", {})
@@ -76,7 +76,7 @@ def info(name: str) -> ModelInfo:
 
 
 class Loads:
-    """The fake `load_pipeline`: sizes per model, a gate that holds one model's build, and
+    """The fake `load_predictor`: sizes per model, a gate that holds one model's build, and
     models that fail to load."""
 
     def __init__(self) -> None:
@@ -86,7 +86,7 @@ class Loads:
         self.calls: Counter[str] = Counter()
         self.building = threading.Event()
 
-    def __call__(self, model: ModelInfo, engines: EngineFactory) -> FakePipeline:
+    def __call__(self, model: ModelInfo, engines: EngineFactory) -> FakePredictor:
         self.calls[model.name] += 1
         if model.name in self.broken:
             raise ValueError(f"{model.name}.onnx is not a valid model")
@@ -94,7 +94,7 @@ class Loads:
         if gate is not None:
             self.building.set()
             assert gate.wait(10)
-        return FakePipeline(model.name, engines)
+        return FakePredictor(model.name, engines)
 
     def builder(self, request: EngineRequest, choice: Choice) -> SizedEngine:
         return SizedEngine(self.sizes.get(request.name, MiB), choice.reason)
@@ -103,7 +103,7 @@ class Loads:
 @pytest.fixture
 def loads(monkeypatch: pytest.MonkeyPatch) -> Loads:
     fake = Loads()
-    monkeypatch.setattr(runners_module, "load_pipeline", fake)
+    monkeypatch.setattr(runners_module, "load_predictor", fake)
     return fake
 
 
@@ -136,7 +136,7 @@ def test_a_slow_build_does_not_hold_other_models(runtime: WorkerRuntime, loads: 
     assert slow.is_alive()  # still building all along
     loads.gates["slow"].set()
     slow.join(5)
-    assert runtime.models.runner(info("slow")).pipeline.name == "slow"
+    assert runtime.models.runner(info("slow")).predictor.name == "slow"
     assert loads.calls == Counter({"slow": 1, "fast": 1})
 
 
@@ -176,7 +176,7 @@ def test_idle_models_are_unloaded_to_stay_within_the_budget(
     assert runtime.models.memory().used() == 300 * MiB
     runtime.models.runner(info("c"))  # 150 more: a (least recently used) goes
     assert set(runtime.models.runners()) == {"b@1", "c@1"}
-    assert a.pipeline.closed  # type: ignore[attr-defined]
+    assert a.predictor.closed  # type: ignore[attr-defined]
     assert runtime.engine_health().unloaded == 1
     assert runtime.engine_health().memory == {"b": 100 * MiB, "c": 150 * MiB}
     with runtime.sessions() as session:
@@ -225,12 +225,12 @@ def test_models_unused_for_the_idle_time_are_unloaded_and_one_in_use_stays(
         clock[0] = 700
         with caplog.at_level(logging.INFO, logger="kiln.workers.runners.runners"):
             assert runtime.models.unload_idle() == ["a"]  # b is in use: it stays, however long
-        assert set(runtime.models.runners()) == {"b@1"} and a.pipeline.closed  # type: ignore[attr-defined]
+        assert set(runtime.models.runners()) == {"b@1"} and a.predictor.closed  # type: ignore[attr-defined]
     assert "model a unloaded after 600 s unused" in caplog.text
     clock[0] = 1299
     assert runtime.models.unload_idle() == []  # b's idle time began when the chunk let it go
     clock[0] = 1300
-    assert runtime.models.unload_idle() == ["b"] and b.pipeline.closed  # type: ignore[attr-defined]
+    assert runtime.models.unload_idle() == ["b"] and b.predictor.closed  # type: ignore[attr-defined]
     health = runtime.engine_health()
     assert (health.idle_unloaded, health.unloaded, health.memory) == (2, 0, {})
     with runtime.models.using(info("a")) as again:  # used again: loads again

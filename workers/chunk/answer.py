@@ -47,7 +47,7 @@ FRAME_UNITS_AHEAD = 2
 
 
 @dataclass
-class Stage:
+class ModelPass:
     """What running rows through one model needs: the model (as the job names it) and its
     loaded runner, the prep processes, how large an input may be, the lease (to stop on a
     cancel), and whether the chunk is interactive."""
@@ -70,36 +70,40 @@ def plan_units(rows: np.ndarray, processes: int, most: int | None = None) -> lis
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def make_unit(stage: Stage, rows: ChunkRows, indices: np.ndarray, read_only: bool = False) -> Unit:
+def make_unit(
+    model_pass: ModelPass, rows: ChunkRows, indices: np.ndarray, read_only: bool = False
+) -> Unit:
     items = [rows.items[i] for i in indices.tolist()]
     frames = [item.frame_time_s for item in items]
     return Unit(
         0,
-        stage.runner.pipeline.prep,
+        model_pass.runner.predictor.prep,
         [item.id for item in items],
         [item.source for item in items],
         [item.text for item in items],
-        stage.max_bytes,
+        model_pass.max_bytes,
         read_only=read_only,
         frames=frames if any(f is not None for f in frames) else None,
-        sampling=stage.sampling,
+        sampling=model_pass.sampling,
     )
 
 
 # --- reading first (content cache on) ----------------------------------------------------
 
 
-def read_all(stage: Stage, rows: ChunkRows, indices: np.ndarray) -> dict[int, int]:
+def read_all(model_pass: ModelPass, rows: ChunkRows, indices: np.ndarray) -> dict[int, int]:
     """Fetch and hash every row (its bytes stay in the prep process that read them); returns
     row → that process, for the prepare units to go back to it. A unit not sent before the
     lease says stop is not started: its rows are cancelled."""
-    units = plan_units(indices, stage.prep.processes)
+    units = plan_units(indices, model_pass.prep.processes)
     sent: list[tuple[np.ndarray, Future[Prepped]]] = []
     for unit in units:
-        if stage.held.stopping():
+        if model_pass.held.stopping():
             rows.cancelled[unit] = True
             continue
-        sent.append((unit, stage.prep.submit(make_unit(stage, rows, unit, read_only=True))))
+        sent.append(
+            (unit, model_pass.prep.submit(make_unit(model_pass, rows, unit, read_only=True)))
+        )
     holder: dict[int, int] = {}
     for unit, future in sent:
         prepped = future.result()
@@ -120,13 +124,13 @@ class _Block:
 class _Run:
     """One model's pass over some rows of a chunk: the event loop of the chunk's thread."""
 
-    def __init__(self, stage: Stage, rows: ChunkRows, units: list[np.ndarray]) -> None:
-        self.stage, self.rows = stage, rows
+    def __init__(self, model_pass: ModelPass, rows: ChunkRows, units: list[np.ndarray]) -> None:
+        self.model_pass, self.rows = model_pass, rows
         self.pending = deque(units)
         self.events: queue.SimpleQueue[tuple[str, Any, Future[Any]]] = queue.SimpleQueue()
         self.in_prep = self.in_engine = 0
-        self.lender = stage.runner.lender  # bounds our rows in prep and queued (tickets)
-        self.pool = stage.runner.slots  # the same lender, when rows go into slots
+        self.lender = model_pass.runner.lender  # bounds our rows in prep and queued (tickets)
+        self.pool = model_pass.runner.slots  # the same lender, when rows go into slots
         # ... or when rows are encoded files, written into byte slots and read in place
         self.bytes = self.lender if isinstance(self.lender, ByteSlots) else None
         self.blocks: dict[Future[Answers], _Block] = {}  # in the Batcher, by their future
@@ -136,13 +140,13 @@ class _Run:
 
     def run(self, holder: dict[int, int]) -> None:
         """`holder`: rows already read (content cache on) and by which prep process."""
-        pipeline = self.stage.runner.pipeline
+        predictor = self.model_pass.runner.predictor
         total = sum(len(u) for u in self.pending)
-        woken = self.stage.held.on_stop(lambda: self.events.put(("stop", None, Future())))
-        with self.stage.runner.batcher.expect(total, self.stage.urgent) as announced:
+        woken = self.model_pass.held.on_stop(lambda: self.events.put(("stop", None, Future())))
+        with self.model_pass.runner.batcher.expect(total, self.model_pass.urgent) as announced:
             try:
                 while self.pending or self.in_prep or self.in_engine:
-                    if self.stage.held.stopping():
+                    if self.model_pass.held.stopping():
                         self._stop(announced)
                     self._dispatch(holder, wait=False)
                     if self.pending and not self.in_prep:
@@ -150,14 +154,14 @@ class _Run:
                         continue
                     if self.in_prep or self.in_engine:
                         event = self.events.get()
-                        self._handle(*event, announced=announced, finish=pipeline.finish)
+                        self._handle(*event, announced=announced, finish=predictor.finish)
             except BaseException:
                 self._abandon()
                 raise
             finally:
                 woken()
                 if self.frame_process is not None:
-                    self.stage.prep.frames.release(self.frame_process)
+                    self.model_pass.prep.frames.release(self.frame_process)
 
     def _abandon(self) -> None:
         """The run stops early (a transient fault): slots lent to units still in prep, or back
@@ -190,7 +194,7 @@ class _Run:
         unless the lease says stop: a unit not sent is not started."""
         while self.pending:
             unit = self.pending[0]
-            if self.stage.held.stopping():
+            if self.model_pass.held.stopping():
                 return
             if self._frames(unit):
                 if self.in_prep >= FRAME_UNITS_AHEAD:
@@ -201,12 +205,12 @@ class _Run:
             if tickets is None:
                 return
             self.pending.popleft()
-            sent = make_unit(self.stage, self.rows, unit)
+            sent = make_unit(self.model_pass, self.rows, unit)
             self._lend(sent, tickets)
             prefer = holder.get(int(unit[0]), -1)
             if prefer < 0 and self.frame_process is not None and self._frames(unit):
                 prefer = self.frame_process
-            future = self.stage.prep.submit(sent, prefer)
+            future = self.model_pass.prep.submit(sent, prefer)
             self.in_prep += 1
             future.add_done_callback(self._event("prep", (unit, tickets)))
             if wait:
@@ -226,7 +230,7 @@ class _Run:
         one decoding the fewest stretches), then the same for every unit after, so its reader
         decodes on where the last unit stopped. False: none is free yet."""
         if self.frame_process is None:
-            self.frame_process = self.stage.prep.frames.claim(SLOT_WAIT_S if wait else 0)
+            self.frame_process = self.model_pass.prep.frames.claim(SLOT_WAIT_S if wait else 0)
         return self.frame_process is not None
 
     def _frames(self, unit: np.ndarray) -> bool:
@@ -280,12 +284,12 @@ class _Run:
         ok = np.array([e is None for e in prepped.errors], dtype=bool)
         if prepped.videos is not None:
             ok &= np.array([v is None for v in prepped.videos], dtype=bool)
-        if self.stage.held.stopping():
+        if self.model_pass.held.stopping():
             self._cancel_prepared(unit, ok, tickets, announced)
             return
         if not ok.all():
             self._release(tickets[~ok])  # rows that failed to prepare need no slot
-            self.stage.held.answered += int((~ok).sum())
+            self.model_pass.held.answered += int((~ok).sum())
         announced.skip(int((~ok).sum()))
         if not ok.any():
             return
@@ -302,7 +306,7 @@ class _Run:
         )
         entry = _Block(unit[ok], time.monotonic())
         try:
-            future = announced.submit_unless(block, self.stage.held.stopping)
+            future = announced.submit_unless(block, self.model_pass.held.stopping)
         except BaseException:  # the Batcher closed (the model unloads, the worker stops)
             self._release(held)
             raise
@@ -343,7 +347,7 @@ class _Run:
         self.blocks.pop(future, None)
         engine = time.monotonic() - block.submitted
         answers = future.result()  # a transient failure (a stuck engine) retries the chunk
-        if answers.raw is not None and self.stage.held.stopping():
+        if answers.raw is not None and self.model_pass.held.stopping():
             # Half answered (OCR's pages found, lines still to read): the rest of the work
             # would be a new batch each, which a cancel starts no more.
             self._cancel_unfinished(block, answers)
@@ -351,16 +355,16 @@ class _Run:
         started = time.monotonic()
         answers = finish(answers)
         post = (time.monotonic() - started) / max(1, len(block.rows))
-        self.stage.held.answered += len(block.rows)
+        self.model_pass.held.answered += len(block.rows)
         self.rows.seconds[block.rows, 2] = engine
         self.rows.seconds[block.rows, 3] = post
         if answers.errors is None:  # the usual block: every row answered
-            self.rows.answer(Piece(block.rows, answers.columns, self.stage.model))
+            self.rows.answer(Piece(block.rows, answers.columns, self.model_pass.model))
             return
         keep = _fail_failed(self.rows, block.rows, answers.errors, answers.refused_list())
         if len(keep):
             columns = {name: col.take(keep) for name, col in answers.columns.items()}
-            self.rows.answer(Piece(block.rows[keep], columns, self.stage.model))
+            self.rows.answer(Piece(block.rows[keep], columns, self.model_pass.model))
 
 
 def _fail_failed(
@@ -398,9 +402,11 @@ def _record_prep(rows: ChunkRows, unit: np.ndarray, prepped: Prepped) -> None:
         rows.seconds[unit, 1] += prepped.seconds[:, 1]
 
 
-def run_model(stage: Stage, rows: ChunkRows, indices: np.ndarray, holder: dict[int, int]) -> None:
-    """Prepare, batch and answer `indices` of the chunk with the stage's model."""
-    _Run(stage, rows, plan_prepare(indices, holder, stage.prep.processes)).run(holder)
+def run_model(
+    model_pass: ModelPass, rows: ChunkRows, indices: np.ndarray, holder: dict[int, int]
+) -> None:
+    """Prepare, batch and answer `indices` of the chunk with the pass's model."""
+    _Run(model_pass, rows, plan_prepare(indices, holder, model_pass.prep.processes)).run(holder)
 
 
 def plan_prepare(indices: np.ndarray, holder: dict[int, int], processes: int) -> list[np.ndarray]:
@@ -418,12 +424,16 @@ def plan_prepare(indices: np.ndarray, holder: dict[int, int], processes: int) ->
     return [unit for group in by_worker.values() for unit in plan_units(np.asarray(group), 1)]
 
 
-def drop_held(stage: Stage, rows: ChunkRows, done: list[int], holder: dict[int, int]) -> None:
+def drop_held(
+    model_pass: ModelPass, rows: ChunkRows, done: list[int], holder: dict[int, int]
+) -> None:
     """Rows read for nothing more (the cache answered them): their prep processes may let
     their bytes go now rather than when newer ones push them out."""
     by_worker: dict[int, list[int]] = {}
     for row in done:
         by_worker.setdefault(holder.get(row, -1), []).append(rows.items[row].id)
     for worker, items in by_worker.items():
-        unit = Unit(0, stage.runner.pipeline.prep, [], [], [], stage.max_bytes, drop=items)
-        stage.prep.submit(unit, worker)  # nothing to wait for
+        unit = Unit(
+            0, model_pass.runner.predictor.prep, [], [], [], model_pass.max_bytes, drop=items
+        )
+        model_pass.prep.submit(unit, worker)  # nothing to wait for

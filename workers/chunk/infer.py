@@ -17,7 +17,7 @@ from kiln.app.core.errors import TransientError
 from kiln.app.db import content_cache as cache_rows
 from kiln.app.families.fallback import FAILED
 from kiln.workers.chunk import content_cache
-from kiln.workers.chunk.answer import Stage, drop_held, read_all, run_model
+from kiln.workers.chunk.answer import ModelPass, drop_held, read_all, run_model
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.close.fallback import Fallback
@@ -70,16 +70,16 @@ def _run(
                 sentence = f"Model {model.ref!r} could not be loaded: {error}."
                 rows.fail(row, sentence, FAILED, blameless=True)
             return
-        stage = Stage(
+        model_pass = ModelPass(
             model, runner, runtime.prep(), runtime.settings.max_upload_bytes, held, urgent,
             lease.sampling,
         )  # fmt: skip
         holder: dict[int, int] = {}
         if runtime.settings.content_cache:
-            holder = read_all(stage, rows, indices)
+            holder = read_all(model_pass, rows, indices)
             indices = _use_cache(runtime, lease.tenant, model, runner.info, rows, indices, report)
-            drop_held(stage, rows, [r for r in holder if rows.cached[r]], holder)
-        run_model(stage, rows, indices, holder)
+            drop_held(model_pass, rows, [r for r in holder if rows.cached[r]], holder)
+        run_model(model_pass, rows, indices, holder)
     report.seconds["infer"] += time.monotonic() - started
 
 

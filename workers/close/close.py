@@ -96,7 +96,7 @@ def close_job(
         if finished is None:
             return None  # another chunk closed it, and writes the manifest
     runner = models.runners().get(model.cache_key)
-    engine = runner.pipeline.backend if runner else None
+    engine = runner.predictor.backend if runner else None
     gone = results.deleted_key(place)
     deleted = gone if found.counts.deleted and place.store.exists(gone) else None
     manifest = manifest_of(found, finished, engine, steps, deleted)

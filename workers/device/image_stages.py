@@ -38,8 +38,8 @@ from kiln.workers.device.decoders import JpegDecoder
 from kiln.workers.device.stages import (
     CpuStreams,
     CudaStreams,
+    DeviceStages,
     Stage,
-    StagedPipeline,
     Streams,
     Work,
 )
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class DeviceFeeds(Protocol):
-    """An engine that takes feeds already on its device (the torch engine). Image pipelines
+    """An engine that takes feeds already on its device (the torch engine). Image predictors
     decode and fit a batch there (`device_pixels`) on the engine's stream and run it.
 
     Declared here, by the device path that needs it, not in `engines/base.py`: the torch
@@ -68,12 +68,12 @@ class DeviceFeeds(Protocol):
 
     def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
         """The forward half of `infer_tensors`, queued on the current stream, nothing waited
-        for: device outputs of the batch's rows (a staged pipeline's forward stage)."""
+        for: device outputs of the batch's rows (the device stages' forward stage)."""
         ...
 
     def outputs_to_host(self, values: list[Any], rows: int) -> dict[str, np.ndarray]:
         """The other half: `forward_tensors`' outputs copied back on the current stream, and
-        waited for (a staged pipeline's last stage)."""
+        waited for (the device stages' last stage)."""
         ...
 
 
@@ -166,7 +166,7 @@ def copied_back(engine: DeviceFeeds, outputs: list[Any], raw: list[Any] | None,
 
 
 class _Forward:
-    """The stages every device pipeline ends with: the engine's forward, outputs left on the
+    """The stages all device stages end with: the engine's forward, outputs left on the
     device (after the model's `post`, if any); then the copy back, waited for."""
 
     engine: DeviceFeeds
@@ -188,7 +188,7 @@ class _Forward:
 
 class HostStages(_Forward):
     """Batches the prep processes decoded and fitted (gathered from their slots into the
-    caller's pinned staging buffer): upload → forward → outputs; `pipeline.run(pixels)` →
+    caller's pinned staging buffer): upload → forward → outputs; `device_stages.run(pixels)` →
     the engine's first output. The caller's buffer is not touched again before the answer
     comes, and by then its upload is done."""
 
@@ -197,7 +197,7 @@ class HostStages(_Forward):
         self.engine, self.input_name, self.post = engine, input_name, post
         stages = [Stage("upload", self.upload), Stage("forward", self.forward),
                   Stage("outputs", self.outputs)]  # fmt: skip
-        self.pipeline = StagedPipeline(f"{name}-host", stages, _streams(engine))
+        self.device_stages = DeviceStages(f"{name}-host", stages, _streams(engine))
 
     def upload(self, work: Work) -> None:
         pixels = work.payload
@@ -209,7 +209,7 @@ class HostStages(_Forward):
         work.result = self._host(work, work.host["rows"])
 
     def close(self) -> None:
-        self.pipeline.close()
+        self.device_stages.close()
 
 
 def _on_cuda(engine: DeviceFeeds) -> bool:
@@ -224,7 +224,7 @@ def _streams(engine: DeviceFeeds) -> Streams:
 
 
 class ImageStages(_Forward):
-    """The four stages for one model on one engine; `pipeline.run(rows)` → `DeviceAnswer`.
+    """The four stages for one model on one engine; `device_stages.run(rows)` → `DeviceAnswer`.
     `decoder` and `streams` (default: the GPU's decoder and streams on a CUDA engine, Pillow
     and none elsewhere) are given by a stand-in device and by the tests."""
 
@@ -247,7 +247,7 @@ class ImageStages(_Forward):
             Stage("forward", self.forward),
             Stage("outputs", self.outputs),
         ]
-        self.pipeline = StagedPipeline(f"{name}-device", stages, streams or _streams(engine))
+        self.device_stages = DeviceStages(f"{name}-device", stages, streams or _streams(engine))
 
     @property
     def decoder_name(self) -> str:
@@ -271,7 +271,7 @@ class ImageStages(_Forward):
         work.result = answer(host["rows"], output, host["failed"], host["order"], host["fits"])
 
     def close(self) -> None:
-        self.pipeline.close()
+        self.device_stages.close()
 
 
 def _torch() -> Any:

@@ -16,7 +16,7 @@ no call per image to learn it. `decode_batch` and `fit_batch` give the same imag
 for tools and tests.
 
 A bad image is reported per image (an `InputError` in its place), never by failing the batch:
-a pipeline fails that item alone. `torch` and `torchvision` are imported inside functions, so
+a predictor fails that item alone. `torch` and `torchvision` are imported inside functions, so
 this module imports without them and a process that never calls it stays torch-free.
 """
 

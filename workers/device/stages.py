@@ -1,4 +1,4 @@
-"""A staged device pipeline: each batch goes through stages (decode → fit → forward → outputs)
+"""The device stages: each batch goes through stages (decode → fit → forward → outputs)
 joined by bounded queues, each stage on its own thread(s) and its own CUDA stream, with an
 event between one stage's device work and the next's, so batch N+1 decodes while N runs
 forward and N−1's outputs come back.
@@ -22,7 +22,7 @@ A stage runs under `torch.cuda.stream(its stream)` only: never under a `torch.de
 which would put a Python `__torch_function__` on each of its torch calls; its tensors are made
 with an explicit `device=`, or beside the tensors they come from.
 
-`Streams` is the only CUDA here: `CpuStreams` (no streams, no events) runs the same pipeline
+`Streams` is the only CUDA here: `CpuStreams` (no streams, no events) runs the same stages
 on the CPU in the tests, with stand-in stages.
 """
 
@@ -167,7 +167,7 @@ class Stage:
 @dataclass
 class StageStats:
     """A stage's totals: batches done, seconds running them, seconds waiting for a batch
-    (starved: the stage before was the slower, or the pipeline was empty), seconds waiting to
+    (starved: the stage before was the slower, or the device stages were empty), seconds waiting to
     hand one on (blocked: the stage after was). The last stage first waits on the host for the
     device work before it (`device_s`, not in its busy seconds): a stage before only queues its
     device work, so its seconds are the host's, and the device's time shows here."""
@@ -186,7 +186,7 @@ class StageStats:
 
 _STOP = object()  # a stage thread's signal to end
 
-# A stage busier than this share of the pipeline's loaded time held the others back; when no
+# A stage busier than this share of the device stages' loaded time held the others back; when no
 # stage is, the batches came slower than the stages ran them.
 BOTTLENECK_SHARE = 0.8
 DEVICE = "device"  # in the busy shares: the last stage's wait for the device work before it
@@ -194,8 +194,8 @@ DEVICE = "device"  # in the busy shares: the last stage's wait for the device wo
 
 @dataclass
 class Loaded:
-    """Seconds with at least one batch inside the pipeline: the time its stages' busy seconds
-    are shares of. A long-lived pipeline (a worker's) is empty between jobs, so a stage's
+    """Seconds with at least one batch inside the device stages: the time their busy seconds
+    are shares of. Long-lived device stages (a worker's) are empty between jobs, so a stage's
     starved seconds say little by themselves; its busy share of the loaded time does."""
 
     seconds: float = 0.0
@@ -216,15 +216,15 @@ class Loaded:
         return self.seconds + (now - self.since if self.inside else 0.0)
 
 
-class StagedPipeline:
-    """`stages` run as a pipeline over submitted batches; `run(payload)` is one batch's trip
+class DeviceStages:
+    """`stages` run overlapped over submitted batches; `run(payload)` is one batch's trip
     (it blocks while the first queue is full: the caller is back-pressured, not queued up)."""
 
     def __init__(
         self, name: str, stages: Sequence[Stage], streams: Streams, depth: int = DEPTH
     ) -> None:
         if not stages:
-            raise ValueError("A staged pipeline needs at least one stage.")
+            raise ValueError("The device stages need at least one stage.")
         self.name = name
         self.stages = list(stages)
         self._streams = streams
@@ -232,7 +232,7 @@ class StagedPipeline:
         self._stats = {stage.name: StageStats() for stage in self.stages}
         self._loaded = Loaded()
         self._lock = threading.Lock()  # stats, the loaded time, the threads left
-        # A batch is put in and the pipeline closed one at a time: a batch put in after the
+        # A batch is put in and the device stages closed one at a time: a batch put in after the
         # stops would find no thread to run it. Stage threads never take it.
         self._entry = threading.Lock()
         self._left = [stage.threads for stage in self.stages]  # threads still running
@@ -255,7 +255,7 @@ class StagedPipeline:
         work = Work(payload)
         with self._entry:
             if self._closed:
-                raise RuntimeError(f"The {self.name} pipeline is closed.")
+                raise RuntimeError(f"The {self.name} device stages are closed.")
             with self._lock:
                 self._loaded.enter(time.perf_counter())
             work.future.add_done_callback(self._out)  # answered or failed: it is out
@@ -274,7 +274,7 @@ class StagedPipeline:
             return {name: stats.as_dict() for name, stats in self._stats.items()}
 
     def busy_shares(self) -> tuple[float, dict[str, float]]:
-        """The seconds the pipeline held a batch, and each stage's busy share of them (per
+        """The seconds the device stages held a batch, and each stage's busy share of them (per
         thread: 1.0 is a stage whose threads never rested while there was work); `device`:
         the last stage's share waiting for the device work before it."""
         with self._lock:
@@ -329,7 +329,7 @@ class StagedPipeline:
                 if work is _STOP:
                     stops += 1
                 else:
-                    _fail(work, RuntimeError(f"The {self.name} pipeline closed."))
+                    _fail(work, RuntimeError(f"The {self.name} device stages closed."))
             for _ in range(stops):
                 inbox.put_nowait(_STOP)
 

@@ -1,5 +1,5 @@
 """The `Engine` protocol every backend implements, the optional capabilities some engines
-declare beside it, and what a pipeline tells an engine."""
+declare beside it, and what a predictor tells an engine."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """What a pipeline needs built: the ONNX file and how big a batch may be."""
+    """What a predictor needs built: the ONNX file and how big a batch may be."""
 
     name: str  # the model's name (and version), for logs and the engine cache
     onnx_path: Any  # pathlib.Path
@@ -82,8 +82,8 @@ class Engine(Protocol):
 @runtime_checkable
 class HostStaging(Protocol):
     """An engine that stages each runner thread's batches in host buffers of its own (the
-    torch engine: pinned on CUDA). Image pipelines gather a batch's pixels straight into one
-    (`ImageModelPipeline.pixel_buffer`), so the engine does not copy them again."""
+    torch engine: pinned on CUDA). Image predictors gather a batch's pixels straight into one
+    (`ImageModelPredictor.pixel_buffer`), so the engine does not copy them again."""
 
     def host_buffer(self, shape: Sequence[int], dtype: str = "uint8") -> np.ndarray:
         """This runner thread's buffer for the first input, `shape` and `dtype`, as NumPy."""
@@ -93,7 +93,7 @@ class HostStaging(Protocol):
 @runtime_checkable
 class Closable(Protocol):
     """An engine that holds device memory to give back before it is dropped (the torch
-    engine's CUDA graphs and module). Pipelines call it from their own `close`."""
+    engine's CUDA graphs and module). Predictors call it from their own `close`."""
 
     def close(self) -> None: ...
 

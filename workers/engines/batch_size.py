@@ -8,20 +8,20 @@ its built size. What is taken from the sweep depends on what feeds the engine:
 - **Fed by Batcher runners** (`knee`): the batch after which doubling no longer buys 10% more
   rows per second. A bigger batch only adds latency and memory; a smaller one leaves the GPU
   waiting on the host.
-- **Fed by a staged device pipeline** (`for_pipeline`: decode → fit → forward → outputs, each
+- **Fed by the device stages** (`for_device_stages`: decode → fit → forward → outputs, each
   stage on its own thread; `workers/device/`): the *largest* batch whose forward takes at most
   `LATENCY_S` and whose rows per second are within `WITHIN` of the best such batch. Why not
-  the knee: the sweep sees the engine alone, but every batch also costs the pipeline's host a
+  the knee: the sweep sees the engine alone, but every batch also costs the device stages' host a
   fixed amount in each stage — a dozen torch calls, a hand-over between streams, a Batcher
   block, an answer — and in the engine's process each torch call waits ~0.25–0.3 ms for the
   GIL (issue 38; on the H200 the fit stage took 9–12 ms a batch of 32 before it was cut to a
   dozen calls). Past the knee the engine's rate is flat, so a bigger batch costs the GPU
   nothing while it halves those costs per row each time it doubles; the bound on the forward
-  keeps a batch's trip through the pipeline's ~13 batches in flight well under a second and
+  keeps a batch's trip through the device stages' ~13 batches in flight well under a second and
   its device memory (decoded and fitted images) small. The H200's ResNet-50 table (b16 1.84
   ms, b32 2.81, b64 5.59, b256 21.6: 8,696, 11,388, 11,449 and 11,852 rows/s): the knee is 32;
-  for the pipeline 256 is over the bound, 64 is the best of the rest and the largest within
-  5% of it, so 64 (which is also where the engine fed by the staged host pipeline ran
+  for the device stages 256 is over the bound, 64 is the best of the rest and the largest within
+  5% of it, so 64 (which is also where the engine fed by the host stages ran
   best: 12,685 rows/s, docs/gpu.md).
 """
 
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 START = 16
 GAIN = 1.10  # a doubling must give at least this much more throughput to be worth it
-LATENCY_S = 0.010  # a staged pipeline's batch: its forward at most this long
+LATENCY_S = 0.010  # the device stages' batch: its forward at most this long
 WITHIN = 0.05  # … and its rows per second at most this far below the best such batch
 SWEEP_S = 0.25  # timed per size, after one warm-up call
 SEQUENCE = 128  # a text model's sequence length in the sweep
@@ -59,7 +59,7 @@ def knee(rates: Mapping[int, float], gain: float = GAIN) -> int:
     return best
 
 
-def for_pipeline(
+def for_device_stages(
     rates: Mapping[int, float], latency_s: float = LATENCY_S, within: float = WITHIN
 ) -> int:
     """The largest batch in `rates` (rows per second by batch) whose forward takes at most
@@ -106,8 +106,8 @@ def rate(run: Callable[[], object], batch: int, seconds: float = SWEEP_S) -> flo
 def choose_batch(
     engine: Engine, cap: int, name: str = "", seconds: float = SWEEP_S, *, staged: bool = False
 ) -> int:
-    """The batch between 16 and `cap` for `engine`: its knee, or for an engine a staged
-    pipeline feeds (`staged`) the batch `for_pipeline` takes."""
+    """The batch between 16 and `cap` for `engine`: its knee, or for an engine the device
+    stages feed (`staged`) the batch `for_device_stages` takes."""
     rates: dict[int, float] = {}
     for batch in sizes(cap):
         made = {spec.name: synthetic(spec, batch) for spec in engine.inputs}
@@ -123,9 +123,9 @@ def choose_batch(
             break
     if not rates:
         return min(cap, START)
-    chosen = for_pipeline(rates) if staged else knee(rates)
+    chosen = for_device_stages(rates) if staged else knee(rates)
     shown = ", ".join(f"{b}: {r:.0f}/s, {1e3 * b / r:.2f} ms" for b, r in rates.items())
-    rule = "for its staged pipeline" if staged else "at the knee"
+    rule = "for its device stages" if staged else "at the knee"
     log.info("model %s: batch %d chosen %s (%s)", name, chosen, rule, shown,
              extra={"max_batch": chosen})  # fmt: skip
     return chosen

@@ -88,7 +88,7 @@ def prepended_path(onnx_path: Path, norm: Normalization, cache_dir: Path) -> Pat
 def engine_onnx(request: EngineRequest, on_gpu: bool, cache_dir: Path) -> Path:
     """The ONNX file a backend builds `request` from: the prepended one where a GPU engine
     normalises itself (the request carries a normalisation), else the original — a CPU engine
-    is fed what the pipeline normalised with NumPy."""
+    is fed what the predictor normalised with NumPy."""
     norm = request.normalization
     if not on_gpu or norm is None:
         return Path(request.onnx_path)

@@ -165,7 +165,7 @@ class EngineFactory:
 
     `choice` is the host's best backend (it sizes runner threads and OCR's batches); a model
     whose build fails with it gets the next one. `scoped()` gives a view that records the
-    engines one model's pipeline builds (`built`), sharing everything else.
+    engines one model's predictor builds (`built`), sharing everything else.
     """
 
     def __init__(

@@ -31,7 +31,7 @@ the prep processes', also at the first and the last tick that saw batches run (a
 window: start-up and the close outside it); the process's peak thread count; the GIL
 release points per batch of each single-threaded stage (torch calls counted with a
 TorchFunctionMode on every 4th batch of each stage thread, plus the tensors handed over
-between stages: a `record_stream` each on a GPU); and the staged pipelines' verdicts. None
+between stages: a `record_stream` each on a GPU); and the device stages' verdicts. None
 of it exists unless the setting is on.
 """
 
@@ -422,7 +422,7 @@ class _Pending(list[Any]):
 
 
 class StandinEngine:
-    """An engine for `DeviceFeeds` pipelines with the device's work replaced (module doc)."""
+    """An engine for `DeviceFeeds` predictors with the device's work replaced (module doc)."""
 
     def __init__(self, request: EngineRequest, calibration: Calibration, probe: Probe) -> None:
         import torch
@@ -450,9 +450,9 @@ class StandinEngine:
     def streams(self) -> StandinStreams:
         return StandinStreams(self._torch, self.probe, self.clock)
 
-    def watch(self, pipeline: Any) -> None:
-        """A staged pipeline feeding this engine: its verdict goes in the report."""
-        self.probe.pipelines.append(pipeline)
+    def watch(self, device_stages: Any) -> None:
+        """The device stages feeding this engine: their verdict goes in the report."""
+        self.probe.device_stages.append(device_stages)
 
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
@@ -602,7 +602,7 @@ class Probe:
         self.busy = Busy()
         self.clock = DeviceClock(self.busy)
         self.decode_lock = threading.Lock()  # torchvision's decoder: one per process
-        self.pipelines: list[Any] = []
+        self.device_stages: list[Any] = []
         self.started = time.perf_counter()
         self._counted: dict[str, _Counted] = {}
         self._lock = threading.Lock()
@@ -697,7 +697,8 @@ class Probe:
             "threads": threads,
             "stages": counted,
             "pipelines": [
-                {"name": p.name, "verdict": p.verdict(), "stats": p.stats()} for p in self.pipelines
+                {"name": p.name, "verdict": p.verdict(), "stats": p.stats()}
+                for p in self.device_stages
             ],
         }
 

@@ -226,7 +226,7 @@ def prebuild(
 ) -> str:
     """Build (unless a valid one is cached) and upload the plan for `request`, without creating
     execution contexts; returns its storage key. (`kiln engines build` loads the model's whole
-    pipeline instead, which stores the same plans.)"""
+    predictor instead, which stores the same plans.)"""
     loaded = load_engine(request, store, gpu, precision or settings.precision, force=force)
     key = loaded.spec.key.plan_key
     log.info("TensorRT plan for %s (%s): %s", loaded.spec.model, loaded.obtained.source, key)
@@ -297,7 +297,7 @@ def read_io(engine: trt.ICudaEngine) -> list[IoTensor]:
 
 class PinnedStage:
     """Page-locked host memory for one feed (async copies need it), grown when a larger feed
-    arrives: the pipeline's feed dtype (e.g. uint8 pixels) is known only at the first call."""
+    arrives: the predictor's feed dtype (e.g. uint8 pixels) is known only at the first call."""
 
     def __init__(self, cp: Any, nbytes: int) -> None:
         self._cp = cp

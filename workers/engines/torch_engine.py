@@ -318,7 +318,7 @@ class TorchEngine:
             return self._run(ready, int(ready[0].shape[0]))
 
     def forward_tensors(self, tensors: Mapping[str, Any]) -> list[Any]:
-        """Device feeds → device outputs, queued on the current stream (a staged pipeline's
+        """Device feeds → device outputs, queued on the current stream (the device stages'
         forward stage; its outputs stage calls `outputs_to_host`). A replayed graph's outputs
         are copied out of its static buffers, so its set goes back to the next batch at once."""
         check_names([s.name for s in self.inputs], tensors)

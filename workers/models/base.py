@@ -29,8 +29,8 @@ class Refusal(InputError):
 
 @runtime_checkable
 class Staged(Protocol):
-    """A pipeline whose batches go through overlapped stages (`device/image_stages.py`): `in_flight`
-    batches keep every stage busy (0: it runs batches one after another)."""
+    """A predictor whose batches go through overlapped stages (`device/image_stages.py`):
+    `in_flight` batches keep every stage busy (0: it runs batches one after another)."""
 
     in_flight: int
 
@@ -54,7 +54,7 @@ class Rows:
 
 @dataclass
 class Batch:
-    """What a pipeline's `infer` gets: a batch's rows gathered from one or more blocks."""
+    """What a predictor's `infer` gets: a batch's rows gathered from one or more blocks."""
 
     pixels: np.ndarray | None = None  # (rows, *slot shape), uint8: gathered from the slots
     meta: np.ndarray | None = None
@@ -131,7 +131,7 @@ class Answers:
 
 
 class AnswersShape:
-    """The Batcher's `Shape` for pipelines: Answers are cut, joined and failed as columns."""
+    """The Batcher's `Shape` for predictors: Answers are cut, joined and failed as columns."""
 
     def cut(self, result: Answers, start: int, stop: int) -> Answers:
         return result.slice(start, stop)
@@ -196,7 +196,7 @@ def row_errors(rows: int, failed: dict[int, Exception]) -> tuple[list[str | None
     return errors, refused
 
 
-class Pipeline(Protocol):
+class Predictor(Protocol):
     """A model family's batch half, run in the engine-owning process. Its prep half (`prep`)
     runs in the prep processes; `infer` on the Batcher's runner threads, a batch at a time;
     `finish` on the chunk's thread once a block's answers are in (most families answer in
@@ -222,13 +222,13 @@ class Pipeline(Protocol):
         ...
 
     def close(self) -> None:
-        """Release what the pipeline holds beyond its engine (inner Batchers, threads)."""
+        """Release what the predictor holds beyond its engine (inner Batchers, threads)."""
         ...
 
 
 @runtime_checkable
 class StagedPixels(Protocol):
-    """A pipeline whose batches' pixels may be gathered straight into its engine's staging
+    """A predictor whose batches' pixels may be gathered straight into its engine's staging
     buffer (image models on an engine with `HostStaging`). The runner that gathers a batch
     from the slots asks it where, so the pixels are copied once on their way to the device."""
 

@@ -21,7 +21,7 @@ from kiln.workers.models.base import (
     numeric,
     row_errors,
 )
-from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.models.image_model import ImageModelPredictor
 
 _LABEL = pa.struct([("label", pa.string()), ("score", pa.float32())])
 # Parquet columns this family adds, named like its answers; known without loading a model.
@@ -123,7 +123,7 @@ def top_k(probabilities: np.ndarray, labels: Sequence[str], k: int) -> list[dict
     return list(label_lists(probabilities[np.newaxis], labels, k)[0].as_py())
 
 
-class ClassifyPipeline(ImageModelPipeline):
+class ClassifyPredictor(ImageModelPredictor):
     kind = "classify"
 
     def __init__(

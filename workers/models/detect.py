@@ -27,7 +27,7 @@ from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
 from kiln.workers.device.image_stages import DEFAULT_OPTIONS, DeviceOptions, DevicePost
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, names_of, numeric, row_errors
-from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.models.image_model import ImageModelPredictor
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Placement
 
@@ -281,7 +281,7 @@ def decode_yolo(
     return list(lists[0].as_py())
 
 
-class YoloPipeline(ImageModelPipeline):
+class YoloPredictor(ImageModelPredictor):
     """A registered detector: output [N, 4 + classes, anchors], boxes as centre and size in
     model pixels, one score per label; letterboxed unless its spec says squash."""
 
@@ -321,7 +321,7 @@ class YoloPipeline(ImageModelPipeline):
         return Answers(len(batch), columns, errors, refused)
 
 
-class DetectorPipeline(YoloPipeline):
+class DetectorPredictor(YoloPredictor):
     """The built-in detector: NudeNet's labels, letterboxed to `size`, pixels scaled to 0–1."""
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""A pipeline over some inputs in this process, with no chunk, pool or database: its prep half
+"""A predictor over some inputs in this process, with no chunk, pool or database: its prep half
 on this thread, then its batch half a batch at a time. For tools that embed or classify a few
 files themselves (bench/grouping.py) and for the families' tests; workers use the chunk path."""
 
@@ -11,18 +11,18 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.app.core.errors import InputError, KilnError
-from kiln.workers.models.base import Answers, Batch, Pipeline, Refusal
+from kiln.workers.models.base import Answers, Batch, Predictor, Refusal
 from kiln.workers.prep.spec import build
 
 Outcome = dict[str, Any] | KilnError  # an input's outputs, or why it has none
 
 
 def run_direct(
-    pipeline: Pipeline, inputs: Sequence[bytes | str], batch: int | None = None
+    predictor: Predictor, inputs: Sequence[bytes | str], batch: int | None = None
 ) -> list[Outcome]:
     """Each input's outputs (JSON values; vectors as lists) or its error, in order."""
-    prep = build(pipeline.prep)
-    layout, width = pipeline.prep.layout, pipeline.prep.meta_width
+    prep = build(predictor.prep)
+    layout, width = predictor.prep.layout, predictor.prep.meta_width
     outcomes: list[Outcome | None] = [None] * len(inputs)
     ready: list[tuple[int, np.ndarray | None, np.ndarray, Any]] = []
     for i, data in enumerate(inputs):
@@ -34,22 +34,22 @@ def run_direct(
             outcomes[i] = error
             continue
         ready.append((i, slot, meta, made))
-    size = batch or pipeline.max_batch
+    size = batch or predictor.max_batch
     for start in range(0, len(ready), size):
         group = ready[start : start + size]
-        answers = pipeline.finish(pipeline.infer(_batch(group, layout is not None)))
+        answers = predictor.finish(predictor.infer(_batch(group, layout is not None)))
         for (i, *_), outcome in zip(group, outcomes_of(answers), strict=True):
             outcomes[i] = outcome
     return [o if o is not None else InputError("No answer.") for o in outcomes]
 
 
 def answers_of(
-    pipeline: Pipeline, inputs: Sequence[bytes | str], batch: int | None = None
+    predictor: Predictor, inputs: Sequence[bytes | str], batch: int | None = None
 ) -> list[dict[str, Any]]:
     """Each input's outputs, for inputs that must all have one (generated sets, tests): the
     first input without any raises its error."""
     found = []
-    for outcome in run_direct(pipeline, inputs, batch):
+    for outcome in run_direct(predictor, inputs, batch):
         if isinstance(outcome, Exception):
             raise outcome
         found.append(outcome)

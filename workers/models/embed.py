@@ -11,7 +11,7 @@ import pyarrow as pa
 from kiln.app.core.errors import InputError
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, null_mask, numeric, row_errors
-from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.models.image_model import ImageModelPredictor
 
 
 def fields(spec: dict[str, Any]) -> list[pa.Field]:
@@ -60,7 +60,7 @@ def vector_answers(
     return Answers(rows, columns, errors, refused)
 
 
-class EmbedPipeline(ImageModelPipeline):
+class EmbedPredictor(ImageModelPredictor):
     kind = "embed"
 
     def __init__(

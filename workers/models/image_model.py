@@ -40,8 +40,8 @@ from kiln.workers.prep.slots import SlotLayout
 from kiln.workers.prep.spec import PrepSpec, prep_spec
 
 
-class ImageModelPipeline:
-    """The `Pipeline` half shared by registered image models; subclasses add `infer` (usually
+class ImageModelPredictor:
+    """The `Predictor` half shared by registered image models; subclasses add `infer` (usually
     `_run(batch)` → scores or vectors → columns)."""
 
     max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
@@ -91,8 +91,8 @@ class ImageModelPipeline:
         staged = self.stages or self.host_stages
         watch = getattr(engine, "watch", None)  # the device stand-in reports the verdict
         if staged is not None and watch is not None:
-            watch(staged.pipeline)
-        self.in_flight = staged.pipeline.in_flight if staged is not None else 0
+            watch(staged.device_stages)
+        self.in_flight = staged.device_stages.in_flight if staged is not None else 0
         self.prep = self._prep_spec()
 
     def _prep_spec(self) -> PrepSpec:
@@ -127,7 +127,7 @@ class ImageModelPipeline:
             return self._output_on_device(batch)
         assert batch.pixels is not None  # uint8: 4x less to copy to a GPU than floats
         if self.host_stages is not None:
-            return self.host_stages.pipeline.run(batch.pixels), {}
+            return self.host_stages.device_stages.run(batch.pixels), {}
         steps = {} if self.engine_normalizes else {self.input_name: self._normalize}
         outputs = self.engine.infer({self.input_name: batch.pixels}, steps)
         return next(iter(outputs.values())), {}
@@ -144,7 +144,9 @@ class ImageModelPipeline:
         """Decode, fit and run the batch on the engine's device (staged, or one step after
         another on this runner's stream); the rows that failed to decode, apart."""
         rows = batch.objects or []
-        done = self.stages.pipeline.run(rows) if self.stages is not None else self._serial(rows)
+        done = (
+            self.stages.device_stages.run(rows) if self.stages is not None else self._serial(rows)
+        )
         if batch.meta is not None:  # the fits the device made, as the CPU path records them
             for group_rows, meta in done.fits:  # one write per size group, not per row
                 if "fit" in meta:

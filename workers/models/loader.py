@@ -1,4 +1,4 @@
-"""Build a model family's pipeline inside the worker process that will run it."""
+"""Build a model family's predictor inside the worker process that will run it."""
 
 from __future__ import annotations
 
@@ -16,37 +16,37 @@ from kiln.workers.device.image_stages import DeviceOptions
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.engines.uint8_input import Normalization
 from kiln.workers.models import classify, detect, embed, phash, text_embed, vector_groups
-from kiln.workers.models.base import JobClosed, Pipeline
+from kiln.workers.models.base import JobClosed, Predictor
 
 # Registered families: an ONNX file from Kiln's store, fed as its spec declares.
-_REGISTERED: dict[str, Callable[..., Pipeline]] = {
-    "classify": classify.ClassifyPipeline,
-    "embed": embed.EmbedPipeline,
-    "detect": detect.YoloPipeline,
+_REGISTERED: dict[str, Callable[..., Predictor]] = {
+    "classify": classify.ClassifyPredictor,
+    "embed": embed.EmbedPredictor,
+    "detect": detect.YoloPredictor,
 }
 
 
-def load_pipeline(info: ModelInfo, engines: EngineFactory) -> Pipeline:
+def load_predictor(info: ModelInfo, engines: EngineFactory) -> Predictor:
     settings, store = engines.settings, engines.store
     gpu_decode = settings.decode_on_gpu()
     options = DeviceOptions(
         settings.device_pipeline == "staged", settings.jpeg_decoder, settings.decode_threads
     )
     if info.kind == "detect" and info.builtin:
-        norm = Normalization.of(detect.DetectorPipeline.preprocessing())
+        norm = Normalization.of(detect.DetectorPredictor.preprocessing())
         engine = engines.build(info.name, detect.model_path(), engines.batch_cap, (), norm)
-        return detect.DetectorPipeline(
+        return detect.DetectorPredictor(
             engine, max_pixels=settings.max_image_pixels, gpu_decode=gpu_decode,
             device_options=options,
         )  # fmt: skip
     if info.kind == "ocr":
         from kiln.workers.models import ocr  # OpenCV: imported by the one family that uses it
 
-        return ocr.OcrPipeline(engines, max_pixels=settings.max_image_pixels)
+        return ocr.OcrPredictor(engines, max_pixels=settings.max_image_pixels)
     if info.kind == "text-embed":
         return text_embed.load_text_embed(engines, info.name)
     if info.kind == "phash":
-        return phash.PhashPipeline(max_pixels=settings.max_image_pixels)
+        return phash.PhashPredictor(max_pixels=settings.max_image_pixels)
     if info.kind in _REGISTERED:
         max_batch = min(engines.batch_cap, info.spec.get("max_batch") or engines.batch_cap)
         family = _REGISTERED[info.kind]

@@ -5,7 +5,7 @@ run on Kiln's engines, with lines from many images batched together.
   resized input — shapes vary, so they travel as objects, not slots.
 - `infer` (the model's Batcher): the detector over a batch of images, then DB boxes.
 - `finish` (the chunk's thread): crop every line of the block's images, pass them through two
-  inner Batchers owned by the pipeline — the angle classifier, then the recogniser — shared by
+  inner Batchers owned by the predictor — the angle classifier, then the recogniser — shared by
   every chunk in flight on the worker, and decode the text.
 
 Parameters come from rapidocr's config.yaml; its pure pre/post-processing is reused (see
@@ -50,7 +50,7 @@ _LINE = pa.struct(
 FIELDS = [pa.field("text", pa.string()), pa.field("lines", pa.list_(_LINE))]
 
 
-class OcrPipeline:
+class OcrPredictor:
     name = "ocr"
     max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
 

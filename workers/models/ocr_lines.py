@@ -95,7 +95,7 @@ def resized(crop: np.ndarray, height: int, width: int) -> np.ndarray:
 
 class LineReader:
     """The CPU steps around the classifier and recogniser engines, and their batch functions
-    (called by the pipeline's inner Batchers)."""
+    (called by the predictor's inner Batchers)."""
 
     def __init__(self, config: OcrConfig, cls_engine: Engine, rec_engine: Engine) -> None:
         from rapidocr_onnxruntime.ch_ppocr_cls.utils import ClsPostProcess

@@ -44,7 +44,7 @@ def phashes(pixels: np.ndarray) -> pa.Array:
     return pa.array([text[i : i + 16] for i in range(0, len(text), 16)], pa.string())
 
 
-class PhashPipeline:
+class PhashPredictor:
     name = "phash"
     backend = "imagehash (CPU)"
     max_batch = 32

@@ -5,7 +5,7 @@ exports the bundled model to ONNX with mean pooling over the attention mask and 
 normalisation inside the graph (so a GPU engine does them too), and stores it with its
 tokenizer under `models/builtin/text-embed/<digest of the source files>/`. `latest.json` there
 names the newest export, for workers without the model package to compute the digest. Each
-host keeps a copy under `model_cache_dir`; a pipeline exports by itself only when nothing is
+host keeps a copy under `model_cache_dir`; a predictor exports by itself only when nothing is
 cached anywhere and torch imports.
 """
 
@@ -80,7 +80,7 @@ class TextEmbedModel:
         return int(self.manifest["max_length"])
 
 
-class TextEmbedPipeline:
+class TextEmbedPredictor:
     max_runners = 64  # ONNX Runtime sessions are safe to run from many threads
 
     def __init__(self, engine: Engine, model: TextEmbedModel, *, name: str = NAME) -> None:
@@ -123,13 +123,13 @@ def _padded(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarr
     return feeds
 
 
-def load_text_embed(engines: EngineFactory, name: str = NAME) -> TextEmbedPipeline:
-    """The pipeline a worker runs: cached export (or a fresh one), engine, tokenizer."""
+def load_text_embed(engines: EngineFactory, name: str = NAME) -> TextEmbedPredictor:
+    """The predictor a worker runs: cached export (or a fresh one), engine, tokenizer."""
     model = ensure_text_embed(engines.settings, engines.store)
     # TensorRT compiles for a range of shapes: sequences from one token to the model's limit.
     sequence = (1, 1, min(128, model.max_length), model.max_length)
     engine = engines.build(name, model.onnx_path, engines.batch_cap, axes=(sequence,))
-    return TextEmbedPipeline(engine, model, name=name)
+    return TextEmbedPredictor(engine, model, name=name)
 
 
 def ensure_text_embed(settings: Settings, store: ObjectStore) -> TextEmbedModel:

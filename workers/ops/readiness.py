@@ -47,7 +47,7 @@ def install(path: Path, warm_up: Callable[[], Sequence[str]]) -> Callable[[], No
 
 
 def warm_models(runtime: Callable[[], Any], names: Sequence[str]) -> Callable[[], list[str]]:
-    """A warm-up that builds each built-in model's pipeline (and its engine) in this process."""
+    """A warm-up that builds each built-in model's predictor (and its engine) in this process."""
 
     def warm_up() -> list[str]:
         from kiln.app.catalog import builtin_model

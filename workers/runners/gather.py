@@ -1,4 +1,4 @@
-"""A model's batch from the blocks it was cut from: what its Batcher hands the pipeline."""
+"""A model's batch from the blocks it was cut from: what its Batcher hands the predictor."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kiln.workers.batching.blocks import Part
 from kiln.workers.models.base import Batch, Rows
 from kiln.workers.prep.slots import SlotPool
 
-# (batch shape) -> where to gather its pixels, or None: anywhere (ImageModelPipeline.pixel_buffer)
+# (batch shape) -> where to gather its pixels, or None: anywhere (ImageModelPredictor.pixel_buffer)
 PixelBuffer = Callable[[tuple[int, ...]], np.ndarray | None]
 
 

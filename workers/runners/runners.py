@@ -1,4 +1,4 @@
-"""The models a worker process has loaded: per model its pipeline, shared-memory slots and
+"""The models a worker process has loaded: per model its predictor, shared-memory slots and
 Batcher (a `ModelRunner`), loaded on first use and unloaded when the memory budget or idleness
 says so.
 
@@ -33,8 +33,8 @@ from kiln.app.storage import ObjectStore
 from kiln.workers.batching import Batcher, BatchStats
 from kiln.workers.engines.failures import BuildFailures
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.base import Answers, Pipeline, Rows
-from kiln.workers.models.loader import load_pipeline
+from kiln.workers.models.base import Answers, Predictor, Rows
+from kiln.workers.models.loader import load_predictor
 from kiln.workers.ops.health import Health
 from kiln.workers.prep.slots import ByteSlots, Lender, SlotPool
 from kiln.workers.runners import sizing
@@ -59,7 +59,7 @@ class ModelUnavailableError(KilnError):
 @dataclass
 class ModelRunner:
     info: ModelInfo
-    pipeline: Pipeline
+    predictor: Predictor
     batcher: Batcher[Rows, Answers]
     # What bounds this model's rows in prep and queued: its shared-memory slots (slot
     # families), or tickets without memory (rows that travel as objects).
@@ -79,7 +79,7 @@ class ModelRunner:
 
     def close(self) -> None:
         self.batcher.close()
-        self.pipeline.close()
+        self.predictor.close()
         self.lender.close()
 
 
@@ -109,7 +109,7 @@ class ModelRunners:
         self._closing = threading.Event()
 
     def runner(self, info: ModelInfo) -> ModelRunner:
-        """The model's pipeline and Batcher, built on first use (one per process and weights:
+        """The model's predictor and Batcher, built on first use (one per process and weights:
         two tenants' identical registrations share one). Only loads of the same model wait
         for each other."""
         key = info.cache_key
@@ -153,7 +153,7 @@ class ModelRunners:
         self._unload(memory.victims(memory.sizes().get(info.cache_key, 0)))
         engines = self.engines().scoped()
         try:
-            pipeline = load_pipeline(info, engines)
+            predictor = load_predictor(info, engines)
         except Exception as error:
             failure = self.load_failures.record(info.cache_key, "load", str(error).rstrip("."))
             wait = self.load_failures.seconds_left(failure)
@@ -168,27 +168,27 @@ class ModelRunners:
             log.warning("model %s loads over the memory budget: %s", info.ref, error)
         memory.add(info.cache_key, size)
         try:
-            runner = self._runner(info, pipeline, engines, size)
+            runner = self._runner(info, predictor, engines, size)
         except Exception as error:  # built, but it cannot run here: let its memory go
-            pipeline.close()
+            predictor.close()
             memory.unload(info.cache_key)
             self.load_failures.record(info.cache_key, "load", str(error).rstrip("."))
             raise
-        device = self._report(info, pipeline, engines)
+        device = self._report(info, predictor, engines)
         log.info(
-            "model %s ready on %s, %.0f MiB", info.ref, pipeline.backend, size / 2**20,
-            extra={"model": info.ref, "backend": pipeline.backend, "device": device,
+            "model %s ready on %s, %.0f MiB", info.ref, predictor.backend, size / 2**20,
+            extra={"model": info.ref, "backend": predictor.backend, "device": device,
                    "max_batch": runner.batcher.max_batch},
         )  # fmt: skip
         return runner
 
     def _runner(
-        self, info: ModelInfo, pipeline: Pipeline, engines: EngineFactory, size: int
+        self, info: ModelInfo, predictor: Predictor, engines: EngineFactory, size: int
     ) -> ModelRunner:
-        """The loaded pipeline's batch size, slots and Batcher."""
-        max_batch = sizing.batch_size(self.settings, info, pipeline, engines)
-        runners = sizing.batch_runners(self.engines().runners, pipeline)
-        lender = sizing.lender(info, pipeline, max_batch, runners, self._prep_processes())
+        """The loaded predictor's batch size, slots and Batcher."""
+        max_batch = sizing.batch_size(self.settings, info, predictor, engines)
+        runners = sizing.batch_runners(self.engines().runners, predictor)
+        lender = sizing.lender(info, predictor, max_batch, runners, self._prep_processes())
         slots = lender if isinstance(lender, SlotPool) else None
         key = f"batch:{info.ref}"
 
@@ -199,9 +199,9 @@ class ModelRunners:
                 self.health.fail(key, sentence)
 
         batcher = model_batcher(
-            self.settings, info.ref, info.name, pipeline, max_batch, runners, slots, wedged
+            self.settings, info.ref, info.name, predictor, max_batch, runners, slots, wedged
         )
-        return ModelRunner(info, pipeline, batcher, lender, size)
+        return ModelRunner(info, predictor, batcher, lender, size)
 
     def _unload(self, keys: list[str]) -> None:
         """Unload idle models to make room (the memory budget chose them)."""
@@ -286,12 +286,12 @@ class ModelRunners:
         with self._engines_lock:
             return self._memory, self._engines
 
-    def _report(self, info: ModelInfo, pipeline: Pipeline, engines: EngineFactory) -> str:
+    def _report(self, info: ModelInfo, predictor: Predictor, engines: EngineFactory) -> str:
         """Record which backend runs the model here, and why; returns its device."""
-        gpu = sizing.on_gpu(pipeline.backend)
+        gpu = sizing.on_gpu(predictor.backend)
         device = ", ".join(g.name for g in engines.host.gpus) if gpu else "cpu"
         reasons = "; ".join(dict.fromkeys(b.engine.reason for b in engines.built))
-        self._record_engine(info, pipeline.backend, reasons or "no engine", device)
+        self._record_engine(info, predictor.backend, reasons or "no engine", device)
         return device
 
     def _record_engine(self, info: ModelInfo, backend: str, reason: str, device: str) -> None:
@@ -311,7 +311,7 @@ class ModelRunners:
 
     def backends(self) -> dict[str, str]:
         """The backend each loaded model runs on."""
-        return {r.info.ref: r.pipeline.backend for r in self.runners().values()}
+        return {r.info.ref: r.predictor.backend for r in self.runners().values()}
 
     def model_owners(self) -> dict[str, str]:
         """The tenant each loaded model belongs to (the shared tenant for built-ins)."""

@@ -1,6 +1,6 @@
 """How big a loaded model's batches are, and how many of its rows may be in flight.
 
-Pure decisions over what the load found (the pipeline, the engines built, the prep processes):
+Pure decisions over what the load found (the predictor, the engines built, the prep processes):
 the batch a model runs at, and the lender that bounds its rows between prep and the engine —
 shared-memory slots for pixel families, tickets for rows that travel as objects.
 """
@@ -15,7 +15,7 @@ from kiln.workers.engines.base import Engine
 from kiln.workers.engines.batch_size import choose_batch
 from kiln.workers.engines.learned import Learned, LearnedKey, device_key, source_digest
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.base import Pipeline, Staged
+from kiln.workers.models.base import Predictor, Staged
 from kiln.workers.prep.slots import BYTE_SLOT, ByteSlots, Lender, SlotPool, shm_free
 from kiln.workers.prep.units import UNIT_ROWS
 
@@ -25,20 +25,20 @@ SLOT_BYTES = 512 * 2**20  # shared memory for one model's slots, at most (if a b
 
 
 def batch_size(
-    settings: Settings, info: ModelInfo, pipeline: Pipeline, engines: EngineFactory
+    settings: Settings, info: ModelInfo, predictor: Predictor, engines: EngineFactory
 ) -> int:
     """The model's batch: as configured, or under `auto` from a short sweep of its GPU engine
-    (16 on a CPU): the knee, or for a staged device pipeline the largest batch that costs
-    the GPU nothing in rows per second (`batch_size.for_pipeline`) — swept once per model,
+    (16 on a CPU): the knee, or for the device stages the largest batch that costs
+    the GPU nothing in rows per second (`batch_size.for_device_stages`) — swept once per model,
     backend, device and cap, then kept (`learned_batch`); never above what the engine was
     built for."""
-    cap = pipeline.max_batch
+    cap = predictor.max_batch
     if settings.max_batch != "auto":
         return min(settings.max_batch, cap)
     gpu = [b.engine for b in engines.built if b.engine.backend.startswith(GPU_BACKENDS)]
     if len(engines.built) != 1 or not gpu:  # a CPU engine, or several (OCR's own sizes)
         return min(settings.batch_cap(on_gpu=bool(gpu)), cap)
-    staged = isinstance(pipeline, Staged) and bool(pipeline.in_flight)
+    staged = isinstance(predictor, Staged) and bool(predictor.in_flight)
     return learned_batch(settings, info, gpu[0], cap, engines, staged=staged)
 
 
@@ -70,18 +70,18 @@ def learned_batch(
     return chosen
 
 
-def batch_runners(engine_runners: int, pipeline: Pipeline) -> int:
-    """The model's Batcher threads: one per engine runner, or for a staged device pipeline
+def batch_runners(engine_runners: int, predictor: Predictor) -> int:
+    """The model's Batcher threads: one per engine runner, or for the device stages
     (`workers/device/`) as many batches as its stages and queues hold, so every stage has
     work while the others do theirs (each thread waits on its batch's trip)."""
-    runners = min(engine_runners, pipeline.max_runners)
-    if isinstance(pipeline, Staged) and pipeline.in_flight:
-        return max(runners, pipeline.in_flight)
+    runners = min(engine_runners, predictor.max_runners)
+    if isinstance(predictor, Staged) and predictor.in_flight:
+        return max(runners, predictor.in_flight)
     return runners
 
 
 def lender(
-    info: ModelInfo, pipeline: Pipeline, max_batch: int, runners: int, prep_processes: int
+    info: ModelInfo, predictor: Predictor, max_batch: int, runners: int, prep_processes: int
 ) -> Lender:
     """What bounds the model's rows in prep and queued: enough for the batches queued and
     running and a unit or two per prep process. Slot families get shared-memory slots, and
@@ -91,8 +91,8 @@ def lender(
     prep = max(1, prep_processes)
     least = max_batch + UNIT_ROWS
     queued = QUEUED_BATCHES * max_batch * runners
-    layout = pipeline.prep.layout
-    if layout is None and not pipeline.prep.byte_slots:
+    layout = predictor.prep.layout
+    if layout is None and not predictor.prep.byte_slots:
         return Lender(max(least, queued + UNIT_ROWS * prep))
     room = min(SLOT_BYTES, shm_free() // 2) // max(1, layout.nbytes if layout else BYTE_SLOT)
     count = max(least, min(queued + 2 * UNIT_ROWS * prep, room))
@@ -102,5 +102,5 @@ def lender(
 
 
 def on_gpu(backend: str) -> bool:
-    """Whether a pipeline's backend (one name, or several joined by commas) runs on a GPU."""
+    """Whether a predictor's backend (one name, or several joined by commas) runs on a GPU."""
     return any(part.strip().startswith(GPU_BACKENDS) for part in backend.split(","))

@@ -70,7 +70,7 @@ def test_each_app_has_its_own_registry() -> None:
     assert not any(name in ("kiln_jobs", "kiln_queue_length") for name, _ in got)
 
 
-class FakePipeline:
+class FakePredictor:
     def __init__(self, lists: dict[str, int]) -> None:
         self.lists, self.keys = lists, list[str]()
 
@@ -87,7 +87,7 @@ class FakeChannel:
     priority_steps = (0, 3, 6, 9)
 
     def __init__(self, lists: dict[str, int]) -> None:
-        self.client: Any = type("Client", (), {"pipeline": lambda _self: FakePipeline(lists)})()
+        self.client: Any = type("Client", (), {"pipeline": lambda _self: FakePredictor(lists)})()
 
     def _q_for_pri(self, queue: str, pri: int) -> str:
         return f"{queue}\x06\x16{pri}" if pri else queue

@@ -18,7 +18,7 @@ from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models import detect
 from kiln.workers.models.direct import run_direct
-from kiln.workers.models.loader import load_pipeline, output_fields
+from kiln.workers.models.loader import load_predictor, output_fields
 from tests.app.api.conftest import TestClient
 from tests.models import colour_classifier
 from tests.workers.models.yolo import LABELS as YOLO_LABELS
@@ -191,7 +191,7 @@ def test_a_registered_detector_runs_with_its_labels(
     with sessions() as session:
         info = get_model(session, "boxes", "acme")
     assert output_fields(info) == detect.FIELDS
-    pipeline = load_pipeline(info, EngineFactory(settings, store))
+    pipeline = load_predictor(info, EngineFactory(settings, store))
     assert run_direct(pipeline, [red_png((64, 48))]) == [
         {"detections": [{"label": "red", "score": 0.75, "box": [8.0, 8.0, 24.0, 24.0]}]}
     ]

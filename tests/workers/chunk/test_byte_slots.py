@@ -21,7 +21,7 @@ from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.db.leases import LeasedItem
-from kiln.workers.chunk.answer import Stage, run_model
+from kiln.workers.chunk.answer import ModelPass, run_model
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.models.base import Answers, Batch
 from kiln.workers.ops.keeper import Held
@@ -36,7 +36,7 @@ SLOT = 8 * 2**10  # small: the 640×480 photo does not fit, the 64×48 ones do
 
 
 class Encoded:
-    """A pipeline whose rows are encoded files (as the GPU-decode image pipeline's): it notes
+    """A predictor whose rows are encoded files (as the GPU-decode image predictor's): it notes
     what each batch row was, and answers its size."""
 
     backend = "test"
@@ -51,7 +51,7 @@ class Encoded:
         self.seen: list[tuple[type, str]] = []
         self.gate = threading.Event()
         self.gate.set()
-        self.entered = threading.Event()  # a batch has reached the pipeline
+        self.entered = threading.Event()  # a batch has reached the predictor
 
     def infer(self, batch: Batch) -> Answers:
         self.entered.set()
@@ -86,16 +86,16 @@ def files(folder: Path) -> list[Path]:
     return paths
 
 
-def chunk(settings: Settings, pool: PrepPool, pipeline: Encoded, paths: list[Path], held: Held):  # type: ignore[no-untyped-def]
+def chunk(settings: Settings, pool: PrepPool, predictor: Encoded, paths: list[Path], held: Held):  # type: ignore[no-untyped-def]
     """Run the files as one chunk; returns its rows and the byte slots (closed)."""
     info = ModelInfo("encoded", "classify", "image", "", builtin=True, version="1")
     slots = ByteSlots(40, SLOT, label="test")
-    batcher = model_batcher(settings, info.ref, info.name, pipeline, 4, 1, None, lambda _: None)  # type: ignore[arg-type]
-    runner = ModelRunner(info, pipeline, batcher, slots)  # type: ignore[arg-type]
+    batcher = model_batcher(settings, info.ref, info.name, predictor, 4, 1, None, lambda _: None)  # type: ignore[arg-type]
+    runner = ModelRunner(info, predictor, batcher, slots)  # type: ignore[arg-type]
     items = [LeasedItem(i, "job", p.name, p.as_uri(), None, 0, 1) for i, p in enumerate(paths)]
     rows = ChunkRows(items)
     try:
-        run_model(Stage(info, runner, pool, 10**7, held), rows, np.arange(len(items)), {})
+        run_model(ModelPass(info, runner, pool, 10**7, held), rows, np.arange(len(items)), {})
         assert slots.free == slots.count, "byte slots were not all given back"
     finally:
         batcher.close()
@@ -107,9 +107,9 @@ def test_files_reach_the_batch_in_place_and_every_slot_goes_back(
     settings: Settings, pool: PrepPool, tmp_path: Path
 ) -> None:
     paths = files(tmp_path)
-    pipeline = Encoded()
-    rows = chunk(settings, pool, pipeline, paths, Held("job", "me"))
-    seen = dict((digest, kind) for kind, digest in pipeline.seen)
+    predictor = Encoded()
+    rows = chunk(settings, pool, predictor, paths, Held("job", "me"))
+    seen = dict((digest, kind) for kind, digest in predictor.seen)
     for path in paths[:10]:  # nine small files in place, the large one with the answer
         kind = memoryview if path != paths[9] else bytes
         assert seen[sha256_hex(path.read_bytes())] is kind, path.name
@@ -123,17 +123,17 @@ def test_a_cancelled_chunk_gives_every_slot_back(
 ) -> None:
     """Cancelled while its first batch runs: the blocks still queued are withdrawn, units
     back from prep are let go — and the slots of all of them come back."""
-    pipeline = Encoded()
-    pipeline.gate.clear()
+    predictor = Encoded()
+    predictor.gate.clear()
     held = Held("job", "me")
 
     def cancel() -> None:  # once the first batch runs, however slowly prep started
-        pipeline.entered.wait(30)
+        predictor.entered.wait(30)
         held.stop(held.cancelled)
-        pipeline.gate.set()
+        predictor.gate.set()
 
     threading.Thread(target=cancel, daemon=True).start()
-    rows = chunk(settings, pool, pipeline, files(tmp_path) * 3, held)
+    rows = chunk(settings, pool, predictor, files(tmp_path) * 3, held)
     assert rows.cancelled.any()
 
 

@@ -188,14 +188,14 @@ def test_a_fallback_that_cannot_load_leaves_both_reasons(
 ) -> None:
     from kiln.workers.runners import runners as runners_module
 
-    real = runners_module.load_pipeline
+    real = runners_module.load_predictor
 
     def load(info: ModelInfo, engines: Any) -> Any:
         if info.name == MODEL:
             raise RuntimeError("no backend can build it")
         return real(info, engines)
 
-    monkeypatch.setattr(runners_module, "load_pipeline", load)
+    monkeypatch.setattr(runners_module, "load_predictor", load)
     job_id, _ = run_job(runtime, {"model": MODEL, "on": ["refused"]}, FILES[:3])
     rows = items(runtime, job_id)
     grey = rows["grey.png"]

@@ -1,4 +1,4 @@
-"""Torch calls counted per stage thread of a staged device pipeline (issue 38): streams that
+"""Torch calls counted per stage thread of the device stages (issue 38): streams that
 push a counting `TorchFunctionMode` on a stage's thread for each of its steps, around the
 streams they wrap. Imports torch: only a torch child process (tests/workers/device) or a GPU
 test (tests/gpu) imports it."""

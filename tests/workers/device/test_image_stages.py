@@ -73,8 +73,8 @@ def run_torch(where: str) -> None:
         full[good] = out["out"]
         return full
 
-    with ThreadPoolExecutor(stages.pipeline.in_flight) as callers:
-        staged = list(callers.map(stages.pipeline.run, batches * 3))
+    with ThreadPoolExecutor(stages.device_stages.in_flight) as callers:
+        staged = list(callers.map(stages.device_stages.run, batches * 3))
     report: dict[str, Any] = {
         "same": [bool(np.array_equal(a.output, serial(rows)))
                  for a, rows in zip(staged, batches * 3, strict=True)],
@@ -83,11 +83,11 @@ def run_torch(where: str) -> None:
         "good": staged[2].good,
         "fits": [[rows.tolist(), sorted(meta)] for rows, meta in staged[0].fits],
         "decoder": stages.decoder_name,
-        "stats": stages.pipeline.stats(),
+        "stats": stages.device_stages.stats(),
     }  # fmt: skip
     bad = [(truncated_jpeg(4), read_header(truncated_jpeg(4), max_pixels=MAX_PIXELS))] * 2
     try:
-        stages.pipeline.run(bad)
+        stages.device_stages.run(bad)
         report["all_bad"] = "ran"
     except Exception as error:
         report["all_bad"] = f"{type(error).__name__}: {error}"

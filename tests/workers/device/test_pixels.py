@@ -1,10 +1,10 @@
-"""Device-side image preprocessing (`device_pixels`) against the CPU pipeline it stands in for.
+"""Device-side image preprocessing (`device_pixels`) against the CPU predictor it stands in for.
 
 torch runs in one child process only (as in test_torch_engine): this process stays torch-free,
 like a worker. The child decodes every image with `decode_batch` on the CPU (so every image
 takes the Pillow fallback: nvJPEG needs CUDA and torchvision, neither here) and fits and
 fits it with `fit_batch` (uint8 NHWC, the engines' contract) and normalises it as the torch
-engine does; this process feeds the same bytes to the real pipelines
+engine does; this process feeds the same bytes to the real predictors
 (their prep, then the engine's `normalize` seen through an identity model) and compares.
 The nvJPEG path itself has not run here.
 """
@@ -29,9 +29,9 @@ from kiln.workers.device import decoders
 from kiln.workers.device.decoders import TorchvisionJpeg
 from kiln.workers.device.pixels import supports
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
-from kiln.workers.models.classify import ClassifyPipeline
-from kiln.workers.models.detect import YoloPipeline
-from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.models.classify import ClassifyPredictor
+from kiln.workers.models.detect import YoloPredictor
+from kiln.workers.models.image_model import ImageModelPredictor
 from kiln.workers.prep.header import Header, read_header
 from kiln.workers.prep.images import placement_row
 from kiln.workers.prep.pixels import Decoded, Letterbox, Squash, decode_image, fit_image, fit_size
@@ -48,10 +48,10 @@ MAX_PIXELS = 10_000_000
 # at two scales here a few pixels differ (max 59 levels, mean 0.054): a sample point on a
 # rounding edge picks the neighbour.
 FULL_MAX, FULL_MEAN, NEAREST_DOWN_MEAN = 2, 0.1, 0.1
-# Against the CPU pipeline where it did not draft: max 5, mean <= 0.05 (its JPEG crop resamples
+# Against the CPU predictor where it did not draft: max 5, mean <= 0.05 (its JPEG crop resamples
 # only the kept square, a box a fraction of a pixel away). Where it drafted (a JPEG decoded at
 # 1/2-1/8 DCT scale, the device decoding in full): max 153 levels at edges, mean <= 2.3.
-PIPELINE_MAX, PIPELINE_MEAN, DRAFTED_MEAN = 6, 0.1, 2.5
+PREDICTOR_MAX, PREDICTOR_MEAN, DRAFTED_MEAN = 6, 0.1, 2.5
 
 CHILD = """
 import sys
@@ -99,7 +99,7 @@ IMAGES = {
 }
 DRAFTED = {"jpeg-draft": photo(5, (1600, 1200))}  # the CPU path drafts this one for every fit
 
-# (family, spec fields): one pipeline per fit, with its normalisation options varied.
+# (family, spec fields): one predictor per fit, with its normalisation options varied.
 SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "crop-bilinear": ("classify", {"input_size": 224}),
     "crop-bicubic": ("classify", {"input_size": 224, "resize_filter": "bicubic"}),
@@ -268,25 +268,25 @@ def engine_checks(folder: Path) -> dict[str, Any]:
             "dtype": str(from_tensors.dtype)}  # fmt: skip
 
 
-# --- this process: the CPU pipeline and the comparisons ----------------------------------
+# --- this process: the CPU predictor and the comparisons ----------------------------------
 
 
-def pipeline(folder: Path, family: str, fields: dict[str, Any]) -> ImageModelPipeline:
-    """The real pipeline for this spec, on an identity engine: it returns what it is fed."""
+def predictor(folder: Path, family: str, fields: dict[str, Any]) -> ImageModelPredictor:
+    """The real predictor for this spec, on an identity engine: it returns what it is fed."""
     layout = str(fields.get("layout", "NCHW"))
     size = int(fields["input_size"])
     path = identity_model(folder / f"identity-{layout}-{size}.onnx", layout=layout, size=size)
     engine = OnnxRuntimeEngine(path, max_batch=16)
     stored = ImageModelSpec.from_dict({**fields, "labels": ["x"]}).stored(family)
     if family == "detect":
-        return YoloPipeline("device", engine, stored, max_pixels=MAX_PIXELS)
-    return ClassifyPipeline("device", engine, stored, max_pixels=MAX_PIXELS)
+        return YoloPredictor("device", engine, stored, max_pixels=MAX_PIXELS)
+    return ClassifyPredictor("device", engine, stored, max_pixels=MAX_PIXELS)
 
 
 class TorchRun:
-    def __init__(self, folder: Path, pipelines: dict[str, ImageModelPipeline]) -> None:
+    def __init__(self, folder: Path, predictors: dict[str, ImageModelPredictor]) -> None:
         self.folder = folder
-        self.pipelines = pipelines
+        self.predictors = predictors
         self.report: dict[str, Any] = json.loads((folder / "report.json").read_text())
 
     def outputs(self, spec: str) -> dict[str, np.ndarray]:
@@ -298,12 +298,12 @@ def torch_run(tmp_path_factory: pytest.TempPathFactory) -> TorchRun:
     folder = tmp_path_factory.mktemp("device-images")
     for name, data in {**IMAGES, **DRAFTED, **BAD}.items():
         (folder / f"{name}.img").write_bytes(data)
-    pipelines = {name: pipeline(folder, *spec) for name, spec in SPECS.items()}
-    specs = {name: json_ready(asdict(p.pre)) for name, p in pipelines.items()}
+    predictors = {name: predictor(folder, *spec) for name, spec in SPECS.items()}
+    specs = {name: json_ready(asdict(p.pre)) for name, p in predictors.items()}
     listing = {"images": [*IMAGES, *DRAFTED], "specs": specs, "bad": list(BAD)}
     (folder / "cases.json").write_text(json.dumps(listing))
     run_torch_child(CHILD, folder)
-    return TorchRun(folder, pipelines)
+    return TorchRun(folder, predictors)
 
 
 def json_ready(fields: dict[str, Any]) -> dict[str, Any]:
@@ -317,7 +317,7 @@ def levels(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
 
 def pillow_full(data: bytes, pre: Preprocessing) -> tuple[np.ndarray, bool]:
     """Pillow's fit from a full decode, resized whole (no draft, no crop shortcut), and
-    whether the CPU pipeline drafts this image (decodes it at a reduced DCT scale)."""
+    whether the CPU predictor drafts this image (decodes it at a reduced DCT scale)."""
     full = decode_image(data, max_pixels=MAX_PIXELS)
     drafted = decode_image(data, max_pixels=MAX_PIXELS, draft_to=lambda w, h: fit_size(pre, w, h))
     whole = Decoded(full.image, full.width, full.height, jpeg=False)
@@ -325,10 +325,10 @@ def pillow_full(data: bytes, pre: Preprocessing) -> tuple[np.ndarray, bool]:
 
 
 @pytest.mark.parametrize("spec", list(SPECS))
-def test_fit_matches_pillow_and_the_cpu_pipeline(torch_run: TorchRun, spec: str) -> None:
+def test_fit_matches_pillow_and_the_cpu_predictor(torch_run: TorchRun, spec: str) -> None:
     """Fitted pixels within the measured resampling differences; the normalised batch is the
-    CPU pipeline's arithmetic on those pixels (so it differs only by them)."""
-    pipe, ours = torch_run.pipelines[spec], torch_run.outputs(spec)
+    CPU predictor's arithmetic on those pixels (so it differs only by them)."""
+    pipe, ours = torch_run.predictors[spec], torch_run.outputs(spec)
     names = list(IMAGES) + list(DRAFTED)
     datas = [(torch_run.folder / f"{n}.img").read_bytes() for n in names]
     prepared = [prepare(pipe, data) for data in datas]
@@ -339,7 +339,7 @@ def test_fit_matches_pillow_and_the_cpu_pipeline(torch_run: TorchRun, spec: str)
         full_max, full_mean = levels(ours["pixels"][i], reference)
         worst, mean = levels(ours["pixels"][i], row.slot)
         print(f"\n{spec} {name}: vs Pillow max {full_max:.0f} mean {full_mean:.3f}; "
-              f"vs pipeline (drafted {drafted}) max {worst:.0f} mean {mean:.3f}")  # fmt: skip
+              f"vs predictor (drafted {drafted}) max {worst:.0f} mean {mean:.3f}")  # fmt: skip
         if nearest:
             assert full_mean <= NEAREST_DOWN_MEAN, name
         else:
@@ -347,8 +347,8 @@ def test_fit_matches_pillow_and_the_cpu_pipeline(torch_run: TorchRun, spec: str)
         if drafted:
             assert mean <= DRAFTED_MEAN, name
         else:
-            assert worst <= PIPELINE_MAX and mean <= PIPELINE_MEAN, name
-    fed, failed = pipe._output(batch_of(prepared))  # the CPU pipeline: prep, normalize, engine
+            assert worst <= PREDICTOR_MAX and mean <= PREDICTOR_MEAN, name
+    fed, failed = pipe._output(batch_of(prepared))  # the CPU predictor: prep, normalize, engine
     assert not failed
     assert ours["normalised"].shape == fed.shape and ours["normalised"].dtype == fed.dtype
     print(f"{spec} normalised: max |device - cpu| {np.abs(ours['normalised'] - fed).max():.4f}")
@@ -363,7 +363,7 @@ def test_fit_matches_pillow_and_the_cpu_pipeline(torch_run: TorchRun, spec: str)
 def test_nearest_is_exact_at_these_scales(torch_run: TorchRun) -> None:
     """Both sample pixel centres: the same pixels unless a sample point sits on a rounding
     edge (jpeg-down, jpeg-draft: measured above)."""
-    pipe, ours = torch_run.pipelines["squash-nearest"], torch_run.outputs("squash-nearest")
+    pipe, ours = torch_run.predictors["squash-nearest"], torch_run.outputs("squash-nearest")
     for i, name in enumerate(IMAGES):
         if name in ("jpeg-up", "png-up", "png-portrait", "noise-png", "grey-png"):
             reference, _ = pillow_full((torch_run.folder / f"{name}.img").read_bytes(), pipe.pre)
@@ -376,7 +376,7 @@ def test_metas_are_what_prep_gives(torch_run: TorchRun, spec: str) -> None:
     detector maps its boxes back with), is the row the CPU prep writes; a crop has none."""
     kinds = {"Letterbox": Letterbox, "Squash": Squash}
     names = list(IMAGES) + list(DRAFTED)
-    pipe = torch_run.pipelines[spec]
+    pipe = torch_run.predictors[spec]
     for name, described in zip(names, torch_run.report["metas"][spec], strict=True):
         metas = {key: kinds[kind](**values) for key, (kind, values) in described.items()}
         assert set(metas) == ({"fit"} if pipe.pre.fit != "crop" else set()), name

@@ -1,4 +1,4 @@
-"""The staged device pipeline (`device/stages.py`) on the CPU, behind stand-in stages: batches
+"""The device stages (`device/stages.py`) on the CPU, behind stand-in stages: batches
 overlap across stages, queues bound what is in flight, a stage's failure is its batch's alone,
 device work is ordered by events and handed over between streams (a recording stand-in for
 CUDA's), and `close` finishes what was submitted. What only a GPU shows (real streams and
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kiln.workers.device.stages import CpuStreams, Stage, StagedPipeline, Work
+from kiln.workers.device.stages import CpuStreams, DeviceStages, Stage, Work
 
 STEP_S = 0.03
 
@@ -34,16 +34,16 @@ def four() -> list[Stage]:
 def test_batches_overlap_across_stages() -> None:
     """16 batches through 4 stages of 30 ms: one after another would take 1.9 s; staged, each
     stage works on one batch while the others work on theirs (~0.6 s)."""
-    pipeline = StagedPipeline("test", four(), CpuStreams())
+    device_stages = DeviceStages("test", four(), CpuStreams())
     started = time.perf_counter()
-    with ThreadPoolExecutor(pipeline.in_flight) as callers:
-        results = list(callers.map(pipeline.run, range(16)))
+    with ThreadPoolExecutor(device_stages.in_flight) as callers:
+        results = list(callers.map(device_stages.run, range(16)))
     took = time.perf_counter() - started
-    pipeline.close()
+    device_stages.close()
     assert results == [(i, ["decode", "fit", "forward", "outputs"]) for i in range(16)]
     serial = 16 * 4 * STEP_S
     assert took < 0.6 * serial, f"{took:.2f} s staged against {serial:.2f} s one by one"
-    stats = pipeline.stats()
+    stats = device_stages.stats()
     assert [stats[name]["batches"] for name in ("decode", "fit", "forward", "outputs")] == [16] * 4
     assert stats["forward"]["busy_s"] >= 16 * STEP_S * 0.9
 
@@ -63,12 +63,14 @@ def test_queues_bound_the_batches_in_flight() -> None:
         with lock:
             inside[0] -= 1
 
-    pipeline = StagedPipeline("test", [Stage("in", enter), Stage("out", leave)], CpuStreams())
-    assert pipeline.in_flight == 2 + 2 * 2  # a thread per stage, two batches before each
+    device_stages = DeviceStages("test", [Stage("in", enter), Stage("out", leave)], CpuStreams())
+    assert device_stages.in_flight == 2 + 2 * 2  # a thread per stage, two batches before each
     with ThreadPoolExecutor(20) as callers:
-        list(callers.map(pipeline.run, range(20)))
-    pipeline.close()
-    assert most[0] <= pipeline.in_flight - 1  # the first stage's queue holds batches not yet in
+        list(callers.map(device_stages.run, range(20)))
+    device_stages.close()
+    assert (
+        most[0] <= device_stages.in_flight - 1
+    )  # the first stage's queue holds batches not yet in
 
 
 def test_a_failing_stage_fails_its_batch_alone() -> None:
@@ -82,12 +84,12 @@ def test_a_failing_stage_fails_its_batch_alone() -> None:
         seen.append(work.payload)
         work.result = work.payload
 
-    pipeline = StagedPipeline("test", [Stage("picky", picky), Stage("last", last)], CpuStreams())
-    futures = [pipeline.submit(i) for i in range(6)]
+    device_stages = DeviceStages("test", [Stage("picky", picky), Stage("last", last)], CpuStreams())
+    futures = [device_stages.submit(i) for i in range(6)]
     with pytest.raises(ValueError, match="batch 3 is bad"):
         futures[3].result(5)
     assert [f.result(5) for i, f in enumerate(futures) if i != 3] == [0, 1, 2, 4, 5]
-    pipeline.close()
+    device_stages.close()
     assert 3 not in seen
 
 
@@ -108,22 +110,22 @@ def test_a_stage_may_run_on_several_threads() -> None:
         work.result = work.values["decoded"]
 
     stages = [Stage("decode", decode, threads=2), Stage("out", out)]
-    pipeline = StagedPipeline("test", stages, CpuStreams())
-    with ThreadPoolExecutor(pipeline.in_flight) as callers:
-        assert list(callers.map(pipeline.run, range(12))) == [i * 10 for i in range(12)]
-    pipeline.close()
+    device_stages = DeviceStages("test", stages, CpuStreams())
+    with ThreadPoolExecutor(device_stages.in_flight) as callers:
+        assert list(callers.map(device_stages.run, range(12))) == [i * 10 for i in range(12)]
+    device_stages.close()
     assert most[0] == 2
 
 
 def test_close_finishes_what_was_submitted_then_refuses() -> None:
-    pipeline = StagedPipeline("test", four(), CpuStreams())
-    futures = [pipeline.submit(i) for i in range(3)]
-    pipeline.close()
+    device_stages = DeviceStages("test", four(), CpuStreams())
+    futures = [device_stages.submit(i) for i in range(3)]
+    device_stages.close()
     assert [f.result(0) for f in futures] == [(i, ["decode", "fit", "forward", "outputs"])
                                               for i in range(3)]  # fmt: skip
-    assert not any(t.is_alive() for t in pipeline._threads)
+    assert not any(t.is_alive() for t in device_stages._threads)
     with pytest.raises(RuntimeError, match="closed"):
-        pipeline.submit(9)
+        device_stages.submit(9)
 
 
 class RecordingStreams:
@@ -169,9 +171,9 @@ def test_each_stage_waits_for_the_previous_stages_event_on_its_own_stream() -> N
         work.result = work.values["pixels"]
 
     streams = RecordingStreams()
-    pipeline = StagedPipeline("test", [Stage("make", make), Stage("use", use)], streams)
-    assert pipeline.run(1) == "tensor"
-    pipeline.close()
+    device_stages = DeviceStages("test", [Stage("make", make), Stage("use", use)], streams)
+    assert device_stages.run(1) == "tensor"
+    device_stages.close()
     waits = [c for c in streams.calls if c[0] == "wait"]
     handed = [c for c in streams.calls if c[0] == "hand_over"]
     first, second = waits[0][1], waits[1][1]
@@ -187,43 +189,43 @@ def test_the_close_names_the_stage_that_held_the_others_back() -> None:
     """A slow stage is busy nearly all the time batches are inside; the pause between two
     bursts (a worker between jobs) is not time any stage could have worked."""
     stages = [sleeper("decode", 0.04), sleeper("fit", 0.005), sleeper("outputs", 0.005)]
-    pipeline = StagedPipeline("test", stages, CpuStreams())
+    device_stages = DeviceStages("test", stages, CpuStreams())
     started = time.perf_counter()
     for _burst in range(2):
-        with ThreadPoolExecutor(pipeline.in_flight) as callers:
-            list(callers.map(pipeline.run, range(10)))
+        with ThreadPoolExecutor(device_stages.in_flight) as callers:
+            list(callers.map(device_stages.run, range(10)))
         time.sleep(0.3)  # empty: starved, but not loaded
-    loaded, shares = pipeline.busy_shares()
+    loaded, shares = device_stages.busy_shares()
     took = time.perf_counter() - started
-    pipeline.close()
+    device_stages.close()
     assert 20 * 0.04 <= loaded <= took - 2 * 0.3, (loaded, took)  # the pauses are not in it
     assert shares["decode"] > 0.8 and shares["fit"] < 0.5, shares
-    assert "decode held the others back" in pipeline.verdict()
+    assert "decode held the others back" in device_stages.verdict()
 
 
-def test_an_unused_pipeline_says_so() -> None:
-    pipeline = StagedPipeline("test", four(), CpuStreams())
-    pipeline.close()
-    assert pipeline.verdict() == "no batch ran"
+def test_unused_device_stages_say_so() -> None:
+    device_stages = DeviceStages("test", four(), CpuStreams())
+    device_stages.close()
+    assert device_stages.verdict() == "no batch ran"
 
 
 def test_the_close_says_when_no_stage_was_the_limit() -> None:
     """One batch at a time: each stage works a part of each batch's trip, none most of it."""
-    pipeline = StagedPipeline("test", four(), CpuStreams())
+    device_stages = DeviceStages("test", four(), CpuStreams())
     for i in range(5):
-        pipeline.run(i)
-    loaded, shares = pipeline.busy_shares()
-    pipeline.close()
+        device_stages.run(i)
+    loaded, shares = device_stages.busy_shares()
+    device_stages.close()
     assert loaded >= 5 * 4 * STEP_S  # each batch's whole trip, one after another
     assert all(0.1 < shares[name] < 0.5 for name in ("decode", "fit", "forward", "outputs"))
     assert shares["device"] < 0.01  # on the CPU a stage's work is done when it returns
-    assert "the batches came slower than it ran them" in pipeline.verdict()
+    assert "the batches came slower than it ran them" in device_stages.verdict()
 
 
-def test_a_batch_put_in_while_the_pipeline_closes_is_answered(
+def test_a_batch_put_in_while_the_device_stages_close_is_answered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A caller held up between its check that the pipeline is open and its put (here: a
+    """A caller held up between its check that the device stages are open and its put (here: a
     slow queue) while `close` runs: its batch still gets its answer, not a wait for ever."""
     import queue as queues
 
@@ -236,15 +238,15 @@ def test_a_batch_put_in_while_the_pipeline_closes_is_answered(
             super().put(item, block, timeout)
 
     monkeypatch.setattr(module.queue, "Queue", SlowPut)
-    pipeline = StagedPipeline("test", [sleeper("only", 0.0)], CpuStreams())
+    device_stages = DeviceStages("test", [sleeper("only", 0.0)], CpuStreams())
     monkeypatch.undo()
     with ThreadPoolExecutor(1) as caller:
-        submitted = caller.submit(pipeline.submit, 7)
+        submitted = caller.submit(device_stages.submit, 7)
         time.sleep(0.05)  # the caller is inside its put
-        pipeline.close(timeout=2)
+        device_stages.close(timeout=2)
         assert submitted.result(2).result(2) == (7, ["only"])
-    assert pipeline.busy_shares()[0] >= 0  # the loaded time balanced: nothing left inside
-    assert pipeline._loaded.inside == 0
+    assert device_stages.busy_shares()[0] >= 0  # the loaded time balanced: nothing left inside
+    assert device_stages._loaded.inside == 0
 
 
 class SlowDevice(CpuStreams):
@@ -262,16 +264,18 @@ def test_the_device_is_named_when_the_last_stage_waits_for_it() -> None:
     """A forward stage that only launches its work looks idle; the last stage's wait for the
     device is counted apart from its own busy seconds, and names the device."""
     stages = [sleeper("forward", 0.002), sleeper("outputs", 0.002)]
-    pipeline = StagedPipeline("test", stages, SlowDevice(0.04))
-    with ThreadPoolExecutor(pipeline.in_flight) as callers:
-        list(callers.map(pipeline.run, range(12)))
-    _loaded, shares = pipeline.busy_shares()
-    stats = pipeline.stats()
-    pipeline.close()
+    device_stages = DeviceStages("test", stages, SlowDevice(0.04))
+    with ThreadPoolExecutor(device_stages.in_flight) as callers:
+        list(callers.map(device_stages.run, range(12)))
+    _loaded, shares = device_stages.busy_shares()
+    stats = device_stages.stats()
+    device_stages.close()
     assert stats["outputs"]["device_s"] >= 12 * 0.04 * 0.9
     assert stats["outputs"]["busy_s"] < 12 * 0.04 / 2  # its own work only
     assert shares["device"] > 0.8, shares
-    assert "the device held the others back (outputs waited for its work)" in pipeline.verdict()
+    assert (
+        "the device held the others back (outputs waited for its work)" in device_stages.verdict()
+    )
 
 
 def test_a_failed_device_wait_fails_its_batch_alone() -> None:
@@ -281,27 +285,29 @@ def test_a_failed_device_wait_fails_its_batch_alone() -> None:
                 raise RuntimeError("CUDA error: an illegal memory access")
 
     faults = ["ok", "bad"]  # popped from the end: the first batch's wait fails
-    pipeline = StagedPipeline("test", [sleeper("forward", 0.0), sleeper("outputs", 0.0)], Faulty())
+    device_stages = DeviceStages(
+        "test", [sleeper("forward", 0.0), sleeper("outputs", 0.0)], Faulty()
+    )
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        pipeline.run(1)
-    assert pipeline.run(2) == (2, ["forward", "outputs"])
-    pipeline.close()
-    assert pipeline._loaded.inside == 0
+        device_stages.run(1)
+    assert device_stages.run(2) == (2, ["forward", "outputs"])
+    device_stages.close()
+    assert device_stages._loaded.inside == 0
 
 
 def test_a_close_past_its_timeout_fails_what_waits_and_the_slow_stage_still_stops() -> None:
     """A stage slower than `close`'s timeout: the batch still queued fails (its caller hears
     of it), the one running finishes, and its thread still finds its stop afterwards."""
-    pipeline = StagedPipeline("test", [sleeper("slow", 0.4)], CpuStreams())
-    running, queued = pipeline.submit(1), pipeline.submit(2)
+    device_stages = DeviceStages("test", [sleeper("slow", 0.4)], CpuStreams())
+    running, queued = device_stages.submit(1), device_stages.submit(2)
     time.sleep(0.05)  # 1 is running, 2 waits in the queue
-    pipeline.close(timeout=0.05)
-    with pytest.raises(RuntimeError, match="pipeline closed"):
+    device_stages.close(timeout=0.05)
+    with pytest.raises(RuntimeError, match="device stages closed"):
         queued.result(1)
     assert running.result(2) == (1, ["slow"])
-    for thread in pipeline._threads:
+    for thread in device_stages._threads:
         thread.join(2)
-    assert not any(t.is_alive() for t in pipeline._threads)
+    assert not any(t.is_alive() for t in device_stages._threads)
 
 
 class FakeTensor:
@@ -372,7 +378,7 @@ def test_what_a_stage_keeps_on_the_host_is_never_handed_over() -> None:
         work.result = (work.values["pixels"], len(work.host["rows"]))
 
     streams = RecordingStreams()
-    pipeline = StagedPipeline("test", [Stage("make", make), Stage("use", use)], streams)
-    assert pipeline.run(1) == ("tensor", 64)
-    pipeline.close()
+    device_stages = DeviceStages("test", [Stage("make", make), Stage("use", use)], streams)
+    assert device_stages.run(1) == ("tensor", 64)
+    device_stages.close()
     assert [c[2] for c in streams.calls if c[0] == "hand_over"] == [[], ["pixels"]]

@@ -1,7 +1,7 @@
-"""The torch calls each stage of an image model's device pipeline makes per batch (issue 38):
+"""The torch calls each stage of an image model's device stages makes per batch (issue 38):
 every torch call releases the GIL, and in the engine's process, where ~40 other threads hold it
 most of the time, each release costs a quarter of a millisecond. So a stage's calls, and the
-tensors the pipeline hands over between streams (`record_stream` on a GPU, one call each), are
+tensors the device stages hands over between streams (`record_stream` on a GPU, one call each), are
 counted here per stage thread with a `TorchFunctionMode`, at batches of 16, 32 and 64: they
 stay the same whatever the batch's length, and at most 16. Attribute reads (`.shape`) go
 through the mode too but do not release the GIL: counted apart, and flat as well.
@@ -105,7 +105,9 @@ def run_torch(where: str) -> None:
             for rows in SIZES:
                 datas = [photo(i, shapes[i % len(shapes)]) for i in range(rows)]
                 batch = [(d, read_header(d, max_pixels=MAX_PIXELS)) for d in datas]
-                answers.setdefault(f"{label} {rows}", []).append(stages.pipeline.run(batch).output)
+                answers.setdefault(f"{label} {rows}", []).append(
+                    stages.device_stages.run(batch).output
+                )
             stages.close()
             report[f"{route}, {label}"] = {
                 stage: per_batch(steps) for stage, steps in streams.steps.items()
@@ -117,7 +119,7 @@ def run_torch(where: str) -> None:
     datas = [photo(i, (64, 48)) for i in range(16)]
     datas[3], datas[9] = turned(datas[3]), turned(datas[9])
     batch = [(d, read_header(d, max_pixels=MAX_PIXELS)) for d in datas]
-    turned_answer = stages.pipeline.run(batch)
+    turned_answer = stages.device_stages.run(batch)
     stages.close()
     report["exif"] = {stage: per_batch(steps) for stage, steps in streams.steps.items()}
     report["views"] = rows_as_views(pre, TorchvisionJpeg(standin_op(op_calls)))
@@ -146,7 +148,7 @@ def rows_as_views(pre: Any, decoder: Any) -> dict[str, bool]:
         stages = ImageStages("t", Engine(), "images", pre, MAX_PIXELS, DeviceOptions(),  # type: ignore[arg-type]
                              decoder=chosen)  # fmt: skip
         answers = [
-            stages.pipeline.run([(d, read_header(d, max_pixels=MAX_PIXELS)) for d in rows])
+            stages.device_stages.run([(d, read_header(d, max_pixels=MAX_PIXELS)) for d in rows])
             for rows in (datas, views)
         ]
         stages.close()

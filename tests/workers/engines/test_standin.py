@@ -163,9 +163,9 @@ def test_kiln_run_goes_through_the_device_stages(tmp_path: Path) -> None:
     assert found["rows"]["post"] == 6 and found["batches"]["post"] == found["batches"]["forward"]
     assert found["busy_s"]["post"] == pytest.approx(standin.POST_S * found["batches"]["post"])
     assert pq.read_table(output).column("detections").to_pylist() == [[]] * 6  # zeros: none
-    [pipeline] = found["pipelines"]
-    assert pipeline["name"] == "detector-device"
-    assert pipeline["stats"]["fit"]["batches"] >= 1
+    [stages] = found["pipelines"]
+    assert stages["name"] == "detector-device"
+    assert stages["stats"]["fit"]["batches"] >= 1
     stages = {s["thread"].rsplit("-", 2)[1] for s in found["stages"]}
     assert stages == {"decode", "fit", "forward", "outputs"}
     assert found["peak_threads"] > 0 and any(t["cpu_s"] > 0 for t in found["threads"])

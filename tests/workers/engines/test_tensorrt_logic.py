@@ -229,7 +229,7 @@ def test_buffer_bytes_for_max_batch(tmp_path: Path) -> None:
     (images,) = batch_profile(onnx_input_shapes(path), 16)
     assert buffer_bytes(images.max, F32.itemsize) == 16 * 3 * 224 * 224 * 4 == 9_633_792
     assert buffer_bytes(images.max, np.dtype(np.float16).itemsize) == 4_816_896
-    # The uint8 NHWC pixels a pipeline feeds before `prepare` fit in the float32 staging.
+    # The uint8 NHWC pixels a predictor feeds before `prepare` fit in the float32 staging.
     assert buffer_bytes((16, 224, 224, 3), 1) < buffer_bytes(images.max, F32.itemsize)
 
 

@@ -204,7 +204,7 @@ def replayed(path: Path, pixels: dict[str, np.ndarray], eager: dict[str, Any]) -
 def staged_halves(
     graphed: Any, pixels: dict[str, np.ndarray], eager: dict[str, Any]
 ) -> dict[str, float]:
-    """A staged pipeline's forward and outputs stages (`forward_tensors`, `outputs_to_host`):
+    """The device stages' forward and outputs stages (`forward_tensors`, `outputs_to_host`):
     through the graphs, each batch's logits are the eager ones, a later batch not seen."""
     import torch
 

@@ -1,4 +1,4 @@
-"""A pipeline's two halves in a test, as a worker drives them: its prep (what a prep process
+"""A predictor's two halves in a test, as a worker drives them: its prep (what a prep process
 runs) writes one input into a slot and a meta row, or returns the object its engine takes; a
 `Batch` is those rows stacked (as `runners.gather` stacks a batch's rows); `outputs` runs
 both halves over inputs with `run_direct` and gives each input's outputs."""
@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kiln.workers.models.base import Batch, Pipeline
+from kiln.workers.models.base import Batch, Predictor
 from kiln.workers.models.direct import answers_of
 from kiln.workers.prep.spec import Prep, PrepSpec, build
 
@@ -19,7 +19,7 @@ _BUILT: dict[str, Prep] = {}
 
 
 class Prepares(Protocol):
-    """What has a prep half: a pipeline, or a family's base class (ImageModelPipeline)."""
+    """What has a prep half: a predictor, or a family's base class (ImageModelPredictor)."""
 
     prep: PrepSpec
 
@@ -42,9 +42,9 @@ class Row:
     made: Any
 
 
-def prepare(pipeline: Prepares, data: bytes | str) -> Row:
-    """One input through the pipeline's prep; a bad input raises its `InputError`."""
-    spec = pipeline.prep
+def prepare(predictor: Prepares, data: bytes | str) -> Row:
+    """One input through the predictor's prep; a bad input raises its `InputError`."""
+    spec = predictor.prep
     layout = spec.layout
     slot = None if layout is None else np.zeros(layout.shape, layout.dtype)
     meta = np.zeros(spec.meta_width, dtype=np.float32)
@@ -63,13 +63,13 @@ def batch_of(rows: Sequence[Row]) -> Batch:
     )
 
 
-def batch(pipeline: Prepares, inputs: Sequence[bytes | str]) -> Batch:
-    return batch_of([prepare(pipeline, data) for data in inputs])
+def batch(predictor: Prepares, inputs: Sequence[bytes | str]) -> Batch:
+    return batch_of([prepare(predictor, data) for data in inputs])
 
 
 def outputs(
-    pipeline: Pipeline, inputs: Sequence[bytes | str], batch: int | None = None
+    predictor: Predictor, inputs: Sequence[bytes | str], batch: int | None = None
 ) -> list[dict[str, Any]]:
     """Each input's outputs (JSON values, as `run_direct` gives them); an input that failed
     (a bad input, a refusal) raises its error."""
-    return answers_of(pipeline, inputs, batch)
+    return answers_of(predictor, inputs, batch)

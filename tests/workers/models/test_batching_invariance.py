@@ -19,9 +19,9 @@ from kiln.app.core.config import Settings
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.classify import ClassifyPipeline
-from kiln.workers.models.detect import DetectorPipeline, model_path
-from kiln.workers.models.image_model import ImageModelPipeline
+from kiln.workers.models.classify import ClassifyPredictor
+from kiln.workers.models.detect import DetectorPredictor, model_path
+from kiln.workers.models.image_model import ImageModelPredictor
 from tests.support import migrated_settings
 from tests.workers.models.halves import batch
 
@@ -68,27 +68,27 @@ def conv_classifier(path: Path, classes: int = 10) -> None:
 
 
 def raw_outputs(
-    pipeline: ImageModelPipeline, inputs: list[bytes], order: list[int]
+    predictor: ImageModelPredictor, inputs: list[bytes], order: list[int]
 ) -> dict[int, Any]:
     """The engine's output row of each input, for one batch of the inputs in `order`."""
-    output, failed = pipeline._output(batch(pipeline, [inputs[i] for i in order]))
+    output, failed = predictor._output(batch(predictor, [inputs[i] for i in order]))
     assert not failed
     return dict(zip(order, output, strict=True))
 
 
-def assert_invariant(pipeline: ImageModelPipeline, inputs: list[bytes]) -> None:
+def assert_invariant(predictor: ImageModelPredictor, inputs: list[bytes]) -> None:
     n = len(inputs)
-    alone = {i: raw_outputs(pipeline, inputs, [i])[i] for i in range(n)}
+    alone = {i: raw_outputs(predictor, inputs, [i])[i] for i in range(n)}
     for order in (list(range(n)), list(reversed(range(n))), [1, 0, 3, 2, 5, 4][:n]):
-        together = raw_outputs(pipeline, inputs, order)
+        together = raw_outputs(predictor, inputs, order)
         for i in range(n):
             np.testing.assert_allclose(together[i], alone[i], atol=TOLERANCE, rtol=0)
 
 
 def test_the_detector_is_batch_invariant(engines: EngineFactory, settings: Settings) -> None:
     engine = engines.build("detector", model_path(), settings.max_batch)
-    pipeline = DetectorPipeline(engine, max_pixels=settings.max_image_pixels)
-    assert_invariant(pipeline, [photo(40 + i) for i in range(6)])
+    predictor = DetectorPredictor(engine, max_pixels=settings.max_image_pixels)
+    assert_invariant(predictor, [photo(40 + i) for i in range(6)])
 
 
 def test_a_classifier_is_batch_invariant(
@@ -98,5 +98,5 @@ def test_a_classifier_is_batch_invariant(
     conv_classifier(path)
     spec = ImageModelSpec(input_size=64, labels=[f"c{i}" for i in range(10)]).as_dict()
     engine = engines.build("conv", path, settings.max_batch)
-    pipeline = ClassifyPipeline("conv", engine, spec, max_pixels=settings.max_image_pixels)
-    assert_invariant(pipeline, [photo(60 + i) for i in range(6)])
+    predictor = ClassifyPredictor("conv", engine, spec, max_pixels=settings.max_image_pixels)
+    assert_invariant(predictor, [photo(60 + i) for i in range(6)])

@@ -15,7 +15,7 @@ from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.base import Refusal, names_of, null_mask, numeric
 from kiln.workers.models.classify import (
     ARGMAX_K,
-    ClassifyPipeline,
+    ClassifyPredictor,
     label_lists,
     shifted_exp,
     softmax,
@@ -170,27 +170,27 @@ def test_a_large_jpeg_is_drafted_to_the_resize_side_not_further() -> None:
 # --- refusals: a top score below the spec's floor is "no answer" ----------------------------
 
 
-def colours(tmp_path: Path, **spec: Any) -> ClassifyPipeline:
+def colours(tmp_path: Path, **spec: Any) -> ClassifyPredictor:
     colour_classifier(tmp_path / "c.onnx")
     engine = OnnxRuntimeEngine(tmp_path / "c.onnx", max_batch=4)
     declared = {"input_size": 32, "labels": ["red", "green", "blue", "dark"], "top_k": 2,
                 "mean": [0, 0, 0], "std": [1, 1, 1], **spec}  # fmt: skip
-    return ClassifyPipeline("colours:1", engine, declared, max_pixels=1 << 24)
+    return ClassifyPredictor("colours:1", engine, declared, max_pixels=1 << 24)
 
 
-def answer(pipeline: ClassifyPipeline, data: bytes) -> dict[str, Any]:
-    (found,) = outputs(pipeline, [data])
+def answer(predictor: ClassifyPredictor, data: bytes) -> dict[str, Any]:
+    (found,) = outputs(predictor, [data])
     return found
 
 
 def test_a_score_below_the_floor_is_a_refusal(tmp_path: Path) -> None:
-    pipeline = colours(tmp_path, refuse_below=0.5)
-    assert answer(pipeline, solid((250, 5, 5)))["labels"][0]["label"] == "red"
+    predictor = colours(tmp_path, refuse_below=0.5)
+    assert answer(predictor, solid((250, 5, 5)))["labels"][0]["label"] == "red"
     with pytest.raises(Refusal) as refusal:
-        answer(pipeline, solid((128, 128, 128)))  # red, green and blue alike: a third each
+        answer(predictor, solid((128, 128, 128)))  # red, green and blue alike: a third each
     assert str(refusal.value) == "Refused: the top score 0.3333 is below the model's floor 0.5."
     assert isinstance(refusal.value, InputError)  # without a fallback, the item fails with it
-    red, grey = run_direct(pipeline, [solid((250, 5, 5)), solid((128, 128, 128))])
+    red, grey = run_direct(predictor, [solid((250, 5, 5)), solid((128, 128, 128))])
     assert isinstance(red, dict) and red["labels"][0]["label"] == "red"  # in the same batch
     assert isinstance(grey, Refusal) and str(grey) == str(refusal.value)
 

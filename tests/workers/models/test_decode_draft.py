@@ -15,8 +15,8 @@ from bench.inputs import jpeg
 from kiln.app.model_spec import ImageModelSpec
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.base import Batch
-from kiln.workers.models.classify import ClassifyPipeline, softmax
-from kiln.workers.models.detect import DetectorPipeline, model_path
+from kiln.workers.models.classify import ClassifyPredictor, softmax
+from kiln.workers.models.detect import DetectorPredictor, model_path
 from kiln.workers.prep.images import FIT_WIDTH, placement_row
 from kiln.workers.prep.pixels import Decoded, center_crop, decode_image, letterbox
 from tests.workers.models.halves import Row, batch_of, prep_of, prepare
@@ -32,15 +32,15 @@ def full_decode(data: bytes) -> Decoded:
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory: pytest.TempPathFactory) -> ClassifyPipeline:
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> ClassifyPredictor:
     path = tmp_path_factory.mktemp("conv") / "conv.onnx"
     conv_classifier(path)
     spec = ImageModelSpec(input_size=64, labels=[f"c{i}" for i in range(10)]).as_dict()
     engine = OnnxRuntimeEngine(Path(path), max_batch=8)
-    return ClassifyPipeline("conv", engine, spec, max_pixels=MAX_PIXELS)
+    return ClassifyPredictor("conv", engine, spec, max_pixels=MAX_PIXELS)
 
 
-def probabilities(classifier: ClassifyPipeline, pixels: list[np.ndarray]) -> np.ndarray:
+def probabilities(classifier: ClassifyPredictor, pixels: list[np.ndarray]) -> np.ndarray:
     """The classifier's probabilities for fitted pixels, as its `infer` computes them."""
     logits, failed = classifier._run(
         Batch(np.stack(pixels), np.zeros((len(pixels), FIT_WIDTH), np.float32))
@@ -49,7 +49,7 @@ def probabilities(classifier: ClassifyPipeline, pixels: list[np.ndarray]) -> np.
     return softmax(logits)
 
 
-def test_classifier_top_1_is_the_full_decodes(classifier: ClassifyPipeline) -> None:
+def test_classifier_top_1_is_the_full_decodes(classifier: ClassifyPredictor) -> None:
     """1024×768 for a 64 crop (resize side 73): decoded at 1/8, 128×96."""
     inputs = [jpeg(seed, (1024, 768)) for seed in range(6)]
     drafted = [prepare(classifier, data).slot for data in inputs]
@@ -69,7 +69,7 @@ def test_classifier_top_1_is_the_full_decodes(classifier: ClassifyPipeline) -> N
 def test_detector_scores_match_the_full_decode() -> None:
     """640×480 for the 320 detector: decoded at 1/2, exactly the fitted 320×240."""
     engine = OnnxRuntimeEngine(model_path(), max_batch=8)
-    detector = DetectorPipeline(engine, max_pixels=MAX_PIXELS)
+    detector = DetectorPredictor(engine, max_pixels=MAX_PIXELS)
     inputs = [jpeg(seed, (640, 480)) for seed in range(3)]
     drafted = [prepare(detector, data) for data in inputs]
     full = []

@@ -14,7 +14,7 @@ from PIL import Image
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
-from kiln.workers.models.detect import YoloPipeline, decode_yolo
+from kiln.workers.models.detect import YoloPredictor, decode_yolo
 from kiln.workers.prep.pixels import Letterbox, Squash
 from tests.support import migrated_settings
 from tests.workers.models.halves import batch, outputs
@@ -37,14 +37,14 @@ def engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> EngineFactory:
 
 def detector(
     engines: EngineFactory, tmp_path: Path, layout: str = "NCHW", **spec: Any
-) -> YoloPipeline:
+) -> YoloPredictor:
     path = tiny_yolo(tmp_path / f"yolo-{layout}.onnx", layout=layout)
     stored = ImageModelSpec(input_size=SIZE, labels=LABELS, layout=layout, **spec).stored("detect")
     engine = engines.build("boxes:1", path, max_batch=8)
-    return YoloPipeline("boxes:1", engine, stored, max_pixels=MAX_PIXELS)
+    return YoloPredictor("boxes:1", engine, stored, max_pixels=MAX_PIXELS)
 
 
-def detect(pipe: YoloPipeline, images: list[bytes]) -> list[list[dict[str, Any]]]:
+def detect(pipe: YoloPredictor, images: list[bytes]) -> list[list[dict[str, Any]]]:
     return [found["detections"] for found in outputs(pipe, images)]
 
 
@@ -101,7 +101,7 @@ def test_a_batch_of_the_wrong_width_fails(engines: EngineFactory, tmp_path: Path
     """A detector registered with other labels than its graph scores: every batch fails."""
     path = tiny_yolo(tmp_path / "yolo.onnx")
     spec = ImageModelSpec(input_size=SIZE, labels=["a", "b", "c"]).stored("detect")
-    pipe = YoloPipeline("boxes:1", engines.build("boxes:1", path, 8), spec, max_pixels=MAX_PIXELS)
+    pipe = YoloPredictor("boxes:1", engines.build("boxes:1", path, 8), spec, max_pixels=MAX_PIXELS)
     with pytest.raises(ValueError, match=r"returned shape \[1, 6, 3\], not \[N, 7, anchors\]"):
         pipe.infer(batch(pipe, [png((32, 32), (0, 0, 0))]))
 

@@ -18,7 +18,7 @@ from kiln.app.core.errors import InputError
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.direct import run_direct
-from kiln.workers.models.embed import EmbedPipeline, fields, l2_normalize
+from kiln.workers.models.embed import EmbedPredictor, fields, l2_normalize
 from tests.support import migrated_settings
 from tests.workers.models.halves import batch, outputs, prepare
 
@@ -81,18 +81,18 @@ def spec(**overrides: Any) -> dict[str, Any]:
     }
 
 
-def pipeline(engines: EngineFactory, path: Path, **overrides: Any) -> EmbedPipeline:
+def predictor(engines: EngineFactory, path: Path, **overrides: Any) -> EmbedPredictor:
     engine = engines.build("embedder", path, max_batch=16)
-    return EmbedPipeline("embedder", engine, spec(**overrides), max_pixels=10_000_000)
+    return EmbedPredictor("embedder", engine, spec(**overrides), max_pixels=10_000_000)
 
 
-def embed(pipe: EmbedPipeline, images: list[bytes]) -> list[np.ndarray]:
+def embed(pipe: EmbedPredictor, images: list[bytes]) -> list[np.ndarray]:
     """Each image's vector, as the item's outputs give it (a list of floats)."""
     return [np.asarray(found["embedding"]) for found in outputs(pipe, images)]
 
 
-def stored_type(pipe: EmbedPipeline) -> pa.DataType:
-    """What the pipeline's vectors are, as its answers hold them."""
+def stored_type(pipe: EmbedPredictor) -> pa.DataType:
+    """What the predictor's vectors are, as its answers hold them."""
     return pipe.infer(batch(pipe, IMAGES[:2])).columns["embedding"].type
 
 
@@ -100,7 +100,7 @@ IMAGES = [photo(seed, size=(64 + 16 * seed, 48 + 8 * seed)) for seed in range(6)
 
 
 def test_vectors_are_unit_length_float32(engines: EngineFactory, tmp_path: Path) -> None:
-    pipe = pipeline(engines, embedder(tmp_path / "e.onnx"))
+    pipe = predictor(engines, embedder(tmp_path / "e.onnx"))
     assert stored_type(pipe) == pa.list_(pa.float32())
     found = outputs(pipe, IMAGES)
     vectors = [np.asarray(f["embedding"]) for f in found]
@@ -112,7 +112,7 @@ def test_vectors_are_unit_length_float32(engines: EngineFactory, tmp_path: Path)
 
 
 def test_a_vector_does_not_depend_on_its_batch(engines: EngineFactory, tmp_path: Path) -> None:
-    pipe = pipeline(engines, embedder(tmp_path / "e.onnx"))
+    pipe = predictor(engines, embedder(tmp_path / "e.onnx"))
     in_batch = embed(pipe, IMAGES)
     for image, batched in zip(IMAGES, in_batch, strict=True):
         (alone,) = embed(pipe, [image])
@@ -121,8 +121,8 @@ def test_a_vector_does_not_depend_on_its_batch(engines: EngineFactory, tmp_path:
 
 def test_float16_storage_when_asked(engines: EngineFactory, tmp_path: Path) -> None:
     path = embedder(tmp_path / "e.onnx")
-    full = embed(pipeline(engines, path), IMAGES)
-    narrow_pipe = pipeline(engines, path, fp16=True)
+    full = embed(predictor(engines, path), IMAGES)
+    narrow_pipe = predictor(engines, path, fp16=True)
     assert stored_type(narrow_pipe) == pa.list_(pa.float16())
     half = embed(narrow_pipe, IMAGES)
     for wide, narrow in zip(full, half, strict=True):
@@ -133,21 +133,21 @@ def test_float16_storage_when_asked(engines: EngineFactory, tmp_path: Path) -> N
 
 def test_nhwc_layout_gives_the_same_vectors(engines: EngineFactory, tmp_path: Path) -> None:
     """The same weights behind an NHWC input (transposed in the graph) see the same pixels."""
-    nchw = embed(pipeline(engines, embedder(tmp_path / "a.onnx")), IMAGES)
+    nchw = embed(predictor(engines, embedder(tmp_path / "a.onnx")), IMAGES)
     nhwc_path = embedder(tmp_path / "b.onnx", layout="NHWC")
-    nhwc = embed(pipeline(engines, nhwc_path, layout="NHWC"), IMAGES)
+    nhwc = embed(predictor(engines, nhwc_path, layout="NHWC"), IMAGES)
     np.testing.assert_allclose(np.stack(nhwc), np.stack(nchw), atol=1e-5)
 
 
 def test_a_model_with_float16_input_is_fed_float16(engines: EngineFactory, tmp_path: Path) -> None:
-    wide = embed(pipeline(engines, embedder(tmp_path / "a.onnx")), IMAGES)
-    narrow = embed(pipeline(engines, embedder(tmp_path / "b.onnx", half=True)), IMAGES)
+    wide = embed(predictor(engines, embedder(tmp_path / "a.onnx")), IMAGES)
+    narrow = embed(predictor(engines, embedder(tmp_path / "b.onnx", half=True)), IMAGES)
     np.testing.assert_allclose(np.stack(narrow), np.stack(wide), atol=2e-3)
 
 
 def test_a_zero_output_stays_zero(engines: EngineFactory, tmp_path: Path) -> None:
     path = embedder(tmp_path / "e.onnx", weights=np.zeros((DIM, 3), np.float32))
-    (vector,) = embed(pipeline(engines, path), [solid((10, 20, 30))])
+    (vector,) = embed(predictor(engines, path), [solid((10, 20, 30))])
     assert np.array_equal(vector, np.zeros(DIM, np.float32))
 
 
@@ -166,11 +166,11 @@ def test_a_model_of_another_size_than_registered_is_refused(
 ) -> None:
     engine = engines.build("embedder", embedder(tmp_path / "e.onnx"), max_batch=4)
     with pytest.raises(ValueError, match="outputs 8 values per image, but was registered"):
-        EmbedPipeline("embedder", engine, spec(dim=16), max_pixels=1_000_000)
+        EmbedPredictor("embedder", engine, spec(dim=16), max_pixels=1_000_000)
 
 
 def test_bad_inputs_are_input_errors(engines: EngineFactory, tmp_path: Path) -> None:
-    pipe = pipeline(engines, embedder(tmp_path / "e.onnx"))
+    pipe = predictor(engines, embedder(tmp_path / "e.onnx"))
     with pytest.raises(InputError, match="images, not text"):
         prepare(pipe, "a caption")
     with pytest.raises(InputError):
@@ -185,7 +185,7 @@ def test_bad_inputs_are_input_errors(engines: EngineFactory, tmp_path: Path) -> 
 def test_fields_hold_the_vectors_in_parquet(
     engines: EngineFactory, tmp_path: Path, fp16: bool, item: pa.DataType
 ) -> None:
-    pipe = pipeline(engines, embedder(tmp_path / "e.onnx"), fp16=fp16)
+    pipe = predictor(engines, embedder(tmp_path / "e.onnx"), fp16=fp16)
     columns = fields(spec(fp16=fp16))
     assert columns[0] == pa.field("embedding", pa.list_(item))
     answers = pipe.infer(batch(pipe, IMAGES[:3]))

@@ -14,7 +14,7 @@ from PIL import Image
 from devstack.images import photo
 from kiln.app.model_spec import IMAGENET_MEAN, IMAGENET_STD, ImageModelSpec
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
-from kiln.workers.models.classify import ClassifyPipeline
+from kiln.workers.models.classify import ClassifyPredictor
 from kiln.workers.prep.pixels import center_crop, decode_image
 from tests.workers.models.halves import batch, prep_of, prepare
 from tests.workers.models.yolo import identity_model
@@ -38,7 +38,7 @@ def fed(tmp_path: Path, stored: dict[str, Any], images: list[bytes]) -> np.ndarr
     layout = str(stored.get("layout", "NCHW"))
     path = identity_model(tmp_path / f"identity-{layout}.onnx", layout=layout, size=SIZE)
     engine = OnnxRuntimeEngine(path, max_batch=8)
-    pipe = ClassifyPipeline("identity", engine, stored, max_pixels=MAX_PIXELS)
+    pipe = ClassifyPredictor("identity", engine, stored, max_pixels=MAX_PIXELS)
     output, failed = pipe._output(batch(pipe, images))
     assert not failed
     return output
@@ -146,7 +146,7 @@ def test_a_bicubic_jpeg_is_still_drafted(tmp_path: Path) -> None:
     """A 1024×768 JPEG for a 16 px bicubic crop decodes at 1/8 scale, close to a full decode."""
     data = photo(5, size=(1024, 768))
     engine = OnnxRuntimeEngine(identity_model(tmp_path / "i.onnx", size=SIZE), max_batch=8)
-    pipe = ClassifyPipeline(
+    pipe = ClassifyPredictor(
         "identity", engine, declared(resize_filter="bicubic", crop_ratio=1.0), max_pixels=MAX_PIXELS
     )
     sizer = prep_of(pipe.prep)._sizer  # type: ignore[attr-defined]  # what prep drafts to

@@ -23,7 +23,7 @@ from kiln.workers.batching import Batcher, BatchPolicy, Part
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.base import Answers, AnswersShape, Rows
 from kiln.workers.models.direct import outcomes_of
-from kiln.workers.models.ocr import OcrPipeline
+from kiln.workers.models.ocr import OcrPredictor
 from kiln.workers.models.ocr_config import load_config
 from kiln.workers.models.ocr_det import MAX_DET_SIDE, Page, padding, to_original
 from kiln.workers.models.ocr_lines import (
@@ -69,26 +69,26 @@ EXAMPLES = {
 }
 
 
-# --- driving the pipeline as a chunk does --------------------------------------------------
+# --- driving the predictor as a chunk does --------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OcrPipeline]:
+def predictor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OcrPredictor]:
     with pytest.MonkeyPatch.context() as monkeypatch:
         # A partial line batch waits this long only while announced rows are still coming.
         settings = migrated_settings(tmp_path_factory.mktemp("ocr"), monkeypatch, max_delay_ms=300)
     engines = EngineFactory(settings, LocalStore.from_url(settings.storage_url))
-    ocr = OcrPipeline(engines, max_pixels=settings.max_image_pixels)
+    ocr = OcrPredictor(engines, max_pixels=settings.max_image_pixels)
     yield ocr
     ocr.close()
 
 
-def read_alone(ocr: OcrPipeline, data: bytes) -> dict[str, Any]:
+def read_alone(ocr: OcrPredictor, data: bytes) -> dict[str, Any]:
     (found,) = outputs(ocr, [data])
     return found
 
 
-def read_together(ocr: OcrPipeline, images: list[bytes], chunks: int) -> list[dict[str, Any]]:
+def read_together(ocr: OcrPredictor, images: list[bytes], chunks: int) -> list[dict[str, Any]]:
     """`chunks` threads, each preparing its share into one block submitted through one Batcher
     around `infer` (as a worker's runtime makes it: equal shapes share detector calls), then
     finishing its block, all at once.
@@ -170,8 +170,8 @@ def pages() -> list[tuple[list[str], bytes]]:
 
 
 @pytest.fixture(scope="module")
-def alone(pipeline: OcrPipeline, pages: list[tuple[list[str], bytes]]) -> list[dict[str, Any]]:
-    return [read_alone(pipeline, data) for _, data in pages]
+def alone(predictor: OcrPredictor, pages: list[tuple[list[str], bytes]]) -> list[dict[str, Any]]:
+    return [read_alone(predictor, data) for _, data in pages]
 
 
 def words_found(expected: list[str], outputs: dict[str, Any]) -> int:
@@ -190,11 +190,11 @@ def test_rendered_words_are_read_exactly(
 
 
 def test_outputs_do_not_depend_on_the_other_images_in_flight(
-    pipeline: OcrPipeline, pages: list[tuple[list[str], bytes]], alone: list[dict[str, Any]]
+    predictor: OcrPredictor, pages: list[tuple[list[str], bytes]], alone: list[dict[str, Any]]
 ) -> None:
-    before = pipeline.rec_batcher.snapshot().size_counts
-    together = read_together(pipeline, [data for _, data in pages], chunks=6)
-    sizes = pipeline.rec_batcher.snapshot().size_counts - before
+    before = predictor.rec_batcher.snapshot().size_counts
+    together = read_together(predictor, [data for _, data in pages], chunks=6)
+    sizes = predictor.rec_batcher.snapshot().size_counts - before
     most_lines = max(len(out["lines"]) for out in alone)
     assert max(sizes) > most_lines  # some recogniser batch held lines of several images
     for one, other in zip(alone, together, strict=True):
@@ -209,12 +209,12 @@ def assert_same_reading(one: dict[str, Any], other: dict[str, Any]) -> None:
         np.testing.assert_allclose(a["box"], b["box"], atol=1e-4)
 
 
-def test_upside_down_lines_are_turned_by_the_classifier(pipeline: OcrPipeline) -> None:
+def test_upside_down_lines_are_turned_by_the_classifier(predictor: OcrPredictor) -> None:
     words = ["Thursday", "parking", "November", "example"]
     data = word_page(words, "DejaVuSans-Bold.ttf", 28, seed=2)
     turned = io.BytesIO()
     Image.open(io.BytesIO(data)).rotate(180).save(turned, "PNG")
-    out = read_alone(pipeline, turned.getvalue())
+    out = read_alone(predictor, turned.getvalue())
     assert sorted(line["text"] for line in out["lines"]) == sorted(words)
 
 
@@ -222,9 +222,9 @@ def test_upside_down_lines_are_turned_by_the_classifier(pipeline: OcrPipeline) -
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_examples_read_as_before(pipeline: OcrPipeline, name: str) -> None:
+def test_examples_read_as_before(predictor: OcrPredictor, name: str) -> None:
     data = (ROOT / "examples" / name).read_bytes()
-    out = read_alone(pipeline, data)
+    out = read_alone(predictor, data)
     assert [line["text"].replace(" ", "") for line in out["lines"]] == EXAMPLES[name]
     assert out["text"] == "\n".join(line["text"] for line in out["lines"])
     width, height = Image.open(io.BytesIO(data)).size
@@ -236,13 +236,13 @@ def test_examples_read_as_before(pipeline: OcrPipeline, name: str) -> None:
 
 # 5.5×: over the working image's 2,000 px side, so shrunk before detection.
 @pytest.mark.parametrize(("factor", "fmt"), [(2, "PNG"), (5.5, "JPEG")])
-def test_boxes_are_in_original_pixels(pipeline: OcrPipeline, factor: float, fmt: str) -> None:
+def test_boxes_are_in_original_pixels(predictor: OcrPredictor, factor: float, fmt: str) -> None:
     data = (ROOT / "examples" / "poster.png").read_bytes()
-    small = read_alone(pipeline, data)
+    small = read_alone(predictor, data)
     image = Image.open(io.BytesIO(data))
     big = io.BytesIO()
     image.resize((round(image.width * factor), round(image.height * factor))).save(big, fmt)
-    large = read_alone(pipeline, big.getvalue())
+    large = read_alone(predictor, big.getvalue())
     assert [line["text"] for line in large["lines"]] == [line["text"] for line in small["lines"]]
     for a, b in zip(small["lines"], large["lines"], strict=True):
         np.testing.assert_allclose(np.array(b["box"]) / factor, a["box"], atol=6)
@@ -251,21 +251,21 @@ def test_boxes_are_in_original_pixels(pipeline: OcrPipeline, factor: float, fmt:
 # --- bad input and empty images ----------------------------------------------------------------
 
 
-def test_non_image_input_fails_with_a_sentence(pipeline: OcrPipeline) -> None:
+def test_non_image_input_fails_with_a_sentence(predictor: OcrPredictor) -> None:
     with pytest.raises(InputError, match=r"neither an image nor a video Kiln can read\.$"):
-        prepare(pipeline, b"these are not pixels")
+        prepare(predictor, b"these are not pixels")
     with pytest.raises(InputError, match="takes images, not text"):
-        prepare(pipeline, "hello")
+        prepare(predictor, "hello")
 
 
-def test_a_needle_thin_image_fails_with_a_sentence(pipeline: OcrPipeline) -> None:
+def test_a_needle_thin_image_fails_with_a_sentence(predictor: OcrPredictor) -> None:
     with pytest.raises(InputError, match="too thin to read text from"):
-        prepare(pipeline, solid((255, 255, 255), size=(20_000, 1)))
+        prepare(predictor, solid((255, 255, 255), size=(20_000, 1)))
 
 
 @pytest.mark.parametrize("data", [solid((255, 255, 255), (640, 480)), solid((30, 30, 30))])
-def test_an_image_without_text_gives_empty_outputs(pipeline: OcrPipeline, data: bytes) -> None:
-    assert read_alone(pipeline, data) == {"text": "", "lines": []}
+def test_an_image_without_text_gives_empty_outputs(predictor: OcrPredictor, data: bytes) -> None:
+    assert read_alone(predictor, data) == {"text": "", "lines": []}
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -285,8 +285,8 @@ def test_thin_or_short_images_are_padded_like_rapidocr() -> None:
     assert padding(60, 800, config) == 70  # wider than 8:1: padded to 2 × width / 8
 
 
-def test_strips_are_padded_to_their_own_bucket(pipeline: OcrPipeline) -> None:
-    reader = pipeline.reader
+def test_strips_are_padded_to_their_own_bucket(predictor: OcrPredictor) -> None:
+    reader = predictor.reader
     short = reader.rec_strip(np.zeros((20, 60, 3), dtype=np.uint8))
     assert (short.pixels.shape, short.width) == ((48, 144, 3), 320)
     long = reader.rec_strip(np.zeros((20, 200, 3), dtype=np.uint8))
@@ -309,11 +309,11 @@ def test_strips_are_padded_to_their_own_bucket(pipeline: OcrPipeline) -> None:
     ],
 )
 def test_detector_inputs_stay_in_range(
-    pipeline: OcrPipeline, size: tuple[int, int], expected: tuple[int, int]
+    predictor: OcrPredictor, size: tuple[int, int], expected: tuple[int, int]
 ) -> None:
     width, height = size
-    page = pipeline.detection.page(Decoded(Image.new("RGB", size, "white"), width, height))
-    pixels = pipeline.detection.input(page)
+    page = predictor.detection.page(Decoded(Image.new("RGB", size, "white"), width, height))
+    pixels = predictor.detection.input(page)
     assert pixels.shape == (*expected, 3) and pixels.dtype == np.uint8
     assert max(pixels.shape[:2]) <= MAX_DET_SIDE
 
@@ -332,10 +332,10 @@ def test_group_indices_keeps_first_seen_order() -> None:
     assert group_indices([]) == []
 
 
-def test_a_drafted_jpeg_maps_to_its_full_size(pipeline: OcrPipeline) -> None:
+def test_a_drafted_jpeg_maps_to_its_full_size(predictor: OcrPredictor) -> None:
     # JPEG drafts decode at 1/2, 1/4 or 1/8 scale; `Decoded` keeps the full size.
     decoded = Decoded(Image.new("RGB", (400, 40), "white"), width=1600, height=160)
-    page = pipeline.detection.page(decoded)
+    page = predictor.detection.page(decoded)
     assert page.image.shape == (100, 400, 3)  # 10:1 is wider than 8:1: padded to 2 × 400 / 8
     assert (page.top, page.scale_x, page.scale_y) == (30, 4.0, 4.0)
     assert (page.width, page.height) == (1600, 160)

@@ -25,7 +25,7 @@ from kiln.workers.models.hamming import close_pairs
 from kiln.workers.models.loader import job_closed
 from kiln.workers.models.phash import (
     DEFAULT_MAX_DISTANCE,
-    PhashPipeline,
+    PhashPredictor,
     close_job,
     near_duplicate_groups,
 )
@@ -144,8 +144,8 @@ class Corpus:
         return (int(ha, 16) ^ int(hb, 16)).bit_count()
 
 
-def hash_all(pipeline: PhashPipeline, items: list[bytes]) -> list[str]:
-    return [found["phash"] for found in outputs(pipeline, items)]
+def hash_all(predictor: PhashPredictor, items: list[bytes]) -> list[str]:
+    return [found["phash"] for found in outputs(predictor, items)]
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def corpus() -> Corpus:
             keys.append(key)
             items.append(data)
             source[key] = seed
-    return Corpus(keys, hash_all(PhashPipeline(max_pixels=10_000_000), items), source)
+    return Corpus(keys, hash_all(PhashPredictor(max_pixels=10_000_000), items), source)
 
 
 def test_the_generated_originals_are_distinct(corpus: Corpus) -> None:
@@ -211,32 +211,32 @@ def test_the_hash_is_imagehash_phash_of_the_image() -> None:
     or in a batch."""
     datas = [encode(original(seed)) for seed in (7, 8, 9)]
     expected = [str(imagehash.phash(Image.open(io.BytesIO(data)))) for data in datas]
-    pipeline = PhashPipeline(max_pixels=10_000_000)
-    (ours,) = hash_all(pipeline, datas[:1])
+    predictor = PhashPredictor(max_pixels=10_000_000)
+    (ours,) = hash_all(predictor, datas[:1])
     assert ours == expected[0]
     assert len(ours) == 16 and int(ours, 16) >= 0
-    assert hash_all(pipeline, datas) == expected
+    assert hash_all(predictor, datas) == expected
 
 
 def test_a_large_jpeg_decoded_at_reduced_scale_hashes_like_a_full_decode() -> None:
-    pipeline = PhashPipeline(max_pixels=50_000_000)
+    predictor = PhashPredictor(max_pixels=50_000_000)
     distances = []
     for seed in range(8):
         data = photo(seed, size=(3000, 2000))
-        (ours,) = hash_all(pipeline, [data])
+        (ours,) = hash_all(predictor, [data])
         full = str(imagehash.phash(Image.open(io.BytesIO(data))))
         distances.append((int(ours, 16) ^ int(full, 16)).bit_count())
     assert max(distances) <= 2, distances
 
 
 def test_bad_inputs_are_input_errors() -> None:
-    pipeline = PhashPipeline(max_pixels=1_000_000)
+    predictor = PhashPredictor(max_pixels=1_000_000)
     with pytest.raises(InputError, match="images, not text"):
-        prepare(pipeline, "a caption")
+        prepare(predictor, "a caption")
     with pytest.raises(InputError):
-        prepare(pipeline, truncated_jpeg())
+        prepare(predictor, truncated_jpeg())
     with pytest.raises(InputError, match="over the limit"):
-        prepare(pipeline, photo(0, size=(2000, 1000)))
+        prepare(predictor, photo(0, size=(2000, 1000)))
 
 
 def h(value: int) -> str:

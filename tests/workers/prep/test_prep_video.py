@@ -18,7 +18,7 @@ from PIL import Image
 from kiln.app.core.config import Settings
 from kiln.app.storage.local import LocalStore
 from kiln.app.video import Sampling, VideoLimits
-from kiln.workers.models.phash import PhashPipeline
+from kiln.workers.models.phash import PhashPredictor
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.process import PrepWorker
 from kiln.workers.prep.settings import PrepSettings
@@ -53,7 +53,7 @@ def worker(settings: Settings) -> Iterator[PrepWorker]:
 @pytest.fixture
 def phash(settings: Settings) -> PrepSpec:
     """The built-in phash model's prep: a 32×32 greyscale slot per item."""
-    return PhashPipeline(max_pixels=settings.max_image_pixels).prep
+    return PhashPredictor(max_pixels=settings.max_image_pixels).prep
 
 
 @pytest.fixture

@@ -149,11 +149,11 @@ def test_a_family_of_encoded_files_gets_byte_slots() -> None:
     from kiln.workers.prep.spec import prep_spec
     from kiln.workers.runners.sizing import lender
 
-    class Pipeline:
+    class Predictor:
         prep = prep_spec("kiln.workers.prep.images:HeaderPrep", {"max_pixels": 1}, byte_slots=True)
 
     info = ModelInfo("gpu-decoded", "classify", "image", "", builtin=True, version="1")
-    made = lender(info, Pipeline(), 32, 2, 2)  # type: ignore[arg-type]
+    made = lender(info, Predictor(), 32, 2, 2)  # type: ignore[arg-type]
     try:
         assert isinstance(made, ByteSlots) and made.size == BYTE_SLOT
         assert made.count >= 32 + 32  # a batch and a unit, at least

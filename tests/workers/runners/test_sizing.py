@@ -1,6 +1,6 @@
 """A loaded model's batch under `max_batch=auto` (`runners/sizing.py`): its GPU engine's sweep
-is read by the rule for what feeds it — the knee for Batcher runners, the pipeline's rule for a
-staged device pipeline (`engines/batch_size.py`, tested on tables there)."""
+is read by the rule for what feeds it — the knee for Batcher runners, `for_device_stages` for
+the device stages (`engines/batch_size.py`, tested on tables there)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from kiln.workers.runners import sizing
 
 
-class Pipeline:
+class Predictor:
     max_batch = 256
 
     def __init__(self, in_flight: int | None) -> None:
         if in_flight is not None:
-            self.in_flight = in_flight  # a pipeline without it is not staged at all
+            self.in_flight = in_flight  # a predictor without it is not staged at all
 
 
 @pytest.mark.parametrize(("in_flight", "staged"), [(13, True), (0, False), (None, False)])
@@ -35,6 +35,6 @@ def test_the_sweep_is_read_for_what_feeds_the_engine(
     engine = SimpleNamespace(backend="torch:cuda")
     engines = SimpleNamespace(built=[SimpleNamespace(engine=engine)], host=SimpleNamespace(gpus=()))
     info = SimpleNamespace(ref="resnet@1", cache_key="abc")
-    chosen = sizing.batch_size(settings, info, Pipeline(in_flight), engines)  # type: ignore[arg-type]
+    chosen = sizing.batch_size(settings, info, Predictor(in_flight), engines)  # type: ignore[arg-type]
     assert chosen == 64
     assert asked == [{"cap": 256, "staged": staged}]

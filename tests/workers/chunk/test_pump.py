@@ -193,7 +193,7 @@ def test_a_cancel_stops_units_in_prep_unsent_and_queued_but_not_the_batch_runnin
     block = announced.blocks[0][1]
     announced.to_withdraw = {block: 1}  # row 0 is in a batch already, row 1 is not
     step.held.stop(step.held.cancelled)
-    until(lambda: announced.withdrawn)
+    until(lambda: rows.cancelled[1])  # the last the stop marks
     assert rows.cancelled.tolist() == [False, True, False, False, True, True, True, True]
     prep.sent[1][2].set_result(ok(prep.sent[1][0]))  # back after the cancel
     withdrawn = "The job was cancelled."  # as the Batcher fails a withdrawn row

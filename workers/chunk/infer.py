@@ -17,7 +17,8 @@ from kiln.app.core.errors import TransientError
 from kiln.app.db import content_cache as cache_rows
 from kiln.app.families.fallback import FAILED
 from kiln.workers.chunk import content_cache
-from kiln.workers.chunk.answer import ModelPass, drop_held, read_all, run_model
+from kiln.workers.chunk.answer import drop_held, read_all, run_model
+from kiln.workers.chunk.pump import ModelPass
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.close.fallback import Fallback

@@ -21,7 +21,8 @@ from kiln.app.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.db.leases import LeasedItem
-from kiln.workers.chunk.answer import ModelPass, run_model
+from kiln.workers.chunk.answer import run_model
+from kiln.workers.chunk.pump import ModelPass
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.models.base import Answers, Batch
 from kiln.workers.ops.keeper import Held

@@ -7,9 +7,9 @@ content cache) answered and their output columns; a row no piece answered has nu
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -55,25 +55,60 @@ class Piece:
         return pa.table(small).to_pylist() if small else [{} for _ in range(len(self.rows))]
 
 
-class ChunkRows:
-    """The chunk's rows: inputs, what happened to each, and the answers' columns."""
+def _nones(n: int) -> list[Any]:
+    return [None] * n
 
-    def __init__(self, items: Sequence[LeasedItem]) -> None:
-        n = len(items)
-        self.items = list(items)
-        self.errors: list[str | None] = [None] * n
-        self.failure: list[Trigger | None] = [None] * n  # why a fallback may take the row
+
+def _flags(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=bool)
+
+
+def _stage_seconds(n: int) -> np.ndarray:
+    return np.zeros((n, len(STAGES_MS)), dtype=np.float64)
+
+
+class ChunkRows:
+    """The chunk's rows: inputs, what happened to each, and the answers' pieces.
+
+    Every per-row column is named once, in `COLUMNS`, with what makes it empty for n rows:
+    `__init__` makes each and `without` copies each, so a column added there cannot be left
+    out of a copy (and one set anywhere else fails `tests/workers/chunk/test_rows.py`)."""
+
+    COLUMNS: ClassVar[dict[str, Callable[[int], Any]]] = {
+        "errors": _nones,
+        "failure": _nones,  # why a fallback may take the row
         # A failure that says nothing of the input (its model would not load, its attempts ran
         # out): a pipeline's rerun tries it again rather than keeping it as a known failure.
-        self.blameless = np.zeros(n, dtype=bool)
-        self.cancelled = np.zeros(n, dtype=bool)
-        self.cached = np.zeros(n, dtype=bool)
-        self.sha256: list[str | None] = [None] * n
-        self.answered_by: list[str | None] = [None] * n
-        self.fallback_reason: list[str | None] = [None] * n
-        self.seconds = np.zeros((n, len(STAGES_MS)), dtype=np.float64)
-        self.pieces: list[Piece] = []
-        self.videos: list[Any] = [None] * n  # a row that turned out a video: its FramePlan
+        "blameless": _flags,
+        "cancelled": _flags,
+        "cached": _flags,
+        "sha256": _nones,
+        "answered_by": _nones,
+        "fallback_reason": _nones,
+        "seconds": _stage_seconds,  # per stage of STAGES_MS
+        "videos": _nones,  # a row that turned out a video: its FramePlan
+    }
+    errors: list[str | None]
+    failure: list[Trigger | None]
+    blameless: np.ndarray
+    cancelled: np.ndarray
+    cached: np.ndarray
+    sha256: list[str | None]
+    answered_by: list[str | None]
+    fallback_reason: list[str | None]
+    seconds: np.ndarray
+    videos: list[Any]
+
+    def __init__(
+        self, items: Sequence[LeasedItem], pieces: Sequence[Piece] = (), **columns: Any
+    ) -> None:
+        """`columns`: some of `COLUMNS` given (a copy's); the rest are made empty."""
+        self.items = list(items)
+        for name, empty in self.COLUMNS.items():
+            setattr(self, name, columns.pop(name) if name in columns else empty(len(items)))
+        if columns:
+            raise TypeError(f"ChunkRows has no column {sorted(columns)}")
+        self.pieces: list[Piece] = list(pieces)
         self._answers: list[dict[str, Any] | None] | None = None  # `answers()`, once read
 
     def __len__(self) -> int:
@@ -81,19 +116,14 @@ class ChunkRows:
 
     def without(self, dropped: Sequence[int]) -> ChunkRows:
         """These rows less `dropped` (videos, now frames of their own), which no piece
-        answered."""
+        answered: every column cut to the rows kept, the pieces renumbered."""
         keep = np.setdiff1d(np.arange(len(self)), np.asarray(dropped, dtype=np.int64))
         new_index = np.full(len(self), -1, dtype=np.int64)
         new_index[keep] = np.arange(len(keep))
-        out = ChunkRows([self.items[i] for i in keep.tolist()])
-        for name in ("errors", "failure", "sha256", "answered_by", "fallback_reason", "videos"):
-            values = getattr(self, name)
-            setattr(out, name, [values[i] for i in keep.tolist()])
-        out.cancelled, out.cached = self.cancelled[keep], self.cached[keep]
-        out.blameless = self.blameless[keep]
-        out.seconds = self.seconds[keep]
-        out.pieces = [Piece(new_index[p.rows], p.columns, p.model, p.outputs) for p in self.pieces]
-        return out
+        kept = keep.tolist()
+        columns = {name: _rows_of(getattr(self, name), keep, kept) for name in self.COLUMNS}
+        pieces = [Piece(new_index[p.rows], p.columns, p.model, p.outputs) for p in self.pieces]
+        return ChunkRows([self.items[i] for i in kept], pieces, **columns)
 
     # --- what happened -------------------------------------------------------------------
 
@@ -278,3 +308,8 @@ def _joinable(first: Piece, piece: Piece) -> bool:
 
 def _joined_columns(pieces: Sequence[Piece]) -> dict[str, pa.Array]:
     return {name: pa.concat_arrays([p.columns[name] for p in pieces]) for name in pieces[0].columns}
+
+
+def _rows_of(values: Any, keep: np.ndarray, kept: list[int]) -> Any:
+    """A per-row column's rows `keep` (an array's by index, a list's one by one)."""
+    return values[keep] if isinstance(values, np.ndarray) else [values[i] for i in kept]

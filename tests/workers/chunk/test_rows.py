@@ -115,3 +115,39 @@ def test_the_cache_entries_are_the_rows_answers_read_once(
     }
     assert [row[3] for row in outputs][:2] == [entries["d0"][0], hit]
     assert len(reads) == 2  # the computed pieces joined in one read, the hit's; none again
+
+
+def test_a_copy_without_some_rows_keeps_every_column() -> None:
+    """`without` (a chunk's videos leaving as frames) cuts every column in `COLUMNS` to the
+    rows kept and renumbers the pieces: each column is filled with values that say their row,
+    so a column dropped or misaligned shows."""
+    rows = _rows(5)
+    for name in ChunkRows.COLUMNS:
+        column = getattr(rows, name)
+        if isinstance(column, np.ndarray):
+            column[...] = np.arange(5).reshape((5,) + (1,) * (column.ndim - 1)) % 2
+        else:
+            column[:] = [f"{name}{i}" for i in range(5)]
+    rows.answer(_piece([2, 4]))
+
+    kept = rows.without([1, 3])
+
+    assert [item.key for item in kept.items] == ["k0", "k2", "k4"]
+    for name in ChunkRows.COLUMNS:
+        assert np.array_equal(
+            np.asarray(getattr(kept, name)), np.asarray(getattr(rows, name))[[0, 2, 4]]
+        ), name
+    assert [p.rows.tolist() for p in kept.pieces] == [[1, 2]]
+
+
+def test_every_per_row_column_is_named_in_columns() -> None:
+    """A column set on the rows but not named in `COLUMNS` would be lost by a copy."""
+    rows = _rows(3)
+    per_row = {
+        name
+        for name, value in vars(rows).items()
+        if name not in {"items", "pieces", "_answers"} and hasattr(value, "__len__")
+    }
+    assert per_row == set(ChunkRows.COLUMNS)
+    with pytest.raises(TypeError, match="no column"):
+        ChunkRows([], colour=[])

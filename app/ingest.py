@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.app import outputs, quotas, tenants
+from kiln.app import outputs
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
@@ -28,6 +28,7 @@ from kiln.app.jobs import Submitted, by_idempotency_key, check_options, failing_
 from kiln.app.observability.tracing import traced
 from kiln.app.results import S3Factory
 from kiln.app.sources import parse_s3_uri
+from kiln.app.tenants import quotas, tenants
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 MAX_PATTERNS = 50

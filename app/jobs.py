@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app import families, job_counts, quotas, sources, tenants, throughput, video
+from kiln.app import families, job_counts, sources, throughput, video
 from kiln.app.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
@@ -32,6 +32,7 @@ from kiln.app.observability.tracing import annotate, traced
 from kiln.app.sources import parse_s3_uri
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.base import NewObject
+from kiln.app.tenants import quotas, tenants
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from cachetools import TTLCache
 from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, sources, tenants, video
+from kiln.app import jobs, sources, video
 from kiln.app.catalog import get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
@@ -32,6 +32,7 @@ from kiln.app.db.models import Item
 from kiln.app.results import S3Factory
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.s3 import read_object
+from kiln.app.tenants import tenants
 from kiln.app.video.container import reason
 from kiln.app.video.reader import VideoReader
 

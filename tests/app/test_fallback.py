@@ -20,7 +20,7 @@ from kiln.app.jobs import InputRef, JobRequest, Upload, submit_job
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.schedules import ScheduleRequest, add_schedule
 from kiln.app.storage.local import LocalStore
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from tests.models import colour_classifier
 
 COLOURS = ImageModelSpec(

@@ -14,7 +14,7 @@ from kiln.app.db.models import Ingest, Job, JobStatus, Pipeline
 from kiln.app.dispatch.contract import BULK
 from kiln.app.dispatch.stub import BrokenDispatcher, IngestStep, RecordingDispatcher
 from kiln.app.ingest import MAX_PATTERNS, BulkRequest, Source, submit_bulk
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 
 PHOTOS = "s3://photos/2026/"
 

@@ -31,13 +31,13 @@ from kiln.app.jobs import (
     submit_job,
 )
 from kiln.app.storage.local import LocalStore
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from tests.app.conftest import CHUNK_SIZE
 
 
 @pytest.fixture(autouse=True)
 def _acme_reads_test_buckets(session: Session) -> None:
-    """The S3 inputs below name these buckets; tests/app/test_tenants.py covers the refusal."""
+    """The S3 inputs below name these buckets; tests/app/tenants/test_tenants.py covers refusals."""
     for bucket in ("photos", "bucket"):
         allow_bucket(session, "acme", bucket)
     session.commit()

@@ -22,7 +22,7 @@ from kiln.app.schedules import (
     remove_schedule,
     run_due,
 )
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 
 NIGHTLY = ScheduleRequest("acme", "nightly", "0 2 * * *", Source("s3://photos/"), "phash")
 

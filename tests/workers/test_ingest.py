@@ -25,7 +25,7 @@ from kiln.app.db.models import Ingest, Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.jobs import cancel_job
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from kiln.workers.jobs.ingest import BACKPRESSURE_PAUSE_S, StepReport, ingest_step
 from kiln.workers.runtime import WorkerRuntime
 from tests.support import migrated_settings

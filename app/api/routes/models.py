@@ -27,7 +27,7 @@ from kiln.app.db import queries
 from kiln.app.model_spec import ImageModelSpec
 from kiln.app.results import S3Factory
 from kiln.app.storage.s3 import read_object
-from kiln.app.tenants import check_bucket
+from kiln.app.tenants.tenants import check_bucket
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

@@ -16,7 +16,7 @@ from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.schedules import ScheduleRequest, add_schedule
 from kiln.app.storage.s3 import S3Store, output_error
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from tests.app.storage.conftest import BUCKET
 
 MISSING = "no-such-results"

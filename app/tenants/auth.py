@@ -17,7 +17,7 @@ from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import InputError, NotFoundError
 from kiln.app.db.models import ApiKey, utcnow
 from kiln.app.db.session import unit_of_work
-from kiln.app.tenants import stage_bucket
+from kiln.app.tenants.tenants import stage_bucket
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # fullmatch: "$" allows a "\n"
 

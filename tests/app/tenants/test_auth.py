@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from kiln.app.auth import create_key, digest, revoke_key, tenant_for_key
 from kiln.app.core.errors import InputError, NotFoundError
 from kiln.app.db.models import ApiKey
+from kiln.app.tenants.auth import create_key, digest, revoke_key, tenant_for_key
 
 
 def test_create_key_returns_a_secret_with_its_prefix(session: Session) -> None:

@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kiln.app.auth import create_key, revoke_key
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ForbiddenError, InputError, NotFoundError
 from kiln.app.db.models import Job, Schedule, utcnow
@@ -18,7 +17,8 @@ from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.jobs import InputRef, JobRequest, submit_job
 from kiln.app.schedules import ScheduleRequest, add_schedule, run_due
 from kiln.app.storage.local import LocalStore
-from kiln.app.tenants import (
+from kiln.app.tenants.auth import create_key, revoke_key
+from kiln.app.tenants.tenants import (
     allow_bucket,
     allowed_buckets,
     bucket_of,

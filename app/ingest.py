@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kiln.app import outputs
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
 from kiln.app.db.session import unit_of_work

@@ -18,7 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kiln.app import families, job_counts, sources, throughput, video
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
+from kiln.app.catalog.fallback import check_fallback
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import queries
@@ -26,7 +27,6 @@ from kiln.app.db.items import NewItem, insert_items
 from kiln.app.db.models import ItemStatus, Job, JobStatus, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
-from kiln.app.fallback import check_fallback
 from kiln.app.job_lookup import find_job
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.sources import parse_s3_uri
@@ -227,8 +227,8 @@ def check_options(
     session: Session, tenant: str, model: ModelInfo, options: dict[str, Any]
 ) -> dict[str, Any]:
     """The job's options against the model family's declared options (`kiln.app.families`)
-    and its fallback against the catalog (`kiln.app.fallback`); returns them with the fallback
-    pinned to its exact version. `video_fps`, how the job samples videos, is any job's."""
+    and its fallback against the catalog (`kiln.app.catalog.fallback`); returns them with the
+    fallback pinned to its exact version. `video_fps`, how the job samples videos, is any job's."""
     rest = {k: v for k, v in options.items() if k != video.FPS_OPTION}
     families.check_options(model.kind, model.name, rest)
     checked = check_fallback(session, tenant, model, rest)

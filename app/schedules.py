@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kiln.app import outputs
-from kiln.app.catalog import get_model
+from kiln.app.catalog.catalog import get_model
 from kiln.app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from kiln.app.db.dialect import on_postgres
 from kiln.app.db.models import Job, Schedule, utcnow

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
 from kiln.app import jobs, results, vector_index
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import pipelines, queries

@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
 from sqlalchemy.orm import Session
 
 from kiln.app import jobs, sources, video
-from kiln.app.catalog import get_model
+from kiln.app.catalog.catalog import get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db import queries

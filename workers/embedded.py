@@ -27,7 +27,7 @@ import pyarrow as pa
 from celery.worker import WorkController
 
 from kiln.app import jobs, results, video
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.migrate import upgrade

@@ -14,7 +14,7 @@ import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.db.session import engine_for, make_session_factory
 from kiln.app.results import Place, place_for

@@ -186,8 +186,8 @@ def models_add(
     ] = "",
 ) -> None:
     """Register an ONNX model as the next version of NAME (stored, sha256-checked)."""
-    from kiln.app.catalog import register_model
-    from kiln.app.model_spec import ImageModelSpec
+    from kiln.app.catalog.catalog import register_model
+    from kiln.app.catalog.model_spec import ImageModelSpec
     from kiln.app.storage import open_store
 
     label_list = labels.read_text().splitlines() if labels else []
@@ -230,7 +230,7 @@ def models_list(
     tenant: Annotated[str, typer.Option(help="Show what this tenant sees.")] = "",
 ) -> None:
     """List built-in models and the latest version of each registered one."""
-    from kiln.app.catalog import list_models
+    from kiln.app.catalog.catalog import list_models
 
     table = Table("model", "kind", "input", "description")
     with session() as db:
@@ -265,7 +265,7 @@ def engines_build(
 ) -> None:
     """Build the model's TensorRT engines on this GPU and upload them to the engine cache, so
     new workers download them instead of building."""
-    from kiln.app.catalog import get_model
+    from kiln.app.catalog.catalog import get_model
     from kiln.app.storage import open_store
     from kiln.workers.engines.select import EngineFactory
     from kiln.workers.models.loader import load_predictor

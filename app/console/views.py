@@ -17,7 +17,7 @@ from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from kiln.app import job_counts, jobs, video
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job
 

@@ -35,7 +35,7 @@ from bench.measure import percentiles
 from bench.results import CaseResult
 from bench.stack import Layout, Stack, local_deployment
 from kiln.app import results, sources
-from kiln.app.catalog import get_model
+from kiln.app.catalog.catalog import get_model
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.dispatch.contract import BULK
 from kiln.app.dispatch.producer import CeleryDispatcher, make_producer

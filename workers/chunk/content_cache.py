@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.models.base import VECTOR_OUTPUTS

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus
 from kiln.app.families.fallback import Trigger

@@ -19,7 +19,7 @@ import pyarrow as pa
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app import results
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.errors import OutputError
 from kiln.app.db import leases, queries
 from kiln.app.db.leases import JobFacts

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from kiln.app import results
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.app.db.models import Job
 from kiln.app.storage import ObjectStore

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from kiln.app import schedules
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep
-from kiln.app.catalog import ModelInfo, list_models, model_versions
+from kiln.app.catalog.catalog import ModelInfo, list_models, model_versions
 from kiln.app.console.auth import ConsoleTenant
 from kiln.app.console.pages import render
 from kiln.app.db import pipelines, queries

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from kiln.app import jobs, results, throughput, thumbnails
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep, S3Dep
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.console import views
 from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
 from kiln.app.console.pages import ConsoleDep, ConsoleState, render

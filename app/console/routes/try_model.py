@@ -14,7 +14,7 @@ from kiln.app import jobs
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep
 from kiln.app.api.errors import RequestTooLargeError
-from kiln.app.catalog import ModelInfo, get_model, list_models
+from kiln.app.catalog.catalog import ModelInfo, get_model, list_models
 from kiln.app.console import views
 from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
 from kiln.app.console.pages import render

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from devstack.images import solid
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.app.db.models import ContentCache, utcnow
 from kiln.app.db.session import unit_of_work

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from devstack.images import photo, truncated_jpeg
-from kiln.app.catalog import builtin_model
+from kiln.app.catalog.catalog import builtin_model
 from kiln.app.core.errors import InputError
 from kiln.app.db.models import Job
 from kiln.app.results import Place

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.app import vector_index
-from kiln.app.catalog import builtin_model
+from kiln.app.catalog.catalog import builtin_model
 from kiln.app.core.errors import InputError
 from kiln.app.db.models import Job
 from kiln.app.families import check_options

@@ -20,12 +20,12 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from kiln.app.catalog.model_spec import ImageModelSpec, check_onnx
 from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import SHARED_TENANT, Model, aware
 from kiln.app.db.session import unit_of_work
 from kiln.app.families import FAMILIES
-from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.app.storage import ObjectStore
 
 REGISTRABLE_KINDS = tuple(kind for kind, family in FAMILIES.items() if family.registrable)

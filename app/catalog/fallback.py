@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.errors import InputError, NotFoundError
 from kiln.app.families import FAMILIES
 from kiln.app.families.fallback import FallbackOptions

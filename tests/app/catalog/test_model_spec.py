@@ -12,14 +12,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import convert_model_to_external_data
 
-from kiln.app.core.errors import InputError
-from kiln.app.model_spec import (
+from kiln.app.catalog.model_spec import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ImageModelSpec,
     Preprocessing,
     check_onnx,
 )
+from kiln.app.core.errors import InputError
 from tests.models import colour_classifier
 from tests.workers.models.yolo import LABELS as YOLO_LABELS
 from tests.workers.models.yolo import SIZE, tiny_yolo

@@ -10,14 +10,14 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from kiln.app.catalog import register_model
+from kiln.app.catalog.catalog import register_model
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.db.models import Job, Schedule
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.jobs import InputRef, JobRequest, Upload, submit_job
-from kiln.app.model_spec import ImageModelSpec
 from kiln.app.schedules import ScheduleRequest, add_schedule
 from kiln.app.storage.local import LocalStore
 from kiln.app.tenants.tenants import allow_bucket

@@ -194,7 +194,7 @@ def cancel(job_id: str) -> None:
 
 class ApiClient:
     def __enter__(self) -> Any:
-        from kiln.app.client import KilnClient
+        from kiln.app.cli.client import KilnClient
 
         current = settings()
         try:

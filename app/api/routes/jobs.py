@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from kiln.app import fleet, job_lookup, jobs, results, video
+from kiln.app import job_lookup, jobs, results, video
+from kiln.app.api import fleet
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep, get_context
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (

@@ -10,12 +10,12 @@ from celery import Celery
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from kiln.app.api.fleet import live_workers
 from kiln.app.db import worker_facts
 from kiln.app.db.models import SHARED_TENANT, WorkerFacts, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import QUEUES
 from kiln.app.dispatch.depths import read_queue_lengths
-from kiln.app.fleet import live_workers
 
 FACTS = {
     "models": {

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, results, vector_index
+from kiln.app import results, vector_index
 from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
@@ -32,6 +32,7 @@ from kiln.app.db.models import ItemStatus, Job, Pipeline
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.families import FAMILIES
 from kiln.app.index_cache import IndexCache
+from kiln.app.jobs import jobs
 from kiln.app.results import Place, S3Factory
 from kiln.app.storage import ObjectStore
 from kiln.app.vector_index import VectorIndex

@@ -23,12 +23,13 @@ from cachetools import TTLCache
 from PIL import Image, ImageDraw, ImageFont, ImageOps, UnidentifiedImageError
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, sources, video
+from kiln.app import sources, video
 from kiln.app.catalog.catalog import get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db import queries
 from kiln.app.db.models import Item
+from kiln.app.jobs import jobs
 from kiln.app.results import S3Factory
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.s3 import read_object

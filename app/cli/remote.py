@@ -16,11 +16,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from kiln.app import job_counts
 from kiln.app.cli import watch_lines
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
 from kiln.app.cli.verdict import Ended, Kind, decide
 from kiln.app.core.errors import KilnError
+from kiln.app.jobs import job_counts
 
 
 def submit(

@@ -11,13 +11,14 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, search
+from kiln.app import search
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import counters
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.index_cache import IndexCache
+from kiln.app.jobs import jobs
 from kiln.app.results import (
     Place,
     ResultRow,

@@ -16,9 +16,9 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.db.models import Job, Schedule
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
-from kiln.app.jobs import InputRef, JobRequest, Upload, submit_job
-from kiln.app.schedules import ScheduleRequest, add_schedule
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.jobs.jobs import InputRef, JobRequest, Upload, submit_job
+from kiln.app.jobs.schedules import ScheduleRequest, add_schedule
 from kiln.app.storage.local import LocalStore
 from kiln.app.tenants.tenants import allow_bucket
 from tests.models import colour_classifier

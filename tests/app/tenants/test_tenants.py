@@ -13,9 +13,9 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import ForbiddenError, InputError, NotFoundError
 from kiln.app.db.models import Job, Schedule, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
-from kiln.app.jobs import InputRef, JobRequest, submit_job
-from kiln.app.schedules import ScheduleRequest, add_schedule, run_due
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.jobs.jobs import InputRef, JobRequest, submit_job
+from kiln.app.jobs.schedules import ScheduleRequest, add_schedule, run_due
 from kiln.app.storage.local import LocalStore
 from kiln.app.tenants.auth import create_key, revoke_key
 from kiln.app.tenants.tenants import (
@@ -180,7 +180,7 @@ def test_a_schedule_whose_bucket_was_denied_skips_its_runs(
     deny_bucket(session, "acme", "photos")
     session.commit()
     due = utcnow() + timedelta(days=2)
-    with caplog.at_level(logging.WARNING, logger="kiln.app.schedules"):
+    with caplog.at_level(logging.WARNING, logger="kiln.app.jobs.schedules"):
         assert run_due(session, RecordingDispatcher(), now=due) == []
     assert "may not read bucket 'photos'" in caplog.text
     assert session.scalar(select(func.count()).select_from(Job)) == 0

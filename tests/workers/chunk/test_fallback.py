@@ -20,7 +20,7 @@ from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.db import counters, queries
 from kiln.app.db.models import ContentCache, Item, ItemStatus
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.close.close import close_job

@@ -20,7 +20,7 @@ from kiln.app.core.errors import TransientError
 from kiln.app.db import leases
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Model
 from kiln.app.dispatch.stub import Enqueued, RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, cancel_job, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, cancel_job, submit_job
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.runtime import WorkerRuntime

@@ -11,14 +11,14 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from devstack.images import solid
-from kiln.app import jobs as jobs_module
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import chunk_runs, counters
 from kiln.app.db.chunk_runs import RunTally
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.dispatch.stub import BrokenDispatcher, Enqueued, RecordingDispatcher
-from kiln.app.jobs import (
+from kiln.app.jobs import jobs as jobs_module
+from kiln.app.jobs.jobs import (
     INTERACTIVE_MAX_ITEMS,
     InputRef,
     JobRequest,

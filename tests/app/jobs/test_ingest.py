@@ -1,4 +1,4 @@
-"""Submitting a bulk job (app/ingest.py): the source and its filters, the job and its ingest
+"""Submitting a bulk job (app/jobs/ingest.py): the source and its filters, the job and its ingest
 state, one ingest message after the commit, and pipelines that refuse a second run at once.
 
 The listing itself is the worker's (tests/workers/test_ingest.py)."""
@@ -13,7 +13,7 @@ from kiln.app.core.errors import ConflictError, InputError, TransientError
 from kiln.app.db.models import Ingest, Job, JobStatus, Pipeline
 from kiln.app.dispatch.contract import BULK
 from kiln.app.dispatch.stub import BrokenDispatcher, IngestStep, RecordingDispatcher
-from kiln.app.ingest import MAX_PATTERNS, BulkRequest, Source, submit_bulk
+from kiln.app.jobs.ingest import MAX_PATTERNS, BulkRequest, Source, submit_bulk
 from kiln.app.tenants.tenants import allow_bucket
 
 PHOTOS = "s3://photos/2026/"

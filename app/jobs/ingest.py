@@ -18,13 +18,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.app import outputs
 from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.models import OPEN_JOB_STATUSES, Ingest, Job, JobStatus, Pipeline
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
-from kiln.app.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
+from kiln.app.jobs import outputs
+from kiln.app.jobs.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from kiln.app.observability.tracing import traced
 from kiln.app.results import S3Factory
 from kiln.app.sources import parse_s3_uri

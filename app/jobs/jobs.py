@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app import families, job_counts, sources, throughput, video
+from kiln.app import families, sources, video
 from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.catalog.fallback import check_fallback
 from kiln.app.core.config import Settings
@@ -27,7 +27,8 @@ from kiln.app.db.items import NewItem, insert_items
 from kiln.app.db.models import ItemStatus, Job, JobStatus, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
-from kiln.app.job_lookup import find_job
+from kiln.app.jobs import job_counts, throughput
+from kiln.app.jobs.job_lookup import find_job
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.sources import parse_s3_uri
 from kiln.app.storage import ObjectStore

@@ -1,11 +1,11 @@
-"""What a job's counts mean together (`kiln.app.job_counts`): progress over what the run must
+"""What a job's counts mean together (`kiln.app.jobs.job_counts`): progress over what the run must
 do, never past its total, with what a pipeline's rerun left alone shown apart."""
 
 from __future__ import annotations
 
 import pytest
 
-from kiln.app.job_counts import LEFT_ALONE, done, left_alone, left_alone_text, percent
+from kiln.app.jobs.job_counts import LEFT_ALONE, done, left_alone, left_alone_text, percent
 
 
 @pytest.mark.parametrize(

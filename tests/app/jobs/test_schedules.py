@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app import job_lookup
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db.models import Ingest, Job, JobStatus, Schedule, utcnow
 from kiln.app.dispatch.stub import BrokenDispatcher, IngestStep, RecordingDispatcher
-from kiln.app.ingest import Source
-from kiln.app.schedules import (
+from kiln.app.jobs import job_lookup
+from kiln.app.jobs.ingest import Source
+from kiln.app.jobs.schedules import (
     ScheduleRequest,
     add_schedule,
     check_cron,
@@ -100,7 +100,7 @@ def test_a_run_still_going_skips_the_next_time(
     dispatcher = RecordingDispatcher()
     (first,) = run_due(session, dispatcher, now=later(2))
     due = later(4)
-    with caplog.at_level(logging.WARNING, logger="kiln.app.schedules"):
+    with caplog.at_level(logging.WARNING, logger="kiln.app.jobs.schedules"):
         assert run_due(session, dispatcher, now=due) == []
     assert "skipped" in caplog.text and "still running" in caplog.text
     assert next_run(sessions) > due.replace(tzinfo=None)

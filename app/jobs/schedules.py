@@ -17,14 +17,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kiln.app import outputs
 from kiln.app.catalog.catalog import get_model
 from kiln.app.core.errors import ConflictError, ForbiddenError, InputError, NotFoundError
 from kiln.app.db.dialect import on_postgres
 from kiln.app.db.models import Job, Schedule, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
-from kiln.app.ingest import (
+from kiln.app.jobs import outputs
+from kiln.app.jobs.ingest import (
     NAME_PATTERN,
     BulkRequest,
     Source,
@@ -32,7 +32,7 @@ from kiln.app.ingest import (
     stage_bulk,
     start_ingest,
 )
-from kiln.app.jobs import check_options
+from kiln.app.jobs.jobs import check_options
 from kiln.app.observability.tracing import traced
 from kiln.app.results import S3Factory
 

@@ -1,11 +1,11 @@
-"""Items per second from when items were worked on (`kiln.app.throughput`): a steady job whose
+"""Items per second from when items were worked on (`kiln.app.jobs.throughput`): a steady job whose
 chunks write hundreds of rows at once is a steady line, not spikes between zeros."""
 
 from __future__ import annotations
 
 import pytest
 
-from kiln.app.throughput import Span, rate, series, worked
+from kiln.app.jobs.throughput import Span, rate, series, worked
 
 
 def chunks(per_second: float, size: int, workers: int, seconds: float) -> list[Span]:

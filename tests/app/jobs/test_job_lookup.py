@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from kiln.app.core.errors import InputError, NotFoundError
 from kiln.app.db.models import Job, JobStatus
-from kiln.app.job_lookup import find_job
-from kiln.app.jobs import cancel_job
+from kiln.app.jobs.job_lookup import find_job
+from kiln.app.jobs.jobs import cancel_job
 
 FIRST = "4665f751-0000-4000-8000-000000000001"
 SECOND = "4665f751-0000-4000-8000-000000000002"

@@ -26,7 +26,7 @@ from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import outputs
 from kiln.app.jobs.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from kiln.app.observability.tracing import traced
-from kiln.app.results import S3Factory
+from kiln.app.results.results import S3Factory
 from kiln.app.sources import parse_s3_uri
 from kiln.app.tenants import quotas, tenants
 

@@ -17,7 +17,7 @@ import logging
 from sqlalchemy.orm import Session
 
 from kiln.app.core.errors import InputError, KilnError
-from kiln.app.results import S3Factory
+from kiln.app.results.results import S3Factory
 from kiln.app.sources import parse_s3_uri
 from kiln.app.tenants import tenants
 

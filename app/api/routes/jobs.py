@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from kiln.app import results, video
+from kiln.app import video
 from kiln.app.api import fleet
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep, get_context
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
@@ -34,6 +34,7 @@ from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.jobs import job_lookup, jobs
 from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.results import results
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

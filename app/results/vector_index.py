@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from usearch.index import BatchMatches, Index
 
-from kiln.app.results import Place, to_parquet
+from kiln.app.results.results import Place, to_parquet
 
 INDEX = "index.usearch"
 KEYS = "index-keys.parquet"

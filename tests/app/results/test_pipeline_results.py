@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.app import results
 from kiln.app.core.errors import ConflictError
-from kiln.app.pipeline_results import Claims, Run, latest_rows, plan, stream
-from kiln.app.results import Place, ResultRow
+from kiln.app.results import results
+from kiln.app.results.pipeline_results import Claims, Run, latest_rows, plan, stream
+from kiln.app.results.results import Place, ResultRow
 from kiln.app.storage.local import LocalStore
 
 PHASH = [pa.field("phash", pa.string())]

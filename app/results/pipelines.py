@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kiln.app import pipeline_results, results
 from kiln.app.core.errors import NotFoundError
 from kiln.app.db import pipelines, queries
 from kiln.app.db.models import Job, Pipeline, Schedule
-from kiln.app.results import S3Factory
+from kiln.app.results import pipeline_results, results
+from kiln.app.results.results import S3Factory
 from kiln.app.storage import ObjectStore
 
 SHOWN_FAILURES = 100  # known failures listed by name in a pipeline's answer; all are counted

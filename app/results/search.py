@@ -1,5 +1,5 @@
 """Similarity search over a closed embedding job: its items nearest to an image, a text, or one
-of its own items, by cosine similarity in the job's vector index (`app/vector_index.py`).
+of its own items, by cosine similarity in the job's vector index (`app/results/vector_index.py`).
 
 An image or a text is embedded by the job's own model version through the normal queue: a
 one-item interactive job whose item is named `search:<job id>` (recognisable among the
@@ -23,7 +23,6 @@ import numpy as np
 import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
-from kiln.app import results, vector_index
 from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
@@ -31,11 +30,12 @@ from kiln.app.db import pipelines, queries
 from kiln.app.db.models import ItemStatus, Job, Pipeline
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.families import FAMILIES
-from kiln.app.index_cache import IndexCache
 from kiln.app.jobs import jobs
-from kiln.app.results import Place, S3Factory
+from kiln.app.results import results, vector_index
+from kiln.app.results.index_cache import IndexCache
+from kiln.app.results.results import Place, S3Factory
+from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage import ObjectStore
-from kiln.app.vector_index import VectorIndex
 
 DEFAULT_K, MAX_K = 10, 100  # a page of look-alikes; past 100 a results download serves better
 # a query job's one item is named `search:<searched job id>` (`search:pipeline/<name>`)

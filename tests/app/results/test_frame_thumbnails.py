@@ -1,5 +1,5 @@
-"""Thumbnails of videos' frames (app/thumbnails.py): the frame on screen at the moment, as the
-worker gave it to the model (the last frame at or before it), decoded with PyAV from bytes or a
+"""Thumbnails of videos' frames (app/results/thumbnails.py): the frame on screen at the moment, as
+the worker gave it to the model (the last frame at or before it), decoded with PyAV from bytes or a
 file; past a cut file's end, in a damaged stretch or from no video at all, a sentence."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from PIL import Image, ImageChops, ImageStat
 
 from kiln.app.core.errors import InputError, NotFoundError
-from kiln.app.thumbnails import _VideoBytes, frame_thumbnail
+from kiln.app.results.thumbnails import _VideoBytes, frame_thumbnail
 from kiln.app.video.reader import VideoReader
 from tests.videos import (
     audio_only,

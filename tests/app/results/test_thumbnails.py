@@ -1,5 +1,5 @@
-"""Thumbnails (app/thumbnails.py): small, upright JPEGs, never the original; a picture too large
-to decode or no picture at all is a sentence."""
+"""Thumbnails (app/results/thumbnails.py): small, upright JPEGs, never the original; a picture too
+large to decode or no picture at all is a sentence."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from PIL import Image
 
 from devstack.images import photo, solid
 from kiln.app.core.errors import InputError
-from kiln.app.thumbnails import THUMBNAIL_PX, thumbnail
+from kiln.app.results.thumbnails import THUMBNAIL_PX, thumbnail
 
 
 def size_of(data: bytes) -> tuple[int, int]:

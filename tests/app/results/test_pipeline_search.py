@@ -1,4 +1,4 @@
-"""Searching a pipeline's library (app/search.py, app/db/pipelines.py) on SQLite and a local
+"""Searching a pipeline's library (app/results/search.py, app/db/pipelines.py) on SQLite and a local
 store, with no worker: the runs, their items and the library's index are written here as the
 ingest and a run's close step would leave them (`library_place`, `VectorIndex.save`)."""
 
@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
-from kiln.app import search
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import pipelines
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Pipeline, utcnow
-from kiln.app.index_cache import IndexCache
-from kiln.app.results import Place, library_place, place_for, write_manifest
-from kiln.app.search import SearchQuery, Target
+from kiln.app.results import search
+from kiln.app.results.index_cache import IndexCache
+from kiln.app.results.results import Place, library_place, place_for, write_manifest
+from kiln.app.results.search import SearchQuery, Target
+from kiln.app.results.vector_index import INDEX, VectorIndex
 from kiln.app.storage.local import LocalStore
-from kiln.app.vector_index import INDEX, VectorIndex
 
 FIRST = {"a": [1.0, 0.0, 0.0], "b": [0.0, 1.0, 0.0], "c": [0.0, 0.0, 1.0]}
 SECOND = {"a-copy": [0.98, 0.1, 0.0]}  # what a rerun adds: a near copy of `a`

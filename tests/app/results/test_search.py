@@ -1,5 +1,5 @@
-"""The search service (app/search.py) on SQLite and a local store, with no worker: what a worker
-would have written — a closed job's shard, its index, a query job's result — is written here
+"""The search service (app/results/search.py) on SQLite and a local store, with no worker: what a
+worker would have written — a closed job's shard, its index, a query job's result — is written here
 with the same functions the worker uses (`write_shard`, `VectorIndex.save`)."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from kiln.app import search
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import counters
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.index_cache import IndexCache
 from kiln.app.jobs import jobs
-from kiln.app.results import (
+from kiln.app.results import search
+from kiln.app.results.index_cache import IndexCache
+from kiln.app.results.results import (
     Place,
     ResultRow,
     manifest_key,
@@ -27,9 +27,9 @@ from kiln.app.results import (
     write_manifest,
     write_shard,
 )
-from kiln.app.search import SearchQuery, Target
+from kiln.app.results.search import SearchQuery, Target
+from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage.local import LocalStore
-from kiln.app.vector_index import VectorIndex
 from kiln.workers.models import embed
 
 VECTORS = {

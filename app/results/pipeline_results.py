@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kiln.app import results
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
-from kiln.app.results import Place
+from kiln.app.results import results
+from kiln.app.results.results import Place
 
 FINISHED = ("succeeded", "failed")  # what an object's processing ends as; cancelled is not
 JOB_ID = pa.field("job_id", pa.string())  # the run a row comes from, added to its columns

@@ -1,5 +1,5 @@
-"""The vector index (app/vector_index.py): search order, updates, storage, and the approximate
-path agreeing with the exact one on small sets."""
+"""The vector index (app/results/vector_index.py): search order, updates, storage, and the
+approximate path agreeing with the exact one on small sets."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln.app import vector_index
-from kiln.app.results import Place
+from kiln.app.results import vector_index
+from kiln.app.results.results import Place
+from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage.local import LocalStore
-from kiln.app.vector_index import VectorIndex
 from kiln.workers.models.grouping import cosine_groups, cosine_pairs, neighbour_pairs, unit_rows
 
 

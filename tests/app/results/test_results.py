@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.app.db.models import ItemStatus
-from kiln.app.results import (
+from kiln.app.results.results import (
     BASE_FIELDS,
     Place,
     combined_table,

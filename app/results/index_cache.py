@@ -16,10 +16,10 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from kiln.app import vector_index
 from kiln.app.core.errors import ConflictError, TransientError
-from kiln.app.results import Place
-from kiln.app.vector_index import VectorIndex
+from kiln.app.results import vector_index
+from kiln.app.results.results import Place
+from kiln.app.results.vector_index import VectorIndex
 
 MMAP_FROM = 64 * 1024**2  # below it a read into memory is quicker than a file and a mapping
 KEY_BYTES = 120  # a key's share of memory: its string and its two dict entries, roughly

@@ -1,5 +1,6 @@
-"""The API's cache of vector indexes (app/index_cache.py): loaded once, least recently used out
-first within its byte budget, large ones memory-mapped, one too large refused with a sentence."""
+"""The API's cache of vector indexes (app/results/index_cache.py): loaded once, least recently used
+out first within its byte budget, large ones memory-mapped, one too large refused with a
+sentence."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kiln.app import vector_index
 from kiln.app.core.errors import ConflictError
-from kiln.app.index_cache import KEY_BYTES, SLACK, IndexCache
-from kiln.app.results import Place
+from kiln.app.results import vector_index
+from kiln.app.results.index_cache import KEY_BYTES, SLACK, IndexCache
+from kiln.app.results.results import Place
+from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage.local import LocalStore
-from kiln.app.vector_index import VectorIndex
 
 DIM, COUNT = 16, 200
 

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from kiln.app.api.context import ApiContext
 from kiln.app.core.config import Settings
-from kiln.app.results.results import S3Factory
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import S3Factory
 from kiln.app.storage.s3 import make_s3_client
 from kiln.app.tenants.auth import tenant_for_key
 

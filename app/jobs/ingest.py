@@ -26,8 +26,8 @@ from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import outputs
 from kiln.app.jobs.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
 from kiln.app.observability.tracing import traced
-from kiln.app.results.results import S3Factory
 from kiln.app.sources import parse_s3_uri
+from kiln.app.storage.base import S3Factory
 from kiln.app.tenants import quotas, tenants
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"

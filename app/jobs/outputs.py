@@ -17,8 +17,8 @@ import logging
 from sqlalchemy.orm import Session
 
 from kiln.app.core.errors import InputError, KilnError
-from kiln.app.results.results import S3Factory
 from kiln.app.sources import parse_s3_uri
+from kiln.app.storage.base import S3Factory
 from kiln.app.tenants import tenants
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from kiln.app.jobs.ingest import (
 )
 from kiln.app.jobs.jobs import check_options
 from kiln.app.observability.tracing import traced
-from kiln.app.results.results import S3Factory
+from kiln.app.storage.base import S3Factory
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from kiln.app.core.errors import NotFoundError
 from kiln.app.db import pipelines, queries
 from kiln.app.db.models import Job, Pipeline, Schedule
 from kiln.app.results import pipeline_results, results
-from kiln.app.results.results import S3Factory
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import S3Factory
 
 SHOWN_FAILURES = 100  # known failures listed by name in a pipeline's answer; all are counted
 

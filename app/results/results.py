@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -13,9 +13,8 @@ import pyarrow.parquet as pq
 
 from kiln.app.sources import parse_s3_uri
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import S3Factory
 from kiln.app.video import split_key
-
-S3Factory = Callable[[], Any]  # returns a boto3 S3 client, made only when needed
 
 BASE_FIELDS = [
     pa.field("key", pa.string(), nullable=False),

@@ -33,9 +33,10 @@ from kiln.app.families import FAMILIES
 from kiln.app.jobs import jobs
 from kiln.app.results import results, vector_index
 from kiln.app.results.index_cache import IndexCache
-from kiln.app.results.results import Place, S3Factory
+from kiln.app.results.results import Place
 from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import S3Factory
 
 DEFAULT_K, MAX_K = 10, 100  # a page of look-alikes; past 100 a results download serves better
 # a query job's one item is named `search:<searched job id>` (`search:pipeline/<name>`)

@@ -30,8 +30,8 @@ from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db import queries
 from kiln.app.db.models import Item
 from kiln.app.jobs import jobs
-from kiln.app.results.results import S3Factory
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import S3Factory
 from kiln.app.storage.s3 import read_object
 from kiln.app.tenants import tenants
 from kiln.app.video.container import reason

@@ -25,7 +25,7 @@ from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.db import queries
-from kiln.app.results.results import S3Factory
+from kiln.app.storage.base import S3Factory
 from kiln.app.storage.s3 import read_object
 from kiln.app.tenants.tenants import check_bucket
 

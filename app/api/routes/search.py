@@ -23,10 +23,10 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError, TransientError
 from kiln.app.db import pipelines
 from kiln.app.results import search, thumbnails
-from kiln.app.results.results import S3Factory
 from kiln.app.results.search import SearchQuery, Target
 from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import S3Factory
 
 router = APIRouter(prefix="/v1/jobs", tags=["search"])
 pipeline_router = APIRouter(prefix="/v1/pipelines", tags=["search"])

@@ -27,7 +27,7 @@ from kiln.app.db import chunk_runs, queries
 from kiln.app.db.models import ItemStatus, Job, aware, utcnow
 from kiln.app.jobs import jobs, throughput
 from kiln.app.results import results, thumbnails
-from kiln.app.results.results import S3Factory
+from kiln.app.storage.base import S3Factory
 
 router = APIRouter(prefix="/console/jobs", include_in_schema=False)
 

@@ -132,7 +132,7 @@ def test_kiln_run_local_files_need_no_bucket(
 def test_uploads_need_no_bucket(
     session: Session, store: LocalStore, dispatcher: RecordingDispatcher, settings: Settings
 ) -> None:
-    from tests.app.test_jobs import uploads
+    from tests.app.jobs.test_jobs import uploads
 
     request = JobRequest("newcomer", "detector", uploads=uploads(1))
     assert submit_job(session, store, dispatcher, settings, request).created

@@ -31,9 +31,9 @@ from sqlalchemy.engine import make_url
 from bench import report
 from bench.cases.bigjob import create_big_job, database_dsn
 from kiln.app.api.app import create_app
-from kiln.app.auth import create_key
 from kiln.app.core.config import get_settings
 from kiln.app.db.migrate import upgrade
+from kiln.app.tenants.auth import create_key
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Starlette's note that it falls back to httpx

@@ -77,7 +77,7 @@ def threaded_rate(
     its own stream, started together; NVML samples while they run."""
     import torch
 
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
     from kiln.workers.device import pixels as device_pixels
 
     pre = Preprocessing(input_size=224)
@@ -161,7 +161,7 @@ def _cpu_decode(paths: Sequence[Path]) -> int:
     """One prep process's work on `paths`: Kiln's decode (DCT draft) and fit to a 224 crop."""
     import numpy as np
 
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
     from kiln.workers.prep.images import ImagePrep
 
     prep = ImagePrep(Preprocessing(input_size=224), max_pixels=100_000_000)

@@ -40,9 +40,9 @@ from bench.pair_metrics import (
     group_labels,
     pair_scores,
 )
+from kiln.app.catalog.model_spec import ImageModelSpec, check_onnx
 from kiln.app.families.embed import DEFAULT_THRESHOLD
 from kiln.app.families.phash import DEFAULT_MAX_DISTANCE
-from kiln.app.model_spec import ImageModelSpec, check_onnx
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.base import Predictor
 from kiln.workers.models.direct import answers_of

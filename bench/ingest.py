@@ -28,8 +28,8 @@ from devstack.services import backing_services, settings_for
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.models import Ingest
 from kiln.app.dispatch.producer import CeleryDispatcher
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
-from kiln.app.tenants import allow_bucket
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.tenants.tenants import allow_bucket
 from kiln.workers.celery.app import make_celery
 from kiln.workers.jobs.ingest import ingest_step
 from kiln.workers.runtime import WorkerRuntime

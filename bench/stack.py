@@ -35,11 +35,11 @@ from devstack.services import (
     start_api,
     start_worker,
 )
-from kiln.app.catalog import register_model
+from kiln.app.catalog.catalog import register_model
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.session import make_engine, make_session_factory
-from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage import open_store
 
 BUCKET = "kiln-bench"

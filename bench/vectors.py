@@ -40,11 +40,11 @@ from bench import report
 from bench.measure import Meter
 from bench.pair_metrics import PairScores, group_labels, pair_scores
 from bench.planted_vectors import PlantedSet, near, planted_set
-from kiln.app import vector_index
 from kiln.app.families.embed import DEFAULT_THRESHOLD
-from kiln.app.results import Place
+from kiln.app.results import vector_index
+from kiln.app.results.results import Place
+from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage.local import LocalStore
-from kiln.app.vector_index import VectorIndex
 from kiln.workers.models.grouping import cosine_groups
 
 HERE = Path(__file__).parent

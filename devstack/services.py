@@ -26,10 +26,10 @@ import httpx
 import psycopg
 import redis
 
-from kiln.app.auth import create_key
 from kiln.app.core.config import Settings, get_settings
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.dispatch.producer import make_producer
+from kiln.app.tenants.auth import create_key
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PG_ADMIN_URL = os.environ.get("KILN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -35,11 +35,11 @@ from devstack.services import (
 from devstack.services import (
     service_env as _env,
 )
-from kiln.app.auth import create_key
 from kiln.app.core.config import Settings
 from kiln.app.db.migrate import upgrade
 from kiln.app.db.session import make_engine, make_session_factory
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.auth import create_key
+from kiln.app.tenants.tenants import allow_bucket
 
 BUCKET = "kiln-test"
 SOURCE_BUCKET = "kiln-sources"

@@ -6,7 +6,8 @@
 - no import circles inside `kiln`, counting imports inside functions and for type checking;
 - `kiln.workers`' rooms (its folders and loose modules) are ranked once, in `WORKER_ROOMS`, and
   a room imports only rooms ranked below it, counted the same way (`AGAINST_THE_ORDER` names at
-  most two exceptions, each with its reason);
+  most two exceptions, each with its reason); `kiln.app`'s rooms likewise, in `APP_ROOMS`
+  (exceptions in `APP_AGAINST_THE_ORDER`);
 - Kiln imports neither its tests nor its benchmarks; the benchmarks do not import the tests;
 - `kiln.workers` builds no SQL: it takes only a session's types and errors from SQLAlchemy.
 """
@@ -129,44 +130,79 @@ WORKER_ROOMS = (
 # Imports against the order that stay, each with its reason: at most two (none today).
 AGAINST_THE_ORDER: dict[tuple[str, str], str] = {}
 
+# kiln.app's rooms, lowest first, ranked the same way (docs/architecture.md, "The app's rooms").
+APP_ROOMS = (
+    "core",  # settings, errors, digests; imports no other room
+    "observability",  # logs and tracing
+    "sources",  # an item's source: `store:` keys and s3:// URIs
+    "video",  # containers, sampling, the frame index, the reader
+    "families",  # each model family's options
+    "storage",  # the object stores
+    "dispatch",  # the queue contract and its producers
+    "db",  # tables, sessions, the query helpers
+    "tenants",  # keys, bucket allow-lists, limits
+    "catalog",  # the models a job can name
+    "jobs",  # what a job is and how it goes: submit, cancel, progress, bulk, schedules
+    "results",  # what a job leaves and how it is read: shards, search, thumbnails, pipelines
+    "api",  # the HTTP API
+    "console",  # the web UI, built on the API's dependencies
+    "cli",  # the composition root
+)
+APP_AGAINST_THE_ORDER: dict[tuple[str, str], str] = {
+    ("db", "jobs"): "db's run queries hand back jobs.throughput's Span, a plain value",
+    ("api", "console"): "api/app.py mounts the console, which is built on the API's deps",
+}
+RANKINGS = {
+    "workers": (WORKER_ROOMS, AGAINST_THE_ORDER),
+    "app": (APP_ROOMS, APP_AGAINST_THE_ORDER),
+}
 
-def _room(module: str) -> str | None:
-    """A kiln.workers module's room: its folder, or a loose module's own name."""
+
+def _room(module: str, package: str = "workers") -> str | None:
+    """A kiln.<package> module's room: its folder, or a loose module's own name."""
     parts = module.split(".")
-    return parts[2] if parts[:2] == ["kiln", "workers"] and len(parts) > 2 else None
+    return parts[2] if parts[:2] == ["kiln", package] and len(parts) > 2 else None
 
 
-def _upward(edges: dict[str, set[str]], order: Sequence[str]) -> list[tuple[str, str, str]]:
+def _upward(
+    edges: dict[str, set[str]], order: Sequence[str], package: str = "workers"
+) -> list[tuple[str, str, str]]:
     """(room, the room above it, "module imports target") for each import up the order."""
     rank = {room: i for i, room in enumerate(order)}
     return sorted(
         (a, b, f"{module} imports {target}")
         for module, targets in edges.items()
         for target in targets
-        if (a := _room(module)) in rank and (b := _room(target)) in rank and rank[a] < rank[b]
+        if (a := _room(module, package)) in rank
+        and (b := _room(target, package)) in rank
+        and rank[a] < rank[b]
     )
 
 
-def test_every_worker_room_is_ranked_once() -> None:
-    workers = ROOT / "workers"
-    folders = {path.parent.name for path in workers.glob("*/__init__.py")}
-    loose = {path.stem for path in workers.glob("*.py")} - {"__init__"}
-    assert len(set(WORKER_ROOMS)) == len(WORKER_ROOMS)
-    assert sorted(WORKER_ROOMS) == sorted(folders | loose)
+@pytest.mark.parametrize("package", RANKINGS)
+def test_every_room_is_ranked_once(package: str) -> None:
+    rooms, _ = RANKINGS[package]
+    folder = ROOT / package
+    folders = {path.parent.name for path in folder.glob("*/__init__.py")}
+    loose = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+    assert len(set(rooms)) == len(rooms)
+    assert sorted(rooms) == sorted(folders | loose)
 
 
-def test_worker_rooms_import_only_rooms_below() -> None:
-    found = [
-        line for a, b, line in _upward(_edges(), WORKER_ROOMS) if (a, b) not in AGAINST_THE_ORDER
-    ]
+@pytest.mark.parametrize("package", RANKINGS)
+def test_rooms_import_only_rooms_below(package: str) -> None:
+    rooms, exceptions = RANKINGS[package]
+    found = [line for a, b, line in _upward(_edges(), rooms, package) if (a, b) not in exceptions]
     assert found == []
 
 
-def test_exceptions_are_few_reasoned_and_still_needed() -> None:
-    used = {(a, b) for a, b, _ in _upward(_edges(), WORKER_ROOMS)}
-    assert len(AGAINST_THE_ORDER) <= 2
-    assert all(reason.strip() for reason in AGAINST_THE_ORDER.values())
-    assert set(AGAINST_THE_ORDER) <= used  # a stale exception is deleted, not kept
+@pytest.mark.parametrize("package", RANKINGS)
+def test_exceptions_are_few_reasoned_and_still_needed(package: str) -> None:
+    rooms, exceptions = RANKINGS[package]
+    used = {(a, b) for a, b, _ in _upward(_edges(), rooms, package)}
+    assert len(exceptions) <= 2
+    assert all(reason.strip() for reason in exceptions.values())
+    assert set(exceptions) <= used  # a stale exception is deleted, not kept
 
 
 def test_the_order_check_finds_one() -> None:
@@ -183,6 +219,8 @@ def test_the_order_check_finds_one() -> None:
         ("b", "a", "kiln.workers.b.y imports kiln.workers.a.z"),
     ]
     assert _room("kiln.workers.runtime") == "runtime" and _room("kiln.workers") is None
+    assert _room("kiln.app.jobs.jobs", "app") == "jobs"
+    assert _room("kiln.workers.chunk", "app") is None
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,8 @@ from urllib.parse import quote_from_bytes
 import pyarrow as pa
 from celery.worker import WorkController
 
-from kiln.app import jobs, results, video
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app import video
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError
 from kiln.app.db.migrate import upgrade
@@ -36,6 +36,8 @@ from kiln.app.db.queries import is_open
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.dispatch.contract import QUEUES
 from kiln.app.dispatch.producer import CeleryDispatcher
+from kiln.app.jobs import jobs
+from kiln.app.results import results
 from kiln.app.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from kiln.app.storage import open_store
 from kiln.workers.celery.app import KilnCelery, make_celery

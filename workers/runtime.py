@@ -14,10 +14,10 @@ import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.db.session import engine_for, make_session_factory
-from kiln.app.results import Place, place_for
+from kiln.app.results.results import Place, place_for
 from kiln.app.storage import ObjectStore, open_store
 from kiln.workers.batching import BatchStats
 from kiln.workers.ops.chunk_stats import ChunkStats, ChunkTotals

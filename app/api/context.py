@@ -12,10 +12,10 @@ from kiln.app.core.config import Settings
 from kiln.app.db.notify import JobWaiters
 from kiln.app.db.session import engine_for, make_session_factory
 from kiln.app.dispatch.producer import CeleryDispatcher, make_producer
-from kiln.app.index_cache import IndexCache
-from kiln.app.jobs import JobRequest, Submitted, submit_job
-from kiln.app.quotas import TenantLimiter
+from kiln.app.jobs.jobs import JobRequest, Submitted, submit_job
+from kiln.app.results.index_cache import IndexCache
 from kiln.app.storage import ObjectStore, open_store
+from kiln.app.tenants.quotas import TenantLimiter
 
 
 @dataclass

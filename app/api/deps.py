@@ -11,11 +11,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from kiln.app.api.context import ApiContext
-from kiln.app.auth import tenant_for_key
 from kiln.app.core.config import Settings
-from kiln.app.results import S3Factory
 from kiln.app.storage import ObjectStore
+from kiln.app.storage.base import S3Factory
 from kiln.app.storage.s3 import make_s3_client
+from kiln.app.tenants.auth import tenant_for_key
 
 
 def get_context(request: Request) -> ApiContext:

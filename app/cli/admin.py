@@ -79,7 +79,7 @@ def keys_create(
     ] = None,
 ) -> None:
     """Create an API key; it is printed once and stored only as a hash."""
-    from kiln.app.auth import create_key
+    from kiln.app.tenants.auth import create_key
 
     with session() as db:
         try:
@@ -93,7 +93,7 @@ def keys_create(
 @tenants_app.command("allow-bucket")
 def tenants_allow(tenant: str, bucket: str) -> None:
     """Let TENANT name s3://BUCKET/… in jobs, bulk sources and outputs, schedules and models."""
-    from kiln.app.tenants import allow_bucket
+    from kiln.app.tenants.tenants import allow_bucket
 
     with session() as db:
         try:
@@ -106,7 +106,7 @@ def tenants_allow(tenant: str, bucket: str) -> None:
 @tenants_app.command("deny-bucket")
 def tenants_deny(tenant: str, bucket: str) -> None:
     """Take BUCKET off TENANT's list; jobs already submitted go on, new ones are refused."""
-    from kiln.app.tenants import deny_bucket
+    from kiln.app.tenants.tenants import deny_bucket
 
     with session() as db:
         try:
@@ -119,7 +119,7 @@ def tenants_deny(tenant: str, bucket: str) -> None:
 @tenants_app.command("list")
 def tenants_list() -> None:
     """Tenants with active keys or allowed buckets."""
-    from kiln.app.tenants import list_tenants
+    from kiln.app.tenants.tenants import list_tenants
 
     table = Table("tenant", "active keys", "buckets")
     with session() as db:
@@ -131,7 +131,7 @@ def tenants_list() -> None:
 @keys_app.command("revoke")
 def keys_revoke(prefix: str) -> None:
     """Revoke a key by the 8-character prefix shown at creation (kiln_<prefix>_…)."""
-    from kiln.app.auth import revoke_key
+    from kiln.app.tenants.auth import revoke_key
 
     with session() as db:
         try:
@@ -186,8 +186,8 @@ def models_add(
     ] = "",
 ) -> None:
     """Register an ONNX model as the next version of NAME (stored, sha256-checked)."""
-    from kiln.app.catalog import register_model
-    from kiln.app.model_spec import ImageModelSpec
+    from kiln.app.catalog.catalog import register_model
+    from kiln.app.catalog.model_spec import ImageModelSpec
     from kiln.app.storage import open_store
 
     label_list = labels.read_text().splitlines() if labels else []
@@ -230,7 +230,7 @@ def models_list(
     tenant: Annotated[str, typer.Option(help="Show what this tenant sees.")] = "",
 ) -> None:
     """List built-in models and the latest version of each registered one."""
-    from kiln.app.catalog import list_models
+    from kiln.app.catalog.catalog import list_models
 
     table = Table("model", "kind", "input", "description")
     with session() as db:
@@ -265,7 +265,7 @@ def engines_build(
 ) -> None:
     """Build the model's TensorRT engines on this GPU and upload them to the engine cache, so
     new workers download them instead of building."""
-    from kiln.app.catalog import get_model
+    from kiln.app.catalog.catalog import get_model
     from kiln.app.storage import open_store
     from kiln.workers.engines.select import EngineFactory
     from kiln.workers.models.loader import load_predictor

@@ -16,11 +16,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from kiln.app import job_counts
 from kiln.app.cli import watch_lines
 from kiln.app.cli.common import OptionPairs, VideoFps, console, errors, fail, job_options, settings
 from kiln.app.cli.verdict import Ended, Kind, decide
 from kiln.app.core.errors import KilnError
+from kiln.app.jobs import job_counts
 
 
 def submit(
@@ -194,7 +194,7 @@ def cancel(job_id: str) -> None:
 
 class ApiClient:
     def __enter__(self) -> Any:
-        from kiln.app.client import KilnClient
+        from kiln.app.cli.client import KilnClient
 
         current = settings()
         try:

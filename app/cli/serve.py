@@ -74,7 +74,7 @@ def worker(
 
 
 def _readiness(ready_file: Path | None, warm: str | None) -> Path | None:
-    from kiln.app.catalog import BUILTINS
+    from kiln.app.catalog.catalog import BUILTINS
     from kiln.workers.ops.readiness import parse_models
 
     unknown = [name for name in parse_models(warm) if name not in BUILTINS]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kiln.app import job_counts
+from kiln.app.jobs import job_counts
 
 EVERY_S = 30.0  # at most this often while the counts move
 QUIET_S = 600.0  # at least this often while nothing does

@@ -4,7 +4,8 @@ browser, served by `kiln api` itself at `/console` (docs/console.md).
 Server-rendered (Jinja2) with htmx for the parts that update live and a few lines of our own
 JavaScript for drag and drop and the charts (uPlot); every asset is served from
 `console/static`, nothing from a CDN. Pages read through the same service functions as the
-API (`app/jobs`, `app/db/queries`, `app/catalog`, `app/schedules`, `app/fleet`).
+API (`app/jobs/jobs`, `app/db/queries`, `app/catalog/catalog`, `app/jobs/schedules`,
+`app/api/fleet`).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from fastapi import Depends, Form, Request
 from sqlalchemy import select
 
 from kiln.app.api.deps import ContextDep
-from kiln.app.auth import digest
 from kiln.app.core.errors import ForbiddenError, KilnError
 from kiln.app.db.models import ApiKey
+from kiln.app.tenants.auth import digest
 
 KEY = "key"  # session field: the signed-in key's digest
 CSRF = "csrf"  # session field and form field: the anti-forgery token

@@ -16,10 +16,11 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from kiln.app import job_counts, jobs, video
-from kiln.app.catalog import ModelInfo
+from kiln.app import video
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job
+from kiln.app.jobs import job_counts, jobs
 
 OPEN = {s.value for s in OPEN_JOB_STATUSES}
 TOP = 5  # classifier labels shown per item

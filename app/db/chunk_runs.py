@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
 from kiln.app.db.models import ChunkRun, aware, utcnow
-from kiln.app.throughput import Span
+from kiln.app.jobs.throughput import Span
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ class EngineReport(Base):
 
 class WorkerFacts(Base):
     """What a live worker runs, upserted every few seconds (workers/ops/facts.py) and read by the
-    console's fleet page (app/fleet.py); a row not seen for a while is a worker that is gone."""
+    console's fleet page (app/api/fleet.py); a row not seen for a while is a worker that is gone."""
 
     __tablename__ = "worker_facts"
 

@@ -39,8 +39,8 @@ from kiln.app.db.models import (
     utcnow,
 )
 from kiln.app.db.notify import closed_notice
+from kiln.app.jobs.throughput import Span
 from kiln.app.sources import VIDEO_SUFFIXES
-from kiln.app.throughput import Span
 
 
 @dataclass(frozen=True)

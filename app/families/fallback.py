@@ -2,7 +2,8 @@
 failed or refused, so no input is left without an answer.
 
 Only its shape is checked here; which models may pair up (the tenant can use it, it is not the
-job's model, it takes the same inputs) is checked against the catalog by `kiln.app.fallback`.
+job's model, it takes the same inputs) is checked against the catalog by
+`kiln.app.catalog.fallback`.
 """
 
 from __future__ import annotations

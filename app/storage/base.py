@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
+
+# Returns a boto3 S3 client, made only when needed: the API's and the services' way to read a
+# tenant's bucket without importing boto3 until an s3:// URI is met.
+S3Factory = Callable[[], Any]
 
 
 class NewObject(NamedTuple):

@@ -34,11 +34,12 @@ from bench.inputs import make_images
 from bench.measure import percentiles
 from bench.results import CaseResult
 from bench.stack import Layout, Stack, local_deployment
-from kiln.app import results, sources
-from kiln.app.catalog import get_model
+from kiln.app import sources
+from kiln.app.catalog.catalog import get_model
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.dispatch.contract import BULK
 from kiln.app.dispatch.producer import CeleryDispatcher, make_producer
+from kiln.app.results import results
 from kiln.app.storage import open_store
 
 TENANT = "bench"  # the API key's tenant (bench/stack.py): GET /v1/jobs/{id} is tenant-scoped

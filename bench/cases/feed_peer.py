@@ -92,7 +92,7 @@ def _peer(args: dict[str, Any]) -> CaseResult:
 
 
 def _decode_fit(args: dict[str, Any]) -> CaseResult:
-    from kiln.app.model_spec import ImageModelSpec
+    from kiln.app.catalog.model_spec import ImageModelSpec
     from kiln.workers.prep.pixels import decode_image, fit_image, fit_size
 
     pre = ImageModelSpec(input_size=int(args["size"]), labels=labels(3)).preprocessing("classify")

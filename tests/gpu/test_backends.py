@@ -23,9 +23,9 @@ import pytest
 from PIL import Image
 
 from devstack.images import photo, truncated_jpeg
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
-from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
 from kiln.workers.device.pixels import nvjpeg_available
 from kiln.workers.engines.base import MemoryAccount

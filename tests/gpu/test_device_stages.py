@@ -68,7 +68,7 @@ def test_staged_decode_fit_forward_outputs_give_the_serial_answers(classifier: P
     """24 batches of 5 JPEGs (one of them not decodable) through the four stages from as many
     callers as the device stages hold: each batch's logits are the serial path's."""
     from devstack.images import truncated_jpeg
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
     from kiln.workers.device import pixels as device_pixels
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages, answer, decode_rows
     from kiln.workers.prep.header import read_header
@@ -111,7 +111,7 @@ def test_each_stage_calls_torch_a_few_times_a_batch_on_the_gpu(classifier: Path)
     around a stage (it would show as its own calls)."""
     import torch
 
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
     from kiln.workers.device.stages import CudaStreams
     from kiln.workers.prep.header import read_header

@@ -123,7 +123,7 @@ def test_nvjpeg_and_the_batched_fit_on_the_gpu() -> None:
     fitted alone on the GPU, and stay near Pillow's fit on the CPU."""
     import torch
 
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
     from kiln.workers.device import pixels as di
     from kiln.workers.prep.pixels import decode_image, fit_image
 

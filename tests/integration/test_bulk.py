@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from devstack.images import photo
 from devstack.jobs import wait_closed
 from kiln.app.db.models import Item
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from tests.stack import BUCKET, SOURCE_BUCKET
 
 

@@ -23,7 +23,7 @@ from devstack.services import (
 from devstack.services import service_env as full_env
 from kiln.app.db.models import Ingest, Item, Job
 from kiln.app.dispatch.producer import CeleryDispatcher
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
 from kiln.workers.celery.app import make_celery
 from tests.integration.test_bulk import put_objects
 from tests.stack import SOURCE_BUCKET

@@ -29,7 +29,7 @@ from devstack.services import (
     start_worker,
 )
 from devstack.services import service_env as process_env
-from kiln.app.auth import create_key
+from kiln.app.tenants.auth import create_key
 from tests import videos
 from tests.integration.test_bulk import put_objects
 from tests.stack import BUCKET, RUNNING, SOURCE_BUCKET

@@ -12,7 +12,7 @@ from devstack.images import photo
 from kiln.app.core.config import Settings
 from kiln.app.db import counters, queries
 from kiln.app.dispatch.stub import Enqueued, RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.runtime import WorkerRuntime
 

@@ -23,8 +23,8 @@ from devstack.images import photo
 from devstack.jobs import wait_closed
 from devstack.services import Process, kiln_command, wait_for
 from devstack.services import service_env as process_env
-from kiln.app.auth import create_key
 from kiln.app.db.models import Job, Schedule, utcnow
+from kiln.app.tenants.auth import create_key
 from tests.stack import BUCKET, RUNNING, SOURCE_BUCKET, run_kiln
 
 

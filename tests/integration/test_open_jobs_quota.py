@@ -12,7 +12,7 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import LimitExceededError
 from kiln.app.db.session import make_engine, make_session_factory
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
 from kiln.app.storage.local import LocalStore
 
 RACERS = 20

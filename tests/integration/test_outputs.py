@@ -25,9 +25,9 @@ from devstack.services import (
     start_worker,
 )
 from devstack.services import service_env as process_env
-from kiln.app.auth import create_key
 from kiln.app.db.models import Item
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.auth import create_key
+from kiln.app.tenants.tenants import allow_bucket
 from tests.integration.test_bulk import put_objects
 from tests.stack import RUNNING, SOURCE_BUCKET, run_kiln
 

@@ -22,7 +22,7 @@ from devstack.services import (
     start_worker,
 )
 from devstack.services import service_env as process_env
-from kiln.app.auth import create_key
+from kiln.app.tenants.auth import create_key
 from tests.stack import RUNNING
 
 LEASE_S = 12  # short, so the test sees the recovery; stalled after 10 s unrenewed (stale_s)

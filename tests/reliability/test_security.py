@@ -16,7 +16,7 @@ import pytest
 from devstack.images import photo
 from devstack.jobs import wait_closed
 from devstack.services import AWS_ENV
-from kiln.app.auth import revoke_key
+from kiln.app.tenants.auth import revoke_key
 from tests.sigv4 import s3_would_accept
 from tests.stack import _key, run_kiln
 

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kiln.app.catalog import register_model
+from kiln.app.catalog.catalog import register_model
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
-from kiln.app.model_spec import ImageModelSpec
 from kiln.workers.runtime import WorkerRuntime
 from tests.models import colour_classifier
 

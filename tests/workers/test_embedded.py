@@ -55,9 +55,9 @@ def test_kiln_run_detector_and_phash(
 def test_kiln_run_registered_classify_and_embed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kiln.app.catalog import register_model
+    from kiln.app.catalog.catalog import register_model
+    from kiln.app.catalog.model_spec import ImageModelSpec
     from kiln.app.db.session import make_engine, make_session_factory
-    from kiln.app.model_spec import ImageModelSpec
     from kiln.app.storage import open_store
     from tests.models import colour_classifier
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kiln.app.core.errors import InputError
-from kiln.app.vector_index import VectorIndex
+from kiln.app.results.vector_index import VectorIndex
 from kiln.workers.models.grouping import (
     components,
     cosine_groups,

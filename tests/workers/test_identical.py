@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.app import results
+from kiln.app.results import results
 from kiln.app.storage.local import LocalStore
 from kiln.workers.close.steps import join_identical
 from kiln.workers.models.grouping import Groups, merge

@@ -23,9 +23,9 @@ from kiln.app.core.config import Settings
 from kiln.app.db import ingest as ingest_db
 from kiln.app.db.models import Ingest, Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
-from kiln.app.jobs import cancel_job
-from kiln.app.tenants import allow_bucket
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.jobs.jobs import cancel_job
+from kiln.app.tenants.tenants import allow_bucket
 from kiln.workers.jobs.ingest import BACKPRESSURE_PAUSE_S, StepReport, ingest_step
 from kiln.workers.runtime import WorkerRuntime
 from tests.support import migrated_settings

@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import event, select, update
 
 from devstack.images import solid
-from kiln.app import results
 from kiln.app.db import chunk_runs, leases
 from kiln.app.db.models import ChunkRun, Item, ItemStatus, Job, JobStatus, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import LeaseTiming, cancel_job, progress
+from kiln.app.jobs.jobs import LeaseTiming, cancel_job, progress
+from kiln.app.results import results
 from kiln.workers.chunk import answer as answer_module
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.jobs.periodic import reconcile

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.app import results
-from kiln.app.results import Place, ResultRow
+from kiln.app.results import results
+from kiln.app.results.results import Place, ResultRow
 from kiln.app.storage.local import LocalStore
 from kiln.workers.models import phash
 from kiln.workers.models.library import Library, library_place, update

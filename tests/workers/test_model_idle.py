@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from kiln.app.catalog import builtin_model
+from kiln.app.catalog.catalog import builtin_model
 from kiln.workers.ops.facts import worker_facts
 from kiln.workers.ops.metrics import worker_registry
 from kiln.workers.runtime import WorkerRuntime

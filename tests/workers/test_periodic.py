@@ -12,9 +12,9 @@ from sqlalchemy import select, update
 from kiln.app.db import content_cache
 from kiln.app.db.models import ContentCache, Ingest, Job, Schedule, utcnow
 from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
-from kiln.app.schedules import ScheduleRequest, add_schedule
-from kiln.app.tenants import allow_bucket
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.jobs.schedules import ScheduleRequest, add_schedule
+from kiln.app.tenants.tenants import allow_bucket
 from kiln.workers.jobs import periodic
 from kiln.workers.jobs.periodic import reconcile, run_due_schedules
 from kiln.workers.runtime import WorkerRuntime

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.workers.engines.base import Choice, EngineRequest, TensorSpec
 from kiln.workers.engines.select import EngineFactory, Host

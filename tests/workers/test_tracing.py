@@ -13,10 +13,10 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from devstack.images import solid
 from kiln.app.api.app import create_app
-from kiln.app.auth import create_key
 from kiln.app.core.config import Settings
 from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.observability.tracing import tracer
+from kiln.app.tenants.auth import create_key
 from kiln.workers.batching import Batcher, BatchPolicy, ListShape
 from kiln.workers.celery.app import make_celery
 from kiln.workers.runtime import WorkerRuntime

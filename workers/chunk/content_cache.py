@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.models.base import VECTOR_OUTPUTS
@@ -26,7 +26,7 @@ def scope_key(settings: Settings, tenant: str, model: ModelInfo) -> str:
 
     Per tenant unless the operator shares the cache: a hit answers visibly faster, so a shared
     cache tells one tenant that another already processed the same bytes. Tenant names have no
-    "/" (kiln.app.auth), so no tenant's scope can look like another's or like "shared".
+    "/" (kiln.app.tenants.auth), so no tenant's scope can look like another's or like "shared".
     """
     scope = "shared" if settings.content_cache_shared else f"t:{tenant}"
     return f"{scope}/{model.cache_key}"

@@ -29,7 +29,7 @@ from kiln.app.db.items import NewItem
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
-from kiln.app.jobs import queue_for
+from kiln.app.jobs.jobs import queue_for
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.close.lease import Lease
 from kiln.workers.prep.video import FramePlan

@@ -12,7 +12,7 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.errors import TransientError
 from kiln.app.db import content_cache as cache_rows
 from kiln.app.families.fallback import FAILED

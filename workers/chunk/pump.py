@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.errors import TransientError
 from kiln.app.families.fallback import FAILED, REFUSED
 from kiln.app.video import Sampling

@@ -14,11 +14,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import ItemStatus
 from kiln.app.families.fallback import Trigger
-from kiln.app.results import BASE_FIELDS
+from kiln.app.results.results import BASE_FIELDS
 from kiln.app.video import split_key
 from kiln.workers.models.base import VECTOR_OUTPUTS
 

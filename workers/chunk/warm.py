@@ -14,10 +14,10 @@ from contextlib import contextmanager
 
 from sqlalchemy.orm import Session
 
-from kiln.app import results
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db import chunk_runs, content_cache, leases, queries
 from kiln.app.db.session import unit_of_work
+from kiln.app.results import results
 from kiln.workers.chunk.content_cache import scope_key
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.close.fallback import shard_fields

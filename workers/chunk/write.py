@@ -13,10 +13,10 @@ import logging
 import numpy as np
 import pyarrow as pa
 
-from kiln.app import results
 from kiln.app.db import chunk_results
 from kiln.app.db.models import Item
 from kiln.app.db.session import unit_of_work
+from kiln.app.results import results
 from kiln.workers.chunk.content_cache import fresh_entries
 from kiln.workers.chunk.rows import ChunkRows
 from kiln.workers.close.lease import Lease

@@ -18,13 +18,13 @@ import logging
 import pyarrow as pa
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app import results
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.errors import OutputError
 from kiln.app.db import leases, queries
 from kiln.app.db.leases import JobFacts
 from kiln.app.db.models import Job
 from kiln.app.db.session import unit_of_work
+from kiln.app.results import results
 from kiln.app.storage import ObjectStore
 from kiln.workers.close.fail import fail_for_output
 from kiln.workers.close.fallback import job_fallback, shard_fields

@@ -2,7 +2,7 @@
 and the Parquet columns of a job whose rows two models may answer.
 
 The option is checked, and its model pinned to one version, when the job is submitted
-(`kiln.app.fallback`); the re-run itself is part of the chunk run (`workers/chunk/run.py`).
+(`kiln.app.catalog.fallback`); the re-run itself is part of the chunk run (`workers/chunk/run.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 from sqlalchemy.orm import Session
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.families.fallback import FallbackOptions
 from kiln.workers.models.loader import output_fields
 from kiln.workers.runtime import WorkerRuntime

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.app import results
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db.leases import LeasedItem
+from kiln.app.results import results
 from kiln.app.video import Sampling
 from kiln.workers.close.fallback import Fallback
 

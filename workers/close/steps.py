@@ -19,10 +19,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from kiln.app import results
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db import queries
 from kiln.app.db.models import Job
+from kiln.app.results import results
 from kiln.app.storage import ObjectStore
 from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.grouping import groups_in, merge

@@ -45,7 +45,7 @@ from kiln.workers.device.stages import (
 )
 
 if TYPE_CHECKING:
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
 
 
 @runtime_checkable

@@ -28,8 +28,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from kiln.app.catalog.model_spec import Preprocessing
 from kiln.app.core.errors import InputError
-from kiln.app.model_spec import Preprocessing
 from kiln.workers.device import decoders
 from kiln.workers.device.decoders import JpegDecoder
 from kiln.workers.prep.header import ROTATED, Header, read_header

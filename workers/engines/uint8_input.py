@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.app.model_spec import Preprocessing
+from kiln.app.catalog.model_spec import Preprocessing
 from kiln.workers.prep.pixels import normalize
 
 Triple = tuple[float, float, float]

@@ -24,14 +24,14 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session
 
-from kiln.app import results
 from kiln.app.core.errors import InputError, KilnError
 from kiln.app.db import ingest as db
 from kiln.app.db import queries
 from kiln.app.db.models import Ingest, Job, JobStatus, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
-from kiln.app.ingest import Source
+from kiln.app.jobs.ingest import Source
+from kiln.app.results import results
 from kiln.app.storage.s3 import translate
 from kiln.workers.close.close import close_closed_job
 from kiln.workers.runtime import WorkerRuntime

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from kiln.app import schedules
 from kiln.app.db import chunk_runs, content_cache, leases
 from kiln.app.db import ingest as db
 from kiln.app.db.models import utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.jobs import schedules
 from kiln.workers.close.close import close_finished_job
 from kiln.workers.runtime import WorkerRuntime
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from kiln.app.core.errors import InputError, KilnError
 from kiln.app.db.models import Job
-from kiln.app.results import Place
+from kiln.app.results.results import Place
 from kiln.workers.models.library import Library
 from kiln.workers.prep.spec import PrepSpec
 

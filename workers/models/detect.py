@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.app.model_spec import Detection, ImageModelSpec, Preprocessing
+from kiln.app.catalog.model_spec import Detection, ImageModelSpec, Preprocessing
 from kiln.workers.device.image_stages import DEFAULT_OPTIONS, DeviceOptions, DevicePost
 from kiln.workers.engines.base import Engine
 from kiln.workers.models.base import Answers, Batch, names_of, numeric, row_errors

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from kiln.app.core.errors import InputError
-from kiln.app.vector_index import VectorIndex
+from kiln.app.results.vector_index import VectorIndex
 
 BLOCK = 2048  # rows of the similarity matrix computed at once: 2048 × n float32 in memory
 # Neighbours asked of the approximate index per vector when grouping a large set. Near-

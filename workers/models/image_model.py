@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.app.model_spec import ImageModelSpec, Preprocessing
+from kiln.app.catalog.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.device import decoders
 from kiln.workers.device import pixels as device_pixels
 from kiln.workers.device.image_stages import (

@@ -24,9 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kiln.app import results
-from kiln.app.results import Place
-from kiln.app.results import library_place as library_place  # where it lives: kiln.app reads it
+from kiln.app.results import results
+from kiln.app.results.results import Place
+from kiln.app.results.results import (
+    library_place as library_place,  # where it lives: kiln.app reads it
+)
 
 TABLE = "library.parquet"
 PARQUET = "application/vnd.apache.parquet"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
-from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage import ObjectStore
 from kiln.workers.device.image_stages import DeviceOptions
 from kiln.workers.engines.select import EngineFactory

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from kiln.app import results
 from kiln.app.families.phash import DEFAULT_MAX_DISTANCE, MAX_DISTANCE_LIMIT, PhashOptions
+from kiln.app.results import results
 from kiln.workers.models.base import Answers, Batch, ClosedJob
 from kiln.workers.models.grouping import components, groups_of
 from kiln.workers.models.hamming import close_pairs

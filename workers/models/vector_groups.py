@@ -2,7 +2,7 @@
 by cosine similarity when the job asked for them (`options.group`).
 
 The vectors are read back from the job's Parquet shards (they never go to the database) into a
-usearch index stored beside them (`app/vector_index.py`), which search loads later. Pairs at
+usearch index stored beside them (`app/results/vector_index.py`), which search loads later. Pairs at
 or above the threshold are found exactly for small sets and among each vector's nearest
 neighbours in the index for large ones, joined transitively (`workers/models/grouping.py`), and
 `groups.parquet` is written beside the shards as phash's groups are. A pipeline run also
@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kiln.app import results, vector_index
 from kiln.app.families.embed import EmbedOptions
-from kiln.app.results import Place
-from kiln.app.vector_index import VectorIndex
+from kiln.app.results import results, vector_index
+from kiln.app.results.results import Place
+from kiln.app.results.vector_index import VectorIndex
 from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.grouping import cosine_groups
 from kiln.workers.models.library import Library

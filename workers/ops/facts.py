@@ -3,7 +3,7 @@
 Every `PUBLISH_EVERY_S` a worker upserts one row (`app/db/worker_facts.py`): its device, each
 loaded model's backend, owner, memory and batching totals, its health problems, its own and its
 prep processes' resident memory, and its GPU's latest NVML sample. The API reads the rows seen
-recently (`app/fleet.py`); no port to open, no server to add. A GPU figure NVML does not answer
+recently (`app/api/fleet.py`); no port to open, no server to add. A GPU figure NVML does not answer
 is absent from the sample, never zero.
 """
 

@@ -31,7 +31,7 @@ from kiln.app.db import chunk_runs, leases
 from kiln.app.db.chunk_runs import RunTally
 from kiln.app.db.models import JobStatus, utcnow
 from kiln.app.db.session import unit_of_work
-from kiln.app.jobs import LeaseTiming
+from kiln.app.jobs.jobs import LeaseTiming
 from kiln.workers.ops.health import Health
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ def warm_models(runtime: Callable[[], Any], names: Sequence[str]) -> Callable[[]
     """A warm-up that builds each built-in model's predictor (and its engine) in this process."""
 
     def warm_up() -> list[str]:
-        from kiln.app.catalog import builtin_model
+        from kiln.app.catalog.catalog import builtin_model
 
         for name in names:
             runtime().models.runner(builtin_model(name))

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from kiln.app.catalog.model_spec import Preprocessing
 from kiln.app.core.errors import InputError
-from kiln.app.model_spec import Preprocessing
 from kiln.workers.prep.pixels import (
     Decoded,
     Letterbox,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin, UnidentifiedImageError
 
+from kiln.app.catalog.model_spec import CROP_RATIO, Preprocessing
 from kiln.app.core.errors import InputError
-from kiln.app.model_spec import CROP_RATIO, Preprocessing
 
 
 @dataclass(frozen=True)

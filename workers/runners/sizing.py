@@ -7,7 +7,7 @@ shared-memory slots for pixel families, tickets for rows that travel as objects.
 
 from __future__ import annotations
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.workers.batching import QUEUED_BATCHES
 from kiln.workers.engines import batch_size as rule

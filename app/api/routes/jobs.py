@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import FormData, UploadFile
 
-from kiln.app import fleet, job_lookup, jobs, results, video
+from kiln.app import video
+from kiln.app.api import fleet
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep, get_context
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import (
@@ -31,7 +32,9 @@ from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, TransientError
 from kiln.app.db import queries
 from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, JobStatus, utcnow
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.jobs import job_lookup, jobs
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.results import results
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

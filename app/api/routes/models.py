@@ -13,7 +13,7 @@ from starlette.datastructures import FormData, UploadFile
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
 from kiln.app.api.schemas import EngineOut, ModelCreate, ModelOut, ModelSpecIn
-from kiln.app.catalog import (
+from kiln.app.catalog.catalog import (
     REGISTRABLE_KINDS,
     ModelInfo,
     get_model,
@@ -21,13 +21,13 @@ from kiln.app.catalog import (
     model_versions,
     register_model,
 )
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError
 from kiln.app.db import queries
-from kiln.app.model_spec import ImageModelSpec
-from kiln.app.results import S3Factory
+from kiln.app.storage.base import S3Factory
 from kiln.app.storage.s3 import read_object
-from kiln.app.tenants import check_bucket
+from kiln.app.tenants.tenants import check_bucket
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

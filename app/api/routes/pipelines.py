@@ -9,7 +9,6 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import iterate_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from kiln.app import pipeline_results, pipelines
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import error_responses
 from kiln.app.api.schemas import (
@@ -21,6 +20,7 @@ from kiln.app.api.schemas import (
     RunCountsOut,
     ScheduleOut,
 )
+from kiln.app.results import pipeline_results, pipelines
 
 router = APIRouter(prefix="/v1/pipelines", tags=["pipelines"])
 

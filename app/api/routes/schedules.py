@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from kiln.app import schedules
 from kiln.app.api.deps import S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import error_responses
 from kiln.app.api.schemas import ScheduleCreate, ScheduleOut
 from kiln.app.db.models import Schedule
-from kiln.app.ingest import Source
+from kiln.app.jobs import schedules
+from kiln.app.jobs.ingest import Source
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 

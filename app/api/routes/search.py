@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.datastructures import UploadFile
 
-from kiln.app import search, thumbnails
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
@@ -23,10 +22,11 @@ from kiln.app.api.schemas import HitOut, SearchIn, SearchOut
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import InputError, TransientError
 from kiln.app.db import pipelines
-from kiln.app.results import S3Factory
-from kiln.app.search import SearchQuery, Target
+from kiln.app.results import search, thumbnails
+from kiln.app.results.search import SearchQuery, Target
+from kiln.app.results.vector_index import VectorIndex
 from kiln.app.storage import ObjectStore
-from kiln.app.vector_index import VectorIndex
+from kiln.app.storage.base import S3Factory
 
 router = APIRouter(prefix="/v1/jobs", tags=["search"])
 pipeline_router = APIRouter(prefix="/v1/pipelines", tags=["search"])

@@ -11,14 +11,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
-from kiln.app import schedules
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep
-from kiln.app.catalog import ModelInfo, list_models, model_versions
+from kiln.app.catalog.catalog import ModelInfo, list_models, model_versions
 from kiln.app.console.auth import ConsoleTenant
 from kiln.app.console.pages import render
 from kiln.app.db import pipelines, queries
 from kiln.app.db.models import EngineReport, Job, Schedule
+from kiln.app.jobs import schedules
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 RUNS_SHOWN = 5

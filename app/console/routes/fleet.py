@@ -3,7 +3,7 @@ per batch), queue lengths, and per-GPU utilisation, memory, temperature and powe
 the page polls (`data.json` every few seconds; the browser keeps the last 120 points).
 
 Workers publish their facts to Postgres every few seconds (`workers/ops/facts.py`); the API reads
-them back (`app/fleet.py`). A GPU figure NVML did not answer is absent, never zero."""
+them back (`app/api/fleet.py`). A GPU figure NVML did not answer is absent, never zero."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
-from kiln.app import fleet
+from kiln.app.api import fleet
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep
 from kiln.app.console.auth import ConsoleTenant

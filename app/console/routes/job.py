@@ -16,17 +16,18 @@ from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from sqlalchemy.orm import Session
 
-from kiln.app import jobs, results, throughput, thumbnails
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep, S3Dep
-from kiln.app.catalog import ModelInfo, get_model
+from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.console import views
 from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
 from kiln.app.console.pages import ConsoleDep, ConsoleState, render
 from kiln.app.core.errors import ConflictError
 from kiln.app.db import chunk_runs, queries
 from kiln.app.db.models import ItemStatus, Job, aware, utcnow
-from kiln.app.results import S3Factory
+from kiln.app.jobs import jobs, throughput
+from kiln.app.results import results, thumbnails
+from kiln.app.storage.base import S3Factory
 
 router = APIRouter(prefix="/console/jobs", include_in_schema=False)
 

@@ -12,7 +12,7 @@ from kiln.app.api.deps import ContextDep
 from kiln.app.console import views
 from kiln.app.console.auth import ConsoleTenant
 from kiln.app.console.pages import render
-from kiln.app.jobs import LeaseTiming
+from kiln.app.jobs.jobs import LeaseTiming
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 25

@@ -10,15 +10,15 @@ from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from kiln.app import jobs
 from kiln.app.api.context import ApiContext
 from kiln.app.api.deps import ContextDep
 from kiln.app.api.errors import RequestTooLargeError
-from kiln.app.catalog import ModelInfo, get_model, list_models
+from kiln.app.catalog.catalog import ModelInfo, get_model, list_models
 from kiln.app.console import views
 from kiln.app.console.auth import ActingTenant, CheckedForm, ConsoleTenant
 from kiln.app.console.pages import render
 from kiln.app.core.errors import InputError
+from kiln.app.jobs import jobs
 
 router = APIRouter(prefix="/console/try", include_in_schema=False)
 MAX_FILES = 16  # a try, not a batch: bigger sets go through the API or `kiln submit`

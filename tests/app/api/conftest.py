@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import StarletteDeprecationWarning
 
 from kiln.app.api.app import create_app
-from kiln.app.auth import create_key
 from kiln.app.core.config import Settings
+from kiln.app.tenants.auth import create_key
 
 with warnings.catch_warnings():
     # Starlette 1.x warns when its TestClient falls back to `httpx` because `httpx2` (its

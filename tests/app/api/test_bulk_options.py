@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.db.models import Ingest
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from tests.app.api.conftest import TestClient
 
 SOURCE = {"s3": "s3://photos/2026/", "include": ["*.jpg"]}

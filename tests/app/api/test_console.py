@@ -14,12 +14,12 @@ from PIL import Image
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app.auth import revoke_key
 from kiln.app.console.security import POLICY
 from kiln.app.db import counters, worker_facts
 from kiln.app.db.models import Ingest, Item, Job, utcnow
 from kiln.app.db.session import unit_of_work
-from kiln.app.thumbnails import thumbnail
+from kiln.app.results.thumbnails import thumbnail
+from kiln.app.tenants.auth import revoke_key
 from tests.app.api.conftest import TestClient, bearer
 
 NAME = '"><img src=x onerror=alert(1)>.png'

@@ -15,8 +15,8 @@ from devstack.images import solid
 from kiln.app.api.app import create_app
 from kiln.app.core.config import Settings, get_settings
 from kiln.app.core.errors import LimitExceededError
-from kiln.app.quotas import TenantLimiter, limiter_storage_url
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.quotas import TenantLimiter, limiter_storage_url
+from kiln.app.tenants.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 from tests.app.api.test_console import csrf, sign_in
 
@@ -120,7 +120,7 @@ def test_a_bucket_not_on_the_list_is_403(client: TestClient, path: str, body: An
 
 def test_the_limiter_fails_open_when_redis_is_down(caplog: pytest.LogCaptureFixture) -> None:
     limiter = TenantLimiter("1/minute", "redis://127.0.0.1:1/0")  # nothing listens on port 1
-    with caplog.at_level(logging.WARNING, logger="kiln.app.quotas"):
+    with caplog.at_level(logging.WARNING, logger="kiln.app.tenants.quotas"):
         for _ in range(3):
             limiter.hit("acme")  # no 429, no exception
     assert "rate limiter unavailable" in caplog.text

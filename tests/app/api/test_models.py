@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from sqlalchemy.orm import Session, sessionmaker
 
-from kiln.app.catalog import get_model
+from kiln.app.catalog.catalog import get_model
 from kiln.app.core.config import Settings
 from kiln.app.db import queries
 from kiln.app.storage.local import LocalStore

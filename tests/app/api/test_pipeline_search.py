@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from devstack.images import photo
 from kiln.app.cli.commands import app as cli
 from kiln.app.db.models import Item, Job, JobStatus, Pipeline, utcnow
-from kiln.app.results import library_place, place_for, write_manifest
+from kiln.app.results.results import library_place, place_for, write_manifest
+from kiln.app.results.vector_index import VectorIndex
 from kiln.app.sources import in_store
 from kiln.app.storage.local import LocalStore
-from kiln.app.vector_index import VectorIndex
 from tests.app.api.conftest import TestClient
 from tests.app.api.test_routes import assert_sentence
 from tests.models import register_thumbnail_embedder

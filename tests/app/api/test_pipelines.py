@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.db.models import Item, Job, JobStatus, Pipeline, PipelineObject, Schedule, utcnow
-from kiln.app.results import ResultRow, items_table, place_for, write_table
+from kiln.app.results.results import ResultRow, items_table, place_for, write_table
 from kiln.app.storage.local import LocalStore
 from tests.app.api.conftest import TestClient
 from tests.app.api.test_routes import assert_sentence

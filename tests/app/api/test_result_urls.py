@@ -16,7 +16,7 @@ from moto import mock_aws
 from devstack.images import solid
 from kiln.app.api.app import create_app
 from kiln.app.core.config import Settings
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 
 BUCKET = "kiln-results"

@@ -20,12 +20,12 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from devstack.images import solid
-from kiln.app import results
 from kiln.app.api.app import create_app
-from kiln.app.auth import revoke_key
 from kiln.app.core.config import Settings
+from kiln.app.results import results
 from kiln.app.storage import open_store
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.auth import revoke_key
+from kiln.app.tenants.tenants import allow_bucket
 from tests.app.api.conftest import TestClient, bearer
 
 MISSING_JOB = "00000000-0000-0000-0000-000000000000"

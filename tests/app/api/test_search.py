@@ -18,8 +18,8 @@ from PIL import Image
 from devstack.images import near_copy, photo
 from kiln.app.api.app import create_app
 from kiln.app.core.config import Settings
+from kiln.app.results.vector_index import INDEX, KEYS
 from kiln.app.storage.local import LocalStore
-from kiln.app.vector_index import INDEX, KEYS
 from kiln.workers.celery.app import make_celery
 from kiln.workers.embedded import embedded_worker
 from tests.app.api.conftest import TestClient

@@ -13,7 +13,7 @@ from kiln.app.core.config import Settings
 from kiln.app.db import counters
 from kiln.app.db.models import JobCounter
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
 from kiln.app.storage.local import LocalStore
 
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from kiln.app.catalog import get_model
+from kiln.app.catalog.catalog import get_model
 from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 from tests.models import colour_classifier

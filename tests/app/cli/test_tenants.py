@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from kiln.app.cli.commands import app
 from kiln.app.core.config import Settings
 from kiln.app.db.models import ApiKey
-from kiln.app.tenants import allowed_buckets
+from kiln.app.tenants.tenants import allowed_buckets
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from kiln.app.db import counters, leases
 from kiln.app.db.failures import fail_job
 from kiln.app.db.models import Ingest, ItemStatus, Job, JobStatus, Pipeline
-from kiln.app.ingest import running_job
+from kiln.app.jobs.ingest import running_job
 from tests.app.db.test_ingest import bulk_job
 from tests.app.db.test_queries import items_of, make_job
 

@@ -1,5 +1,5 @@
 """The `fallback` option's shape, which every family takes: checked before any model is looked
-up (kiln.app.fallback checks the model itself against the catalog)."""
+up (kiln.app.catalog.fallback checks the model itself against the catalog)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.app.catalog import BUILTINS, REGISTRABLE_KINDS
+from kiln.app.catalog.catalog import BUILTINS, REGISTRABLE_KINDS
 from kiln.app.core.errors import InputError
 from kiln.app.families import FAMILIES, check_options
 from kiln.app.families.phash import DEFAULT_MAX_DISTANCE, MAX_DISTANCE_LIMIT, PhashOptions

@@ -1,4 +1,4 @@
-"""A job's `output` checked before it is recorded (`app/outputs.py`), and the sentences a write
+"""A job's `output` checked before it is recorded (`app/jobs/outputs.py`), and the sentences a write
 to an output says when retrying cannot fix it, against moto's in-process S3 and SQLite."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 from botocore.exceptions import ClientError
 from sqlalchemy.orm import Session
 
-from kiln.app import outputs
 from kiln.app.core.errors import ForbiddenError, InputError, OutputError
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.ingest import BulkRequest, Source, submit_bulk
-from kiln.app.schedules import ScheduleRequest, add_schedule
+from kiln.app.jobs import outputs
+from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
+from kiln.app.jobs.schedules import ScheduleRequest, add_schedule
 from kiln.app.storage.s3 import S3Store, output_error
-from kiln.app.tenants import allow_bucket
+from kiln.app.tenants.tenants import allow_bucket
 from tests.app.storage.conftest import BUCKET
 
 MISSING = "no-such-results"

@@ -1,8 +1,9 @@
 """A video's index and its reader (kiln.app.video.index, kiln.app.video.reader): every frame and
-keyframe from the packets, and frames by presentation time — decoding on when sampling is
-dense, seeking to the keyframe when it is sparse, back and forth in any container. (The
-corrupt-frame rule is tested through its users: the prep processes' plan of a damaged video,
-tests/workers/prep/test_video.py, and the API's thumbnails, tests/app/test_frame_thumbnails.py.)
+keyframe from the packets, and frames by presentation time — decoding on when sampling is dense,
+seeking to the keyframe when it is sparse, back and forth in any container. (The corrupt-frame rule
+is tested through its users: the prep processes' plan of a damaged video,
+tests/workers/prep/test_video.py, and the API's thumbnails,
+tests/app/results/test_frame_thumbnails.py.)
 
 `plain` clips are grey: frame i is level 7·i mod 256, so a decoded frame's mean names it."""
 

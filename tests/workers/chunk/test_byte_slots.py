@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from devstack.images import photo, truncated_jpeg
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.db.leases import LeasedItem

@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import update
 
 from devstack.images import solid
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.app.db.models import ContentCache, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
 from kiln.workers.chunk.content_cache import decode, encode, scope_key
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.chunk.stats import ChunkReport

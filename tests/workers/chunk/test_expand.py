@@ -15,7 +15,7 @@ from kiln.app.db import counters
 from kiln.app.db.leases import LeasedItem
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus
 from kiln.app.dispatch.stub import Enqueued, RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
 from kiln.workers.chunk.expand import chunk_starts, chunked, frame_chunk_size
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.prep.video import FramePlan

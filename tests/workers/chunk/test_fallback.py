@@ -14,13 +14,13 @@ import pytest
 from sqlalchemy import select
 
 from devstack.images import solid
-from kiln.app import results
-from kiln.app.catalog import ModelInfo, builtin_model, register_model
+from kiln.app.catalog.catalog import ModelInfo, builtin_model, register_model
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.db import counters, queries
 from kiln.app.db.models import ContentCache, Item, ItemStatus
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, submit_job
-from kiln.app.model_spec import ImageModelSpec
+from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
+from kiln.app.results import results
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.close.close import close_job

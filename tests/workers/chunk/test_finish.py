@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from sqlalchemy import update
 
-from kiln.app import results
 from kiln.app.db import queries
 from kiln.app.db.models import Ingest, Item, ItemStatus, JobStatus, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
-from kiln.app.jobs import cancel_job
+from kiln.app.jobs.jobs import cancel_job
+from kiln.app.results import results
 from kiln.workers.chunk import lease as leasing
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.chunk.write import write_chunk

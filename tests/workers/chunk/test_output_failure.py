@@ -14,11 +14,11 @@ import pytest
 from moto import mock_aws
 from sqlalchemy import update
 
-from kiln.app import results
 from kiln.app.core.errors import TransientError
 from kiln.app.db.leases import gave_up
 from kiln.app.db.models import ItemStatus, Job, JobStatus
 from kiln.app.dispatch.stub import RecordingDispatcher
+from kiln.app.results import results
 from kiln.workers.chunk import infer
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.jobs.periodic import reconcile

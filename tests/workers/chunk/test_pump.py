@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.errors import TransientError
 from kiln.app.db.leases import LeasedItem
 from kiln.app.families.fallback import FAILED

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import get_settings
 from kiln.app.db.leases import LeasedItem
 from kiln.workers.chunk.content_cache import fresh_entries

@@ -13,14 +13,14 @@ import pytest
 from sqlalchemy import select, update
 
 from devstack.images import solid, truncated_jpeg
-from kiln.app import results
 from kiln.app.core.config import Settings
 from kiln.app.core.digest import sha256_hex
 from kiln.app.core.errors import TransientError
 from kiln.app.db import leases
 from kiln.app.db.models import Item, ItemStatus, Job, JobStatus, Model
 from kiln.app.dispatch.stub import Enqueued, RecordingDispatcher
-from kiln.app.jobs import JobRequest, Upload, cancel_job, submit_job
+from kiln.app.jobs.jobs import JobRequest, Upload, cancel_job, submit_job
+from kiln.app.results import results
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.chunk.stats import ChunkReport
 from kiln.workers.runtime import WorkerRuntime

@@ -7,7 +7,7 @@ import sys
 import pytest
 from sqlalchemy import func, select
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db.models import ChunkRun, Item, Job
 from kiln.workers.chunk import warm
 from kiln.workers.runtime import WorkerRuntime

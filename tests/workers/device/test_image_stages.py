@@ -46,7 +46,7 @@ def run_torch(where: str) -> None:
     import torch
 
     from devstack.images import photo, truncated_jpeg
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
     from kiln.workers.device import pixels as device_pixels
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
     from kiln.workers.prep.header import read_header

@@ -23,8 +23,8 @@ import pytest
 from PIL import Image
 
 from devstack.images import photo, truncated_jpeg
+from kiln.app.catalog.model_spec import ImageModelSpec, Preprocessing
 from kiln.app.core.errors import InputError
-from kiln.app.model_spec import ImageModelSpec, Preprocessing
 from kiln.workers.device import decoders
 from kiln.workers.device.decoders import TorchvisionJpeg
 from kiln.workers.device.pixels import supports

@@ -84,7 +84,7 @@ def run_torch(where: str) -> None:
     import torch
 
     from devstack.images import photo
-    from kiln.app.model_spec import Preprocessing
+    from kiln.app.catalog.model_spec import Preprocessing
     from kiln.workers.device.decoders import TorchvisionJpeg
     from kiln.workers.device.image_stages import DeviceOptions, ImageStages
     from kiln.workers.prep.header import read_header

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kiln.app.catalog import ModelInfo
+from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.core.config import Settings
 from kiln.workers.engines.learned import Learned, LearnedKey, device_key
 from kiln.workers.ops.device import Gpu

@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from devstack.images import photo
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.core.config import Settings
-from kiln.app.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.classify import ClassifyPredictor

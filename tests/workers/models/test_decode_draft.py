@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench.inputs import jpeg
-from kiln.app.model_spec import ImageModelSpec
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.base import Batch
 from kiln.workers.models.classify import ClassifyPredictor, softmax

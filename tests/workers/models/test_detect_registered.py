@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kiln.app.model_spec import ImageModelSpec
+from kiln.app.catalog.model_spec import ImageModelSpec
 from kiln.app.storage.local import LocalStore
 from kiln.workers.engines.select import EngineFactory
 from kiln.workers.models.detect import YoloPredictor, decode_yolo

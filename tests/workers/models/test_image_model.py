@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from devstack.images import photo
-from kiln.app.model_spec import IMAGENET_MEAN, IMAGENET_STD, ImageModelSpec
+from kiln.app.catalog.model_spec import IMAGENET_MEAN, IMAGENET_STD, ImageModelSpec
 from kiln.workers.engines.onnxruntime import OnnxRuntimeEngine
 from kiln.workers.models.classify import ClassifyPredictor
 from kiln.workers.prep.pixels import center_crop, decode_image

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kiln.app import vector_index
 from kiln.app.db.models import Job
-from kiln.app.results import Place, ResultRow, library_place, write_shard
+from kiln.app.results import vector_index
+from kiln.app.results.results import Place, ResultRow, library_place, write_shard
 from kiln.app.storage.local import LocalStore
 from kiln.workers.models import embed, vector_groups
 from kiln.workers.models.base import ClosedJob

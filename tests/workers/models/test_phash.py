@@ -15,10 +15,10 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from devstack.images import photo, truncated_jpeg
-from kiln.app.catalog import builtin_model
+from kiln.app.catalog.catalog import builtin_model
 from kiln.app.core.errors import InputError
 from kiln.app.db.models import Job
-from kiln.app.results import Place
+from kiln.app.results.results import Place
 from kiln.app.storage.local import LocalStore
 from kiln.workers.models.base import ClosedJob
 from kiln.workers.models.hamming import close_pairs

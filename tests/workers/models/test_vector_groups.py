@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kiln.app import vector_index
-from kiln.app.catalog import builtin_model
+from kiln.app.catalog.catalog import builtin_model
 from kiln.app.core.errors import InputError
 from kiln.app.db.models import Job
 from kiln.app.families import check_options
-from kiln.app.results import Place, ResultRow, write_shard
+from kiln.app.results import vector_index
+from kiln.app.results.results import Place, ResultRow, write_shard
 from kiln.app.storage.local import LocalStore
 from kiln.workers.models import embed, vector_groups
 from kiln.workers.models.base import ClosedJob

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from kiln.app.catalog.model_spec import Preprocessing
 from kiln.app.core.errors import InputError
-from kiln.app.model_spec import Preprocessing
 from kiln.workers.prep.pixels import (
     Decoded,
     Letterbox,

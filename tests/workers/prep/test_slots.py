@@ -145,7 +145,7 @@ def test_byte_slots_are_read_in_place_and_outlive_their_pool_only_as_views() -> 
 
 
 def test_a_family_of_encoded_files_gets_byte_slots() -> None:
-    from kiln.app.catalog import ModelInfo
+    from kiln.app.catalog.catalog import ModelInfo
     from kiln.workers.prep.spec import prep_spec
     from kiln.workers.runners.sizing import lender
 

@@ -57,6 +57,83 @@ class SourceIn(BaseModel):
     )
 
 
+WebhookEvent = Literal["completed", "failed", "cancelled"]
+WEBHOOK_EVENTS: tuple[WebhookEvent, ...] = ("completed", "failed", "cancelled")
+
+
+class NotifyIn(BaseModel):
+    """A completion webhook: Kiln POSTs the job's answer to `url` when it ends with one of
+    `events`, signed in the Standard Webhooks convention (`webhook-id`, `webhook-timestamp`,
+    `webhook-signature`; the tenant's secret: `GET /v1/webhooks/secret`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(..., min_length=1, max_length=2048, examples=["https://example.com/hook"])
+    events: list[WebhookEvent] = Field(
+        default_factory=lambda: list(WEBHOOK_EVENTS), min_length=1, max_length=3
+    )
+
+
+class DeliveryOut(BaseModel):
+    id: str = Field(description="The delivery id (`webhook-id`): the receiver de-duplicates by it.")
+    event: str
+    status: str = Field(description="`pending` (retrying), `delivered` or `gave_up`.")
+    attempts: int
+    last_status: int | None = Field(default=None, description="The receiver's last HTTP status.")
+    last_error: str | None = None
+    next_attempt_at: datetime | None = None
+    delivered_at: datetime | None = None
+
+
+class NotifyOut(BaseModel):
+    url: str
+    events: list[str]
+    deliveries: list[DeliveryOut] = Field(default_factory=list)
+
+
+class RetryIn(BaseModel):
+    """Replay a job's failed items (and, if asked, its cancelled ones) as a new job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_cancelled: bool = False
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Another model ref (default: the job's).",
+    )
+    options: dict[str, Any] | None = Field(
+        default=None, description="Other options (default: the job's)."
+    )
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=256)
+    notify: NotifyIn | None = None
+
+
+class EstimateOut(BaseModel):
+    """What a bulk job over a source would take, before it is created (no job is)."""
+
+    objects: int = Field(description="Objects the filters let through (all listed, or sampled).")
+    bytes: int
+    images: int
+    videos: int
+    frames: int | None = Field(
+        default=None, description="Frames the videos would be sampled into, from their headers."
+    )
+    items: int = Field(description="Items the job would run: images plus frames (or videos).")
+    sampled: bool = Field(description="True when only part of a huge prefix was listed.")
+    listed: int = Field(description="Objects actually listed to make the estimate.")
+    rate_per_s: float | None = Field(
+        default=None,
+        description="The fleet's measured items/s for this model (null: never measured).",
+    )
+    workers: int = Field(description="Workers alive now.")
+    seconds: float | None = Field(
+        default=None, description="The estimated run time (null: no rate)."
+    )
+    note: str = Field("", description="How the estimate was made, in a sentence.")
+
+
 class JobCreate(BaseModel):
     """Either `inputs` (a list of URIs or texts) or a `source` bucket prefix (a bulk job)."""
 
@@ -81,6 +158,15 @@ class JobCreate(BaseModel):
         False,
         description="A pipeline's run: process again the unchanged objects that failed with "
         "this model version before (by default they are kept, counted `known_failed`).",
+    )
+    notify: NotifyIn | None = Field(
+        default=None,
+        description="A completion webhook (default: the tenant's, if the operator set one).",
+    )
+    expires_after: int | str | None = Field(
+        default=None,
+        description="How long after it ends its items and results are kept: seconds, or a "
+        'duration such as "7d", "12h" (default and maximum: the operator\'s).',
     )
 
     @model_validator(mode="after")
@@ -211,6 +297,19 @@ class JobOut(BaseModel):
     )
     results_url: str
     error: str | None = None
+    retry_of: str | None = Field(
+        default=None, description="The job whose failed items this one replays."
+    )
+    retries: list[str] = Field(
+        default_factory=list, description="The jobs that replay this one's failed items."
+    )
+    expires_at: datetime | None = Field(
+        default=None, description="When retention deletes its items and results (null: kept)."
+    )
+    expired_at: datetime | None = Field(
+        default=None, description="When they were deleted; `counts` is then the summary kept."
+    )
+    notify: NotifyOut | None = None
 
 
 class SignedUrlOut(BaseModel):

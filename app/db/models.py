@@ -11,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -180,6 +181,8 @@ class Job(Base):
         Index(
             "ix_jobs_tenant_id_prefix", "tenant", "id", postgresql_ops={"id": "varchar_pattern_ops"}
         ),
+        Index("ix_jobs_retry_of", "retry_of"),  # a job's retries, named in its answer
+        Index("ix_jobs_expires_at", "expires_at"),  # the retention sweep's scan
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -197,9 +200,58 @@ class Job(Base):
     output: Mapped[str | None] = mapped_column(String(2048))
     pipeline_id: Mapped[int | None] = mapped_column(ForeignKey("pipelines.id", ondelete="SET NULL"))
     schedule: Mapped[str | None] = mapped_column(String(128))  # the schedule that started it
+    # The completion webhook it asked for: {"url", "events"} (its deliveries: WebhookDelivery).
+    notify: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    retry_of: Mapped[str | None] = mapped_column(String(36))  # the job whose failures it replays
+    # Retention: when its items and results go (null: kept), when the sweep took them, and the
+    # one-row summary (counts, outputs' place) the job keeps after.
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WebhookDelivery(Base):
+    """One event of a job to send to its webhook, kept until a receiver accepts it (or the
+    retries give up), so a worker or API restart loses none. Its id is the delivery id the
+    receiver de-duplicates by; one row per (job, event)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("job_id", "event", name="uq_webhook_deliveries_job_event"),
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    tenant: Mapped[str] = mapped_column(String(128))
+    event: Mapped[str] = mapped_column(String(32))  # completed, failed or cancelled
+    url: Mapped[str] = mapped_column(String(2048))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # delivered, gave_up
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_status: Mapped[int | None] = mapped_column(Integer)  # the receiver's HTTP status
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class TenantSettings(Base):
+    """An operator's per-tenant defaults (`kiln admin tenant set`): the webhook every job of
+    the tenant reports to unless it names its own, how long its jobs' results are kept, and its
+    weight in the bulk queue's fair share. No row: the deployment's defaults."""
+
+    __tablename__ = "tenant_settings"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    notify_url: Mapped[str | None] = mapped_column(String(2048))
+    notify_events: Mapped[list[Any] | None] = mapped_column(JSON)
+    retention_s: Mapped[int | None] = mapped_column(Integer)
+    share_weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Item(Base):

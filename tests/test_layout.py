@@ -146,6 +146,7 @@ APP_ROOMS = (
     "results",  # what a job leaves and how it is read: shards, search, thumbnails, pipelines
     "api",  # the HTTP API
     "console",  # the web UI, built on the API's dependencies
+    "client",  # the public Python client (kiln.Client): the API's schemas over httpx
     "cli",  # the composition root
 )
 APP_AGAINST_THE_ORDER: dict[tuple[str, str], str] = {

@@ -1,150 +1,77 @@
-"""A small HTTP client for the Kiln API, used by the CLI's remote commands."""
+"""The CLI's remote commands over the public client (`kiln.Client`, app/client): every request,
+its key, its errors and its downloads are the client's. The commands' printers, exit verdict
+and line log read a job as the API's JSON, so this hands them each answer as that JSON."""
 
 from __future__ import annotations
 
-import json
-import mimetypes
 from pathlib import Path
 from typing import Any
 
-import httpx
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from pydantic import BaseModel
 
-from kiln.app.core.errors import KilnError
+from kiln.app.client import Client
+from kiln.app.client.errors import ApiError, UnavailableError
 
-MAX_JOBS_PAGE = 200  # the most jobs GET /v1/jobs answers at once
-
-
-class ApiError(KilnError):
-    """The API answered with an error; the message is its sentence."""
+__all__ = ["ApiError", "KilnClient", "UnavailableError"]
 
 
-class UnavailableError(ApiError):
-    """The API answered 503: what was asked is not ready yet, or a dependency is down."""
+def _json(model: BaseModel) -> dict[str, Any]:
+    """An answer as the API's JSON (timestamps as ISO text)."""
+    return model.model_dump(mode="json")
 
 
 class KilnClient:
     def __init__(self, base_url: str, api_key: str | None, timeout: float = 60.0) -> None:
-        if not api_key:
+        if not api_key:  # not the environment's: the CLI's settings already read it
             raise ApiError("Set KILN_API_KEY to a key from `kiln keys create --tenant NAME`.")
-        self.http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {api_key}"},
-            timeout=timeout,
-        )
+        self.api = Client(base_url, api_key, timeout=timeout)
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as error:
-            raise ApiError(
-                f"Could not reach the Kiln API at {self.http.base_url} (KILN_API_URL): {error}. "
-                "Is `kiln api` running there?"
-            ) from None
-        if response.is_error:
-            self._raise_for(response)
-        return response
-
-    @staticmethod
-    def _raise_for(response: httpx.Response) -> None:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        error = UnavailableError if response.status_code == 503 else ApiError
-        raise error(f"{detail} (HTTP {response.status_code})")
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Any endpoint's JSON answer (None when it has no body)."""
+        response = self.api.request(method, path, **kwargs)
+        return response.json() if response.content else None
 
     def submit(
         self, files: list[Path], model: str, options: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        parts = [
-            (
-                "files",
-                (
-                    f.name,
-                    f.read_bytes(),
-                    mimetypes.guess_type(f.name)[0] or "application/octet-stream",
-                ),
-            )
-            for f in files
-        ]
-        form = {"model": model, **({"options": json.dumps(options)} if options else {})}
-        result: dict[str, Any] = self._call("POST", "/v1/jobs", data=form, files=parts).json()
-        return result
+        return _json(self.api.submit(model, files=files, options=options))
 
     def submit_json(self, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/jobs", json=body).json()
+        result: dict[str, Any] = self._call("POST", "/v1/jobs", json=body)
         return result
 
     def add_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/v1/schedules", json=body).json()
+        result: dict[str, Any] = self._call("POST", "/v1/schedules", json=body)
         return result
 
     def schedules(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._call("GET", "/v1/schedules").json()
+        result: list[dict[str, Any]] = self._call("GET", "/v1/schedules")
         return result
 
     def remove_schedule(self, name: str) -> None:
-        self._call("DELETE", f"/v1/schedules/{name}")
+        self.api.request("DELETE", f"/v1/schedules/{name}")
 
     def jobs(self, limit: int, **only: str | None) -> list[dict[str, Any]]:
-        """The tenant's newest `limit` jobs, page by page; `only`: `status`, `pipeline` or
-        `schedule` filters (None: not filtered)."""
-        params: dict[str, Any] = {k: v for k, v in only.items() if v is not None}
-        found: list[dict[str, Any]] = []
-        while len(found) < limit:
-            params["limit"] = min(limit - len(found), MAX_JOBS_PAGE)
-            page = self._call("GET", "/v1/jobs", params=params).json()
-            found += page["jobs"]
-            if not page["next"]:
-                break
-            params["after"] = page["next"]
-        return found
+        """The tenant's newest `limit` jobs; `only`: `status`, `pipeline` or `schedule`."""
+        return [_json(job) for job in self.api.jobs(limit=limit, **only)]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}").json()
-        return result
+        return _json(self.api.job(job_id))
 
     def first_error(self, job_id: str) -> str | None:
         """The sentence of the job's first failed item, or None."""
-        failed = {"status": "failed", "limit": 1}
-        items = self._call("GET", f"/v1/jobs/{job_id}/items", params=failed).json().get("items", [])
-        return items[0].get("error") if items else None
+        first = next(iter(self.api.items(job_id, status="failed", page_size=1)), None)
+        return first.error if first else None
 
     def cancel(self, job_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
-        return result
+        return _json(self.api.cancel(job_id))
 
     def download_results(self, job_id: str, path: Path, name: str = "results") -> None:
-        """The job's results (or `name`: "groups") into `path`, written as they arrive (never
-        whole in memory). A 503 (groups asked for in the moment between a job's close and its
-        close steps' end) is asked again, for up to a minute."""
-        for attempt in Retrying(
-            retry=retry_if_exception_type(UnavailableError),
-            wait=wait_exponential(multiplier=0.5, max=5),
-            stop=stop_after_delay(60),
-            reraise=True,
-        ):
-            with attempt:
-                self._download(f"/v1/jobs/{job_id}/{name}", path)
+        """The job's results (or `name`: "groups") into `path`, written as they arrive."""
+        self.api.download_results(job_id, path, groups=name == "groups")
 
     def download_pipeline_results(self, name: str, path: Path) -> None:
-        """The pipeline's current results into `path`, written as they arrive."""
-        self._download(f"/v1/pipelines/{name}/results", path)
-
-    def _download(self, url: str, path: Path) -> None:
-        try:
-            with self.http.stream("GET", url) as response:
-                if response.is_error:
-                    response.read()
-                    self._raise_for(response)
-                with path.open("wb") as out:
-                    for piece in response.iter_bytes():
-                        out.write(piece)
-        except httpx.HTTPError as error:
-            raise ApiError(
-                f"Could not download the results from {self.http.base_url}: {error}."
-            ) from None
+        self.api.download_pipeline_results(name, path)
 
     def search(
         self,
@@ -156,23 +83,11 @@ class KilnClient:
         key: str | None = None,
         k: int = 10,
     ) -> dict[str, Any]:
-        """The items of a job (or the objects of a pipeline's library) most alike to an image
-        file, a text or one of their keys."""
-        where = f"jobs/{job_id}" if pipeline is None else f"pipelines/{pipeline}"
-        path = f"/v1/{where}/search"
-        if image is not None:
-            kind = mimetypes.guess_type(image.name)[0] or "application/octet-stream"
-            upload = [("file", (image.name, image.read_bytes(), kind))]
-            response = self._call("POST", path, data={"k": str(k)}, files=upload)
-        else:
-            response = self._call("POST", path, json={"text": text, "key": key, "k": k})
-        result: dict[str, Any] = response.json()
-        return result
+        found = self.api.search(job_id, pipeline=pipeline, image=image, text=text, key=key, k=k)
+        return found.model_dump(mode="json")
 
     def result_urls(self, job_id: str, expires: int) -> dict[str, Any]:
-        path = f"/v1/jobs/{job_id}/results/urls"
-        result: dict[str, Any] = self._call("GET", path, params={"expires": expires}).json()
-        return result
+        return _json(self.api.result_urls(job_id, expires))
 
     def close(self) -> None:
-        self.http.close()
+        self.api.close()

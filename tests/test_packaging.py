@@ -49,6 +49,8 @@ def test_the_wheel_holds_every_layer_and_the_migrations(wheel: zipfile.ZipFile) 
         "kiln/migrations/env.py",
         "kiln/migrations/script.py.mako",
         "kiln/migrations/versions/0001_initial.py",
+        "kiln/app/client/sync.py",
+        "kiln/py.typed",  # PEP 561: type checkers read the public client's hints
     ):
         assert required in names
     assert not any(name.startswith(("kiln/tests", "kiln/bench")) for name in names)

@@ -126,8 +126,10 @@ def submit_call(
     return Call("POST", "/v1/jobs", json=extras.added_to({"model": model, "inputs": inputs}))
 
 
-def upload_parts(files: Sequence[FileInput]) -> list[tuple[str, tuple[str, Any, str]]]:
-    """Each file as a multipart `files` part: its name (the item's key), bytes, and type."""
+def upload_parts(
+    files: Sequence[FileInput], field: str = "files"
+) -> list[tuple[str, tuple[str, Any, str]]]:
+    """Each file as a multipart part `field`: its name (the item's key), bytes, and type."""
     parts = []
     for n, given in enumerate(files, start=1):
         content: bytes | IO[bytes]
@@ -139,7 +141,7 @@ def upload_parts(files: Sequence[FileInput]) -> list[tuple[str, tuple[str, Any, 
             path = Path(given)
             name, content = path.name, path.read_bytes()
         kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        parts.append(("files", (name, content, kind)))
+        parts.append((field, (name, content, kind)))
     return parts
 
 
@@ -244,7 +246,7 @@ def search_call(
     where = f"pipelines/{pipeline}" if job is None else f"jobs/{job_id(job)}"
     path = f"/v1/{where}/search"
     if image is not None:
-        return Call("POST", path, data={"k": str(k)}, files=upload_parts([image]))
+        return Call("POST", path, data={"k": str(k)}, files=upload_parts([image], field="file"))
     return Call("POST", path, json={"text": text, "key": key, "k": k})
 
 

@@ -121,8 +121,8 @@ def test_files_go_as_a_multipart_upload_named_as_given(
     sent = api.seen[-1]
     assert sent.headers["Content-Type"].startswith("multipart/form-data")
     body = sent.content.decode("latin-1")
-    for name in ('filename="cat.jpg"', 'filename="input-2"', 'filename="dog.png"'):
-        assert name in body
+    for name in ("cat.jpg", "input-2", "dog.png"):
+        assert f'name="files"; filename="{name}"' in body
     assert "jpeg bytes" in body and "png bytes" in body
     assert '{"max_distance": 8}' in body and "night-1" in body
     hook = '{"url": "https://hooks.example/kiln", "events": ["completed", "failed", "cancelled"]}'
@@ -383,7 +383,7 @@ def test_search_sends_an_image_as_a_form_and_a_text_as_json(
     image = tmp_path / "q.png"
     image.write_bytes(b"png")
     assert client.search(pipeline="lib", image=image).pipeline == "lib"
-    assert b'filename="q.png"' in api.seen[-1].content
+    assert b'name="file"; filename="q.png"' in api.seen[-1].content  # the route's one `file`
     with pytest.raises(ValueError, match="one of them"):
         client.search("j1", pipeline="lib", text="x")
 

@@ -226,7 +226,8 @@ class AsyncClient:
         poll_interval: float = 2.0,
     ) -> JobOut:
         """The job once it has closed (completed, failed or cancelled). The API answers as
-        soon as it closes; until then `progress` gets the job every `poll_interval` seconds.
+        soon as it closes; until then `progress` (a function or a coroutine function) gets
+        the job every `poll_interval` seconds.
         A 503 or a moment without the API (a restart) is waited out. JobTimeoutError after
         `timeout` seconds (None: no limit)."""
         deadline = None if timeout is None else time.monotonic() + timeout

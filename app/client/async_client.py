@@ -29,6 +29,7 @@ from kiln.app.client.errors import (
     ConflictError,
     ConnectionFailedError,
     JobTimeoutError,
+    RateLimitedError,
     UnavailableError,
     error_for,
     unreachable,
@@ -228,8 +229,10 @@ class AsyncClient:
         """The job once it has closed (completed, failed or cancelled). The API answers as
         soon as it closes; until then `progress` (a function or a coroutine function) gets
         the job every `poll_interval` seconds.
-        A 503 or a moment without the API (a restart) is waited out. JobTimeoutError after
+        A 503, a 429 or a moment without the API (a restart) is waited out. JobTimeoutError after
         `timeout` seconds (None: no limit)."""
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be more than 0 seconds.")
         deadline = None if timeout is None else time.monotonic() + timeout
         current = job if isinstance(job, JobOut) else await self.job(job)
         if progress is not None and inspect.isawaitable(said := progress(current)):
@@ -243,8 +246,13 @@ class AsyncClient:
             step = min(poll_interval, left)
             try:
                 answer = await self._send(calls.wait_call(current, step), timeout=step + 30)
-            except (UnavailableError, ConnectionFailedError):  # a restart: ask again
-                await asyncio.sleep(step)
+            except (UnavailableError, ConnectionFailedError, RateLimitedError) as error:
+                # a restart, a busy database, a rate: ask again, as late as the API says
+                await asyncio.sleep(
+                    calls.pause_before_asking_again(
+                        step, error.retry_after, deadline, time.monotonic()
+                    )
+                )
                 continue
             current = JobOut.model_validate(answer.json())
             if progress is not None and inspect.isawaitable(said := progress(current)):

@@ -224,6 +224,15 @@ def wait_call(job: JobRef, seconds: float) -> Call:
     return Call("GET", f"/v1/jobs/{job_id(job)}", params={"wait": round(wait, 3)})
 
 
+def pause_before_asking_again(
+    step: float, retry_after: float | None, deadline: float | None, now: float
+) -> float:
+    """How long `wait` pauses after a 503, a 429 or no answer: its step, or as long as the API
+    asked (`Retry-After`), but never past its deadline."""
+    pause = max(step, retry_after or 0.0)
+    return pause if deadline is None else max(0.0, min(pause, deadline - now))
+
+
 def jobs_params(
     limit: int, after: str | None, status: str | None, pipeline: str | None, schedule: str | None
 ) -> dict[str, Any]:

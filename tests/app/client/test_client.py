@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 import kiln
-from kiln.app.client.calls import CLOSED
+from kiln.app.client.calls import CLOSED, DEFAULT_API_URL, pause_before_asking_again
+from kiln.app.core.config import Settings
 from tests.app.client.fake_api import FakeApi, job_json, parquet
 
 
@@ -30,13 +31,19 @@ def test_import_kiln_loads_no_client_until_asked() -> None:
     code = (
         "import sys, kiln; assert 'httpx' not in sys.modules and 'kiln.app.client' not in "
         "sys.modules; from kiln import Client, AsyncClient, ApiError; "
-        "assert issubclass(kiln.NotFoundError, ApiError); print(Client.__module__)"
-    )
+        "assert issubclass(kiln.NotFoundError, ApiError); "
+        "assert not {'sqlalchemy', 'celery', 'boto3', 'fastapi'} & set(sys.modules); "
+        "print(Client.__module__)"
+    )  # a user's program loads the client and the API's schemas, none of the server
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "kiln.app.client.sync"
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = kiln.Nope  # type: ignore[attr-defined]
+
+
+def test_the_default_url_is_the_settings_default() -> None:
+    assert Settings.model_fields["api_url"].default == DEFAULT_API_URL
 
 
 def test_url_and_key_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,6 +225,13 @@ def test_wait_gives_up_after_its_timeout_with_the_last_job(
         client.wait("j1", timeout=0.05, poll_interval=0.01)
     assert isinstance(raised.value.job, kiln.JobOut)
     assert raised.value.job.status not in CLOSED
+
+
+def test_a_pause_after_a_503_is_as_the_api_asked_but_never_past_the_deadline() -> None:
+    assert pause_before_asking_again(2.0, None, None, now=0.0) == 2.0
+    assert pause_before_asking_again(2.0, 5.0, None, now=0.0) == 5.0
+    assert pause_before_asking_again(2.0, 5.0, 103.0, now=100.0) == 3.0
+    assert pause_before_asking_again(2.0, 5.0, 99.0, now=100.0) == 0.0
 
 
 def test_jobs_and_items_page_as_you_iterate(api: FakeApi, client: kiln.Client) -> None:

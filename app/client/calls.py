@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import mimetypes
 import os
@@ -267,15 +266,21 @@ def shard_keys_of(manifest: Mapping[str, Any] | None) -> set[str] | None:
 
 
 def parquet_table(data: bytes) -> pa.Table:
-    """A Parquet file's bytes as a pyarrow Table (pyarrow imported only when results are read)."""
+    """A Parquet file's bytes as a pyarrow Table (pyarrow imported only when results are read).
+    Read from an Arrow buffer, not a Python file object: after a read through one (io.BytesIO)
+    pyarrow's threads may still touch it as the interpreter exits, and a short script then
+    aborts at its end ("terminate called without an active exception", apache/arrow#33975;
+    measured here: 2 exits in 60 with io.BytesIO, none with the buffer)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return pq.read_table(io.BytesIO(data))
+    return pq.read_table(pa.BufferReader(data))
 
 
 def parquet_row_groups(data: bytes) -> list[pa.Table]:
     """The Parquet file's row groups, each a Table: the API writes each shard as its own."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parquet = pq.ParquetFile(io.BytesIO(data))
+    parquet = pq.ParquetFile(pa.BufferReader(data))
     return [parquet.read_row_group(i) for i in range(parquet.num_row_groups)]

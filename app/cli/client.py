@@ -55,7 +55,11 @@ class KilnClient:
         raise error(f"{detail} (HTTP {response.status_code})")
 
     def submit(
-        self, files: list[Path], model: str, options: dict[str, Any] | None = None
+        self,
+        files: list[Path],
+        model: str,
+        options: dict[str, Any] | None = None,
+        notify: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         parts = [
             (
@@ -69,6 +73,8 @@ class KilnClient:
             for f in files
         ]
         form = {"model": model, **({"options": json.dumps(options)} if options else {})}
+        if notify:  # the webhook, as the form's JSON field
+            form["notify"] = json.dumps(notify)
         result: dict[str, Any] = self._call("POST", "/v1/jobs", data=form, files=parts).json()
         return result
 

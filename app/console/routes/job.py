@@ -5,7 +5,7 @@ order), its near-duplicate groups side by side, the Parquet download and cancel.
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -63,7 +63,8 @@ ViewerDep = Annotated[Viewer, Depends(_viewer)]
 def _summary(viewer: Viewer, job_id: str) -> tuple[views.JobView, ModelInfo]:
     with viewer.context.sessions() as session:
         job, model = viewer.job(session, job_id)
-        return views.job_view(session, job, jobs.LeaseTiming.of(viewer.context.settings)), model
+        view = views.job_view(session, job, jobs.LeaseTiming.of(viewer.context.settings))
+        return replace(view, webhook=views.webhook_view(session, job)), model
 
 
 @router.get("/{job_id}")

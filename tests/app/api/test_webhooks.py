@@ -92,3 +92,19 @@ def test_the_default_deployment_refuses_private_urls_and_cannot_sign(client: Tes
     assert not_http.status_code == 422 and "http" in not_http.json()["detail"]
     no_events = _submit(client, notify={"url": "https://93.184.215.14/", "events": []})
     assert no_events.status_code == 422
+
+
+def test_the_console_s_job_page_shows_the_deliveries(
+    hooked: TestClient, new_key: Callable[[str], str]
+) -> None:
+    from tests.app.api.test_console import sign_in
+
+    job = _submit(hooked, notify={"url": HOOK, "events": ["cancelled"]}).json()
+    hooked.post(f"/v1/jobs/{job['id']}/cancel")
+    key = hooked.headers.pop("Authorization").removeprefix("Bearer ")
+    sign_in(hooked, key)
+    summary = hooked.get(f"/console/jobs/{job['id']}/summary").text
+    assert HOOK in summary and 'class="delivery pending"' in summary
+    delivery = hooked.get(f"/v1/jobs/{job['id']}", headers=bearer(key)).json()["notify"]
+    assert delivery["deliveries"][0]["id"] in summary
+    assert 'hx-trigger="every 2s"' in summary  # keeps refreshing while a delivery is pending

@@ -75,3 +75,23 @@ def test_submit_s_notify_options() -> None:
     assert notify_request("https://e.example/h", None)["events"] == [  # type: ignore[index]
         "completed", "failed", "cancelled",
     ]  # fmt: skip
+
+
+def test_status_prints_each_delivery(capsys: pytest.CaptureFixture[str]) -> None:
+    from kiln.app.cli.remote import _print_deliveries
+
+    delivery = {
+        "id": "d-1",
+        "event": "completed",
+        "status": "pending",
+        "attempts": 2,
+        "last_status": 500,
+        "last_error": "The receiver answered HTTP 500: oops",
+        "next_attempt_at": "2026-11-29T04:30:00+00:00",
+    }
+    hook = {"url": "https://e.example/h", "events": ["completed", "failed"]}
+    _print_deliveries({**hook, "deliveries": [delivery]})
+    out = capsys.readouterr().out
+    assert "webhook https://e.example/h (completed, failed)" in out
+    assert "completed: pending after 2 attempt(s), id d-1, last HTTP 500" in out
+    assert "The receiver answered HTTP 500: oops" in out

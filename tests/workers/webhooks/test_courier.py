@@ -48,9 +48,7 @@ class Receiver:
         self.got: list[tuple[str, dict[str, str], str]] = []
         self.lock = threading.Lock()
 
-    def __call__(
-        self, _: httpx.Client, url: str, headers: dict[str, str], body: str
-    ) -> db.Outcome:
+    def __call__(self, _: httpx.Client, url: str, headers: dict[str, str], body: str) -> db.Outcome:
         with self.lock:
             answer = self.answers.pop(0) if self.answers else 200
             self.got.append((url, headers, body))

@@ -22,6 +22,15 @@ from kiln.app.cli.verdict import Ended, Kind, decide
 from kiln.app.core.errors import KilnError
 from kiln.app.jobs import job_counts
 
+NotifyUrl = Annotated[
+    str | None,
+    typer.Option(help="A webhook URL Kiln POSTs the job's answer to when it ends (signed)."),
+]
+NotifyEvents = Annotated[
+    str | None,
+    typer.Option(help="Which ends --notify reports: completed,failed,cancelled (default: all)."),
+]
+
 
 def submit(
     files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False)],
@@ -29,14 +38,8 @@ def submit(
     wait: Annotated[bool, typer.Option(help="Wait until the job finishes.")] = False,
     option: OptionPairs = None,
     video_fps: VideoFps = None,
-    notify: Annotated[
-        str | None,
-        typer.Option(help="A webhook URL Kiln POSTs the job's answer to when it ends (signed)."),
-    ] = None,
-    notify_events: Annotated[
-        str | None,
-        typer.Option(help="Which ends to report: completed,failed,cancelled (default: all)."),
-    ] = None,
+    notify: NotifyUrl = None,
+    notify_events: NotifyEvents = None,
 ) -> None:
     """Submit files (images, videos) to the API at KILN_API_URL."""
     options = job_options(option, video_fps)

@@ -32,7 +32,7 @@ from devstack.images import photo
 from devstack.services import Process, free_port, kiln_command, start_api, start_worker, wait_for
 from devstack.services import service_env as full_env
 from kiln.app.tenants.auth import create_key
-from tests.stack import BUCKET, SOURCE_BUCKET
+from tests.stack import BUCKET, SOURCE_BUCKET, run_kiln
 
 JOBS = int(os.environ.get("KILN_TEST_WEBHOOK_JOBS", "40"))
 SLOW_S = 5.0
@@ -225,6 +225,9 @@ def test_every_event_is_delivered_once_signed_and_survives_a_killed_worker(
         wait_for(delivered, 120, "every delivery", interval=1.0)
         settled_in = time.monotonic() - killed_at
         final = [http.get(f"/v1/jobs/{i}").json() for i in ids]
+        status = run_kiln({**env, "KILN_API_URL": url, "KILN_API_KEY": key}, "status", ids[0])
+        assert status.returncode == 0, status.stderr
+        assert "completed: delivered after" in status.stdout, status.stdout
     finally:
         for process in reversed(running):
             process.stop()
@@ -249,6 +252,24 @@ def test_every_event_is_delivered_once_signed_and_survives_a_killed_worker(
     assert receiver.statuses[500] >= JOBS // 4  # the receiver did refuse about a third
     # The killed worker's hanging deliveries were sent again by the second worker.
     assert sum(receiver.duplicates.values()) >= 1
+
+
+def test_the_cli_says_why_a_webhook_is_refused(
+    client: httpx.Client, service_env: dict[str, str], api_url: str, sessions: Any, tmp_path: Path
+) -> None:
+    image = tmp_path / "a.jpg"
+    image.write_bytes(photo(4041, (48, 36)))
+    with sessions() as session:
+        key = create_key(session, "hooks-cli").secret
+        session.commit()
+    env = {**service_env, "KILN_API_URL": api_url, "KILN_API_KEY": key}
+    args = ["submit", str(image), "--model", "phash", "--notify"]
+    private = run_kiln(env, *args, "http://127.0.0.1:9/x")
+    assert private.returncode == 1 and "KILN_WEBHOOK_ALLOW_PRIVATE" in private.stderr
+    events = run_kiln(env, *args, "https://93.184.215.14/x", "--notify-events", "done")
+    assert events.returncode == 1 and "Webhook events are" in events.stderr
+    jobs = httpx.get(f"{api_url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
+    assert jobs["jobs"] == []
 
 
 def test_bad_webhooks_are_refused_with_a_sentence(client: httpx.Client) -> None:

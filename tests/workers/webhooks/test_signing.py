@@ -49,3 +49,20 @@ def test_retries_follow_the_standard_schedule_then_give_up() -> None:
     assert [(w - now).total_seconds() for w in waits[:7] if w] == STANDARD
     assert waits[7] is None  # the eighth attempt failed: given up
     assert retry_at(0, STANDARD, now) is None
+
+
+def test_the_schedule_and_the_secret_as_an_environment_gives_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pydantic import ValidationError
+
+    for name in ("KILN_WEBHOOK_BACKOFF_S", "KILN_WEBHOOK_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+
+    from kiln.app.core.config import get_settings
+
+    assert get_settings(webhook_backoff_s="[1, 2.5]").webhook_backoff_s == [1.0, 2.5]
+    assert get_settings(webhook_backoff_s="5,300").webhook_backoff_s == [5.0, 300.0]
+    assert get_settings().webhook_backoff_s == STANDARD
+    with pytest.raises(ValidationError, match="at least 16"):
+        get_settings(webhook_secret="short")

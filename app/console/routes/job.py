@@ -81,6 +81,15 @@ async def job_summary(request: Request, job_id: str, viewer: ViewerDep) -> HTMLR
     return render(request, "_job_summary.html", job=job, model=model)
 
 
+@router.get("/{job_id}/webhook")
+async def job_webhook(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
+    """The job's webhook deliveries: refreshed after the job closed, while one is pending."""
+    job, _model = await run_in_threadpool(_summary, viewer, job_id)
+    if job.webhook is None:
+        return HTMLResponse("")
+    return render(request, "_webhook.html", job=job)
+
+
 def _items(viewer: Viewer, job_id: str, status: str | None, after: int) -> dict[str, Any]:
     """A page of the job's items; on the first, its videos' strips above them."""
     videos = None

@@ -107,4 +107,8 @@ def test_the_console_s_job_page_shows_the_deliveries(
     assert HOOK in summary and 'class="delivery pending"' in summary
     delivery = hooked.get(f"/v1/jobs/{job['id']}", headers=bearer(key)).json()["notify"]
     assert delivery["deliveries"][0]["id"] in summary
-    assert 'hx-trigger="every 2s"' in summary  # keeps refreshing while a delivery is pending
+    # The job is closed: its summary stops refreshing, its pending delivery does not.
+    assert f'hx-get="/console/jobs/{job["id"]}/summary"' not in summary
+    assert f'hx-get="/console/jobs/{job["id"]}/webhook"' in summary
+    part = hooked.get(f"/console/jobs/{job['id']}/webhook").text
+    assert part.startswith('<div id="webhook"') and delivery["deliveries"][0]["id"] in part

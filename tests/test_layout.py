@@ -124,6 +124,7 @@ WORKER_ROOMS = (
     "close",  # the job's close, and what a chunk run hands it (Lease, fallback)
     "chunk",  # one chunk's trip
     "jobs",  # per job, outside its chunks: ingest, the reconciler
+    "webhooks",  # completion webhooks: the courier that claims, signs and sends deliveries
     "celery",  # the glue
     "embedded",  # kiln run's whole stack in one process
 )

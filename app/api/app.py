@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from kiln.app.api.context import ApiContext
 from kiln.app.api.errors import install_error_handlers
 from kiln.app.api.metrics import install_metrics
-from kiln.app.api.routes import health, jobs, models, pipelines, schedules, search
+from kiln.app.api.routes import health, jobs, models, pipelines, schedules, search, webhooks
 from kiln.app.console import install_console
 from kiln.app.core.config import Settings, get_settings, redact_url
 
@@ -52,5 +52,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(schedules.router)
     app.include_router(search.router)
     app.include_router(search.pipeline_router)
+    app.include_router(webhooks.router)
     install_console(app, settings)  # the browser console at /console (docs/console.md)
     return app

@@ -313,3 +313,61 @@ def _triple(text: str) -> tuple[float, float, float]:
     if len(values) != 3:
         raise KilnError(f"{text!r} must be three comma-separated numbers.")
     return (values[0], values[1], values[2])
+
+
+admin_app = typer.Typer(help="Operator settings: per-tenant defaults.", no_args_is_help=True)
+tenant_app = typer.Typer(
+    help="A tenant's defaults: its jobs' webhook when they name none.", no_args_is_help=True
+)
+admin_app.add_typer(tenant_app, name="tenant")
+
+NotifyUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--notify",
+        help="The webhook its jobs report to when they name none ('' clears it).",
+    ),
+]
+NotifyEvents = Annotated[
+    str | None,
+    typer.Option(help="Which ends the default webhook reports: completed,failed,cancelled."),
+]
+
+
+@tenant_app.command("set")
+def tenant_set(name: str, notify: NotifyUrl = None, notify_events: NotifyEvents = None) -> None:
+    """Set NAME's defaults; an option left out keeps its value. A new default is one more
+    parameter here and one more entry in `changes` (its column: app/tenants/defaults.py)."""
+    from kiln.app.jobs.webhooks import check_url, parse_events
+    from kiln.app.tenants.defaults import set_defaults
+
+    try:
+        if notify:
+            check_url(notify, settings().webhook_allow_private)
+        changes = {
+            "notify_url": notify,
+            "notify_events": parse_events(notify_events) if notify_events else None,
+        }
+        with session() as db:
+            set_defaults(db, name, changes)
+    except KilnError as error:
+        raise fail(error) from None
+    tenant_show(name)
+
+
+@tenant_app.command("show")
+def tenant_show(name: str) -> None:
+    """NAME's defaults (the deployment's where the operator set none)."""
+    from kiln.app.tenants.defaults import defaults_of
+
+    with session() as db:
+        row = defaults_of(db, name)
+        table = Table("default", "value")
+        table.add_row("webhook", (row.notify_url if row else None) or "(none)")
+        events = (row.notify_events if row else None) or ["completed", "failed", "cancelled"]
+        table.add_row("webhook events", ",".join(events))
+        if row is not None:
+            table.add_row("retention", f"{row.retention_s} s" if row.retention_s else "(default)")
+            table.add_row("fair-share weight", f"{row.share_weight:g}")
+    console.print(f"tenant {name!r}")
+    console.print(table)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from kiln.app.cli.common import OptionPairs, VideoFps, console, job_options
-from kiln.app.cli.remote import ApiClient, verdict, watch
+from kiln.app.cli.remote import ApiClient, NotifyEvents, NotifyUrl, notify_request, verdict, watch
 
 schedule_app = typer.Typer(help="Cron-timed incremental runs over a bucket (run by kiln beat).")
 
@@ -68,6 +68,8 @@ def bulk(
     watch_: Annotated[bool, typer.Option("--watch", help="Follow with a progress bar.")] = False,
     option: OptionPairs = None,
     video_fps: VideoFps = None,
+    notify: NotifyUrl = None,
+    notify_events: NotifyEvents = None,
 ) -> None:
     """Process every object under an S3 prefix (listed by the workers, page by page); each
     video becomes one item per sampled frame. With --watch, exits 1 when the job failed, the
@@ -83,6 +85,8 @@ def bulk(
         body["pipeline"] = name
     if retry_failed:
         body["retry_failed"] = True
+    if hook := notify_request(notify, notify_events):
+        body["notify"] = hook
     with ApiClient() as client:
         job = client.submit_json(body)
         console.print(f"job {job['id']} {job['status']}: listing {source}")

@@ -32,9 +32,13 @@ class KilnClient:
         return response.json() if response.content else None
 
     def submit(
-        self, files: list[Path], model: str, options: dict[str, Any] | None = None
+        self,
+        files: list[Path],
+        model: str,
+        options: dict[str, Any] | None = None,
+        notify: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return _json(self.api.submit(model, files=files, options=options))
+        return _json(self.api.submit(model, files=files, options=options, notify=notify))
 
     def submit_json(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/v1/jobs", json=body)

@@ -21,6 +21,7 @@ GROUPS = {
     "engines": admin.engines_app,
     "storage": storage.storage_app,
     "schedule": bulk.schedule_app,
+    "admin": admin.admin_app,
 }
 COMMANDS: dict[str, Callable[..., Any]] = {
     "api": serve.api,

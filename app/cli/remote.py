@@ -22,6 +22,15 @@ from kiln.app.cli.verdict import Ended, Kind, decide
 from kiln.app.core.errors import KilnError
 from kiln.app.jobs import job_counts
 
+NotifyUrl = Annotated[
+    str | None,
+    typer.Option(help="A webhook URL Kiln POSTs the job's answer to when it ends (signed)."),
+]
+NotifyEvents = Annotated[
+    str | None,
+    typer.Option(help="Which ends --notify reports: completed,failed,cancelled (default: all)."),
+]
+
 
 def submit(
     files: Annotated[list[Path], typer.Argument(exists=True, dir_okay=False)],
@@ -29,11 +38,14 @@ def submit(
     wait: Annotated[bool, typer.Option(help="Wait until the job finishes.")] = False,
     option: OptionPairs = None,
     video_fps: VideoFps = None,
+    notify: NotifyUrl = None,
+    notify_events: NotifyEvents = None,
 ) -> None:
     """Submit files (images, videos) to the API at KILN_API_URL."""
     options = job_options(option, video_fps)
+    hook = notify_request(notify, notify_events)
     with ApiClient() as client:
-        job = client.submit(files, model, options)
+        job = client.submit(files, model, options, hook)
         total = job["counts"]["total"]
         console.print(f"job {job['id']} {job['status']} ({total} item{'' if total == 1 else 's'})")
         if wait:
@@ -50,7 +62,9 @@ def status(
     with ApiClient() as client:
         if follow:
             raise typer.Exit(verdict(client, watch(client, job_id)))
-        _print_job(client.job(job_id))
+        job = client.job(job_id)
+        _print_job(job)
+        _print_deliveries(job.get("notify"))
 
 
 def results_cmd(
@@ -299,6 +313,36 @@ def _eta(job: dict[str, Any]) -> str:
     if videos := job["counts"].get("expanding"):  # the total grows by their frames
         return f"expanding {videos} video{'s' if videos != 1 else ''} into frames… {when}".rstrip()
     return when
+
+
+def notify_request(url: str | None, events: str | None) -> dict[str, Any] | None:
+    """`--notify URL [--notify-events …]` as the API takes it (it checks the URL itself)."""
+    from kiln.app.jobs.webhooks import EVENTS, parse_events
+
+    if url is None:
+        if events is not None:
+            raise fail(KilnError("--notify-events needs --notify URL."))
+        return None
+    try:
+        return {"url": url, "events": parse_events(events or ",".join(EVENTS))}
+    except KilnError as error:
+        raise fail(error) from None
+
+
+def _print_deliveries(notify: dict[str, Any] | None) -> None:
+    """The job's webhook and each delivery's attempts (`kiln status`)."""
+    if not notify:
+        return
+    console.print(f"webhook {notify['url']} ({', '.join(notify['events'])})", soft_wrap=True)
+    for d in notify.get("deliveries") or []:
+        line = f"  {d['event']}: {d['status']} after {d['attempts']} attempt(s), id {d['id']}"
+        if d.get("last_status"):
+            line += f", last HTTP {d['last_status']}"
+        if d["status"] == "pending" and d.get("next_attempt_at"):
+            line += f", next at {_clock(d['next_attempt_at'])}"
+        if d["status"] != "delivered" and d.get("last_error"):
+            line += f": {d['last_error']}"
+        console.print(escape(line), soft_wrap=True)
 
 
 def _print_job(job: dict[str, Any]) -> None:

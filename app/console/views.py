@@ -18,14 +18,34 @@ from sqlalchemy.orm import Session
 
 from kiln.app import video
 from kiln.app.catalog.catalog import ModelInfo
-from kiln.app.db import queries
-from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job
+from kiln.app.db import queries, webhooks
+from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job, WebhookDelivery
 from kiln.app.jobs import job_counts, jobs
 
 OPEN = {s.value for s in OPEN_JOB_STATUSES}
 TOP = 5  # classifier labels shown per item
 STRIP_FRAMES = 24  # frames a video's strip shows at first, and adds each time more are asked
 VIDEOS_PAGE = 10  # videos (strips) shown at first, and added each time more are asked
+
+
+@dataclass(frozen=True)
+class WebhookView:
+    """A job's webhook and its deliveries' attempts (the job page's summary)."""
+
+    url: str
+    events: list[str]
+    deliveries: list[WebhookDelivery]
+
+    @property
+    def pending(self) -> bool:
+        return any(d.status == "pending" for d in self.deliveries)
+
+
+def webhook_view(session: Session, job: Job) -> WebhookView | None:
+    if not job.notify:
+        return None
+    found = webhooks.deliveries_of(session, job.id)
+    return WebhookView(job.notify.get("url", ""), list(job.notify.get("events") or []), found)
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,7 @@ class JobView:
     running: int = 0  # items a worker holds now
     answered: int = 0  # of those, answered and not yet written by their chunk
     stalled_since: datetime | None = None  # a worker holding items stopped renewing them
+    webhook: WebhookView | None = None  # on the job's own page only (a read more)
 
     @property
     def waiting(self) -> int:

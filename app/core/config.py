@@ -344,6 +344,58 @@ class ApiSettings(BaseModel):
         return value
 
 
+class WebhookSettings(BaseModel):
+    """Completion webhooks (workers/webhooks): who may be called, how they are signed, and how
+    long a delivery is retried."""
+
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="The deployment's signing secret (16+ characters); each tenant's secret "
+        "is derived from it (`GET /v1/webhooks/secret`). Unset: jobs may not ask for webhooks.",
+    )
+    webhook_allow_private: bool = Field(
+        False,
+        description="Let webhooks call private, loopback, link-local and reserved addresses "
+        "(a receiver on the same network; off: an API user could probe the inside).",
+    )
+    webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="One delivery's HTTP wait.")
+    # Standard Webhooks' schedule: the waits after each failed attempt; past the last, gave_up.
+    webhook_backoff_s: list[float] = Field(
+        default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0],
+        min_length=1,
+        description="Seconds before each retry of a failed delivery: a JSON list or commas "
+        "(`5,300,1800`).",
+    )
+    webhook_concurrency: int = Field(
+        16, ge=1, le=256, description="Deliveries a worker sends at once."
+    )
+    webhook_lease_s: float = Field(
+        60.0,
+        gt=0,
+        description="A claimed delivery is the claimer's this long; a killed sender's is then "
+        "claimed again (keep it above the timeout).",
+    )
+    webhook_sweep_s: float = Field(
+        10.0, gt=0, description="How often beat (and each sending worker) looks for due deliveries."
+    )
+
+    @field_validator("webhook_backoff_s", mode="before")
+    @classmethod
+    def _waits(cls, value: object) -> object:
+        """A list as text (an environment's): JSON, or numbers separated by commas."""
+        if isinstance(value, str):
+            text = value.strip().removeprefix("[").removesuffix("]")
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _long_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("KILN_WEBHOOK_SECRET must be at least 16 characters")
+        return value
+
+
 class ObservabilitySettings(BaseModel):
     """What every process tells about itself: logs, traces, the worker's metrics port."""
 
@@ -374,6 +426,7 @@ class ObservabilitySettings(BaseModel):
 # repr (in logs) starts with the stack as the groups above do.
 class Settings(
     ObservabilitySettings,
+    WebhookSettings,
     ApiSettings,
     CacheSettings,
     LimitSettings,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from kiln.app.db import counters, queries
+from kiln.app.db import counters, queries, webhooks
 from kiln.app.db.models import OPEN_ITEM_STATUSES, Ingest, Item, ItemStatus, JobStatus, utcnow
 from kiln.app.db.notify import notify_job_closed
 
@@ -34,6 +34,7 @@ def fail_job(session: Session, job_id: str, reason: str) -> bool:
     job.status, job.error, job.finished_at = JobStatus.FAILED, reason, now
     job.started_at = job.started_at or now
     notify_job_closed(session, job_id)
+    webhooks.record_end(session, job_id, JobStatus.FAILED.value)
     return True
 
 

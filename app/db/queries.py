@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from kiln.app.db import chunk_runs, counters, dialect
+from kiln.app.db import chunk_runs, counters, dialect, webhooks
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -419,6 +419,7 @@ def finish_job_if_done(session: Session, job_id: str) -> Finished | None:
     ).one_or_none()
     if row is None:
         return None
+    webhooks.record_end(session, job_id, str(row[0]))  # its webhook's event, same transaction
     return Finished(str(row[0]), row[1] or now, row[2] or now)  # the update set both
 
 

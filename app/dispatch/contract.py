@@ -20,6 +20,7 @@ CHUNK_TASK = "kiln.process_chunk"
 INGEST_TASK = "kiln.ingest"
 RECONCILE_TASK = "kiln.reconcile"
 SCHEDULES_TASK = "kiln.run_schedules"
+WEBHOOKS_TASK = "kiln.deliver_webhooks"  # beat's sweep: wakes a worker's webhook courier
 
 
 class Dispatcher(Protocol):

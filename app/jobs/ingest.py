@@ -25,6 +25,7 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, Dispatcher
 from kiln.app.jobs import outputs
 from kiln.app.jobs.jobs import Submitted, by_idempotency_key, check_options, failing_unqueued
+from kiln.app.jobs.webhooks import job_notify
 from kiln.app.observability.tracing import traced
 from kiln.app.sources import parse_s3_uri
 from kiln.app.storage.base import S3Factory
@@ -112,6 +113,7 @@ class BulkRequest:
     idempotency_key: str | None = None
     retry_failed: bool = False  # a pipeline's run: retry its known failures too
     schedule: str | None = None  # the schedule whose run this is
+    notify: dict[str, Any] | None = None  # its webhook {url, events}, checked (webhooks.py)
 
 
 @traced("kiln.bulk.submit")
@@ -157,6 +159,7 @@ def stage_bulk(session: Session, request: BulkRequest) -> Job:
         output=request.output,
         pipeline_id=pipeline.id if pipeline else None,
         schedule=request.schedule,
+        notify=job_notify(session, request.tenant, request.notify),
     )
     session.add(job)
     session.flush()

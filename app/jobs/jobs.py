@@ -23,12 +23,14 @@ from kiln.app.catalog.fallback import check_fallback
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, NotFoundError, TransientError
 from kiln.app.db import queries
+from kiln.app.db import webhooks as deliveries
 from kiln.app.db.items import NewItem, insert_items
 from kiln.app.db.models import ItemStatus, Job, JobStatus, aware, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import BULK, INTERACTIVE, Dispatcher
 from kiln.app.jobs import job_counts, throughput
 from kiln.app.jobs.job_lookup import find_job
+from kiln.app.jobs.webhooks import job_notify
 from kiln.app.observability.tracing import annotate, traced
 from kiln.app.sources import parse_s3_uri
 from kiln.app.storage import ObjectStore
@@ -63,6 +65,7 @@ class JobRequest:
     options: dict[str, Any] | None = None
     idempotency_key: str | None = None
     local_files: bool = False  # file:// inputs: only `kiln run` on its own machine sets this
+    notify: dict[str, Any] | None = None  # its webhook {url, events}, checked (webhooks.py)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ def submit_job(
         idempotency_key=request.idempotency_key,
         chunk_count=-(-len(rows) // size),
         queue=queue_for(len(rows)),
+        notify=job_notify(session, request.tenant, request.notify),
     )
     try:
         _store_uploads(store, job_id, request)
@@ -157,6 +161,7 @@ def failing_unqueued(session: Session, job: Job) -> Iterator[None]:
         log.exception("could not enqueue job %s", job.id)
         with unit_of_work(session):
             job.status, job.error, job.finished_at = (JobStatus.FAILED, UNQUEUED, utcnow())
+            deliveries.record_end(session, job.id, JobStatus.FAILED.value)
             # no item stays pending in a closed job: each says why it did not run
             queries.end_pending(session, job.id, ItemStatus.FAILED, UNQUEUED)
         raise TransientError("The job could not be queued: the broker is unreachable.") from error

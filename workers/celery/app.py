@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from kiln.app.core.config import Settings
-from kiln.app.dispatch.contract import CONTROL, RECONCILE_TASK, SCHEDULES_TASK
+from kiln.app.dispatch.contract import CONTROL, RECONCILE_TASK, SCHEDULES_TASK, WEBHOOKS_TASK
 from kiln.app.dispatch.producer import configure
 from kiln.workers.celery import tasks
 from kiln.workers.ops.health import EngineHealth
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from kiln.workers.batching import BatchStats
     from kiln.workers.ops.chunk_stats import ChunkTotals
     from kiln.workers.runtime import WorkerRuntime
+    from kiln.workers.webhooks.courier import Courier
 
 
 class KilnCelery(Celery):  # type: ignore[misc]
@@ -29,6 +30,7 @@ class KilnCelery(Celery):  # type: ignore[misc]
         self.node_name = "embedded@localhost"  # `kiln worker` sets its Celery node name
         self._runtime: WorkerRuntime | None = None
         self._runtime_lock = threading.Lock()
+        self._courier: Courier | None = None
 
     def _get_backend(self) -> Any:
         """Kiln keeps no results in Celery (`result_backend=None`): the disabled backend, made
@@ -47,6 +49,16 @@ class KilnCelery(Celery):  # type: ignore[misc]
 
                 self._runtime = WorkerRuntime(self.settings, self.node_name)
             return self._runtime
+
+    def courier(self) -> Courier:
+        """The process's webhook courier (built on first use, over the runtime's sessions)."""
+        runtime = self.runtime()
+        with self._runtime_lock:
+            if self._courier is None:
+                from kiln.workers.webhooks.courier import Courier
+
+                self._courier = Courier(runtime.sessions, self.settings)
+            return self._courier
 
     def batch_stats(self) -> dict[str, BatchStats]:
         """Batching totals per model; empty until the runtime exists (never builds it)."""
@@ -88,6 +100,9 @@ class KilnCelery(Celery):  # type: ignore[misc]
 
     def close_runtime(self) -> None:
         with self._runtime_lock:
+            if self._courier is not None:
+                self._courier.stop()
+                self._courier = None
             if self._runtime is not None:
                 self._runtime.close()
                 self._runtime = None
@@ -98,12 +113,13 @@ def make_celery(settings: Settings) -> KilnCelery:
     app = KilnCelery(settings)
     configure(app, settings)
     app.conf.beat_schedule = _beat_schedule(settings)
-    tasks.register(app, app.runtime)
+    tasks.register(app, app.runtime, app.courier)
     return app
 
 
 def _beat_schedule(settings: Settings) -> dict[str, Any]:
-    """What `kiln beat` sends: the reconciler and the schedule tick, on the control queue."""
+    """What `kiln beat` sends: the reconciler, the schedule tick and the webhooks' sweep, on
+    the control queue."""
     control = {"queue": CONTROL, "routing_key": CONTROL, "expires": 60}
     return {
         "kiln-reconcile": {
@@ -114,6 +130,11 @@ def _beat_schedule(settings: Settings) -> dict[str, Any]:
         "kiln-schedules": {
             "task": SCHEDULES_TASK,
             "schedule": settings.schedule_tick_s,
+            "options": control,
+        },
+        "kiln-webhooks": {
+            "task": WEBHOOKS_TASK,
+            "schedule": settings.webhook_sweep_s,
             "options": control,
         },
     }

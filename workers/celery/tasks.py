@@ -18,12 +18,14 @@ from kiln.app.dispatch.contract import (
     QUEUES,
     RECONCILE_TASK,
     SCHEDULES_TASK,
+    WEBHOOKS_TASK,
 )
 from kiln.app.dispatch.producer import CeleryDispatcher
 from kiln.app.observability.tracing import consumer_span
 
 if TYPE_CHECKING:
     from kiln.workers.runtime import WorkerRuntime
+    from kiln.workers.webhooks.courier import Courier
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,11 @@ RETRY: dict[str, Any] = {
 }
 
 
-def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
-    """Add Kiln's tasks to `app`; `runtime` builds the worker's engines on first use."""
+def register(
+    app: Celery, runtime: Callable[[], WorkerRuntime], courier: Callable[[], Courier]
+) -> None:
+    """Add Kiln's tasks to `app`; `runtime` builds the worker's engines on first use,
+    `courier` its webhook sender (woken once a task here may have ended a job)."""
 
     @app.task(name=CHUNK_TASK, **RETRY)  # type: ignore[untyped-decorator]
     def process_chunk(task: Any, job_id: str, chunk: int, item_ids: list[int]) -> dict[str, Any]:
@@ -60,6 +65,8 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
                 extra={"job_id": job_id, "chunk": chunk, "items": len(item_ids), "queue": queue,
                        "succeeded": report.succeeded, "failed": report.failed, "seconds": seconds},
             )  # fmt: skip
+        if report.job_status is not None:  # its webhook's event, if any, is due now
+            courier().wake()
         return {"processed": report.processed, "job_status": report.job_status}
 
     @app.task(name=INGEST_TASK, **RETRY)  # type: ignore[untyped-decorator]
@@ -73,6 +80,8 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
                 job_id, report.outcome, report.pages, report.listed, report.queued,
                 extra={"job_id": job_id, "items": report.listed, "chunks": report.queued},
             )  # fmt: skip
+        if report.outcome in ("done", "failed"):  # a listing's end may end the job
+            courier().wake()
         return {"outcome": report.outcome, "listed": report.listed}
 
     @app.task(name=RECONCILE_TASK, **RETRY)  # type: ignore[untyped-decorator]
@@ -81,6 +90,7 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
         from kiln.workers.jobs.periodic import reconcile as run
 
         grace = runtime().settings.redispatch_after_s
+        courier().wake()  # the reconciler's closes, and anything due
         return run(
             runtime(),
             CeleryDispatcher(app),
@@ -92,3 +102,10 @@ def register(app: Celery, runtime: Callable[[], WorkerRuntime]) -> None:
         from kiln.workers.jobs.periodic import run_due_schedules
 
         return run_due_schedules(runtime(), CeleryDispatcher(app))
+
+    @app.task(name=WEBHOOKS_TASK, **RETRY)  # type: ignore[untyped-decorator]
+    def deliver_webhooks(task: Any) -> dict[str, Any]:
+        """Beat's sweep: wake this worker's courier, which claims and sends on its own
+        threads; the task returns at once and holds no task thread while receivers answer."""
+        courier().wake()
+        return {"woken": True}

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from kiln.app.core.errors import InputError, KilnError
 from kiln.app.db import ingest as db
-from kiln.app.db import queries
+from kiln.app.db import queries, webhooks
 from kiln.app.db.models import Ingest, Job, JobStatus, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
@@ -270,6 +270,7 @@ def _fail(session: Session, job: Job, owner: str, reason: str) -> StepReport:
         ingest.done = True
         queries.cancel_items(session, job.id)
         locked.status, locked.error, locked.finished_at = JobStatus.FAILED, reason, utcnow()
+        webhooks.record_end(session, job.id, JobStatus.FAILED.value)
     log.warning("ingest %s failed: %s", job.id, reason)
     return StepReport(job.id, "failed")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -18,6 +19,7 @@ from kiln.app import video
 from kiln.app.api import fleet
 from kiln.app.api.deps import ContextDep, S3Dep, SessionDep, TenantDep, get_context
 from kiln.app.api.errors import RequestTooLargeError, error_responses, validation_sentence
+from kiln.app.api.routes.webhooks import checked_notify, notify_out
 from kiln.app.api.schemas import (
     CountsOut,
     ItemOut,
@@ -25,6 +27,7 @@ from kiln.app.api.schemas import (
     JobCreate,
     JobOut,
     JobsPage,
+    NotifyIn,
     ResultUrlsOut,
     SignedUrlOut,
 )
@@ -88,6 +91,7 @@ def job_out(
         options=job.options or {},
         results_url=str(request.url_for("get_results", job_id=job.id)),
         error=job.error,
+        notify=notify_out(session, job),
     )
 
 
@@ -137,14 +141,16 @@ async def create_job(
     job_request = await _read_request(request, context.settings, tenant, idempotency_key)
 
     def submit() -> JobOut:
+        notify = checked_notify(job_request.notify, context.settings)  # resolves: in a thread
         with context.sessions() as session:
             if isinstance(job_request, BulkRequest):
                 most_open = context.settings.tenant_max_open_jobs
+                bulk = replace(job_request, notify=notify)
                 submitted = submit_bulk(
-                    session, context.dispatcher, job_request, most_open, s3=s3
+                    session, context.dispatcher, bulk, most_open, s3=s3
                 )  # its output probed (outputs.check_output)
             else:
-                submitted = context.submit_job(session, job_request)
+                submitted = context.submit_job(session, replace(job_request, notify=notify))
             if not submitted.created:
                 response.status_code = status.HTTP_200_OK
             return job_out(request, session, submitted.job, submitted.counts)
@@ -183,6 +189,7 @@ async def _read_request(
                 options=with_fps(body.options, body.video_fps),
                 idempotency_key=body.idempotency_key or header_key,
                 retry_failed=body.retry_failed,
+                notify=body.notify.model_dump() if body.notify else None,
             )
         return jobs.JobRequest(
             tenant=tenant,
@@ -190,6 +197,7 @@ async def _read_request(
             inputs=[jobs.InputRef(uri=i.uri, text=i.text) for i in body.inputs or []],
             options=with_fps(body.options, body.video_fps),
             idempotency_key=body.idempotency_key or header_key,
+            notify=body.notify.model_dump() if body.notify else None,
         )
     raise InputError("Send the job as multipart/form-data (files) or application/json (inputs).")
 
@@ -227,7 +235,20 @@ async def _job_from_form(
         uploads=uploads,
         options=with_fps(_options(form.get("options")), form.get(video.FPS_OPTION)),
         idempotency_key=key if isinstance(key, str) and key else header_key,
+        notify=_notify_field(form.get("notify")),
     )
+
+
+def _notify_field(raw: object) -> dict[str, Any] | None:
+    """A form's `notify` field: the webhook as JSON ({"url": …, "events": […]})."""
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise InputError('\'notify\' must be a JSON object such as {"url": "https://…"}.')
+    try:
+        return NotifyIn.model_validate_json(raw).model_dump()
+    except ValidationError as error:
+        raise InputError("notify: " + validation_sentence(error.errors())) from None
 
 
 def with_fps(options: dict[str, Any], fps: object) -> dict[str, Any]:

@@ -5,7 +5,7 @@ order), its near-duplicate groups side by side, the Parquet download and cancel.
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -63,7 +63,8 @@ ViewerDep = Annotated[Viewer, Depends(_viewer)]
 def _summary(viewer: Viewer, job_id: str) -> tuple[views.JobView, ModelInfo]:
     with viewer.context.sessions() as session:
         job, model = viewer.job(session, job_id)
-        return views.job_view(session, job, jobs.LeaseTiming.of(viewer.context.settings)), model
+        view = views.job_view(session, job, jobs.LeaseTiming.of(viewer.context.settings))
+        return replace(view, webhook=views.webhook_view(session, job)), model
 
 
 @router.get("/{job_id}")
@@ -78,6 +79,15 @@ async def job_summary(request: Request, job_id: str, viewer: ViewerDep) -> HTMLR
     stops asking once the job has closed)."""
     job, model = await run_in_threadpool(_summary, viewer, job_id)
     return render(request, "_job_summary.html", job=job, model=model)
+
+
+@router.get("/{job_id}/webhook")
+async def job_webhook(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
+    """The job's webhook deliveries: refreshed after the job closed, while one is pending."""
+    job, _model = await run_in_threadpool(_summary, viewer, job_id)
+    if job.webhook is None:
+        return HTMLResponse("")
+    return render(request, "_webhook.html", job=job)
 
 
 def _items(viewer: Viewer, job_id: str, status: str | None, after: int) -> dict[str, Any]:

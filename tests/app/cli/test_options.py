@@ -47,8 +47,14 @@ class FakeApi:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def submit(self, files: list[Path], model: str, options: dict[str, Any]) -> dict[str, Any]:
-        self.sent.append(("submit", (model, options)))
+    def submit(
+        self,
+        files: list[Path],
+        model: str,
+        options: dict[str, Any],
+        notify: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        self.sent.append(("submit", (model, options, notify) if notify else (model, options)))
         return {"id": "job-1", "status": "queued", "counts": {"total": len(files)}}
 
     def submit_json(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +83,21 @@ def test_submit_sends_its_options(api: list[tuple[str, Any]], tmp_path: Path) ->
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 0, done.output
     assert api == [("submit", ("phash", {"max_distance": 8}))]
+
+
+def test_submit_and_bulk_send_their_webhook(api: list[tuple[str, Any]], tmp_path: Path) -> None:
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"x")
+    hook = ["--notify", "https://e.example/h", "--notify-events", "failed"]
+    done = CliRunner().invoke(app, ["submit", str(image), "--model", "phash", *hook])
+    assert done.exit_code == 0, done.output
+    wanted = {"url": "https://e.example/h", "events": ["failed"]}
+    assert api == [("submit", ("phash", {}, wanted))]
+    bulk = CliRunner().invoke(app, ["bulk", "s3://photos/", "--model", "phash", *hook])
+    assert bulk.exit_code == 0, bulk.output
+    assert api[1][0] == "submit_json" and api[1][1]["notify"] == wanted
+    alone = CliRunner().invoke(app, ["bulk", "s3://p/", "--model", "phash", "--notify-events", "x"])
+    assert alone.exit_code == 1 and "--notify-events needs --notify URL." in alone.output
 
 
 def test_bulk_and_schedules_send_their_options(api: list[tuple[str, Any]]) -> None:

@@ -32,6 +32,7 @@ TASKS = (
     contract.INGEST_TASK,
     contract.RECONCILE_TASK,
     contract.SCHEDULES_TASK,
+    contract.WEBHOOKS_TASK,
 )
 
 
@@ -46,12 +47,32 @@ def runtime(settings: Settings) -> SimpleNamespace:
     return SimpleNamespace(settings=settings)
 
 
+class Courier:
+    """Stands in for the webhook courier: counts its wakes."""
+
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def stop(self) -> None:
+        pass
+
+
 @pytest.fixture
-def app(settings: Settings, runtime: SimpleNamespace) -> Iterator[KilnCelery]:
+def courier() -> Courier:
+    return Courier()
+
+
+@pytest.fixture
+def app(settings: Settings, runtime: SimpleNamespace, courier: Courier) -> Iterator[KilnCelery]:
     celery = make_celery(settings)
     celery._runtime = runtime  # type: ignore[assignment]  # what `app.runtime()` hands out
+    celery._courier = courier  # type: ignore[assignment]  # what `app.courier()` hands out
     yield celery
     celery._runtime = None
+    celery._courier = None
     celery.close()
 
 
@@ -101,6 +122,29 @@ def test_the_chunk_task_runs_process_chunk(
     assert args == (runtime, "job-1", 1, [7, 8, 9]) and kwargs["urgent"] is urgent
     assert isinstance(kwargs["dispatcher"], CeleryDispatcher)  # a video's frame chunks go out
     assert answer == {"processed": 3, "job_status": "completed"}
+
+
+def test_a_chunk_that_closes_its_job_wakes_the_webhook_courier(
+    app: KilnCelery, courier: Courier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its delivery is due at once: this worker sends it without waiting for beat's sweep."""
+    open_still = ChunkReport("job-1", 1, processed=3, succeeded=3, failed=0, job_status=None)
+    monkeypatch.setattr(chunk_run, "process_chunk", Recorder(open_still))
+    run_task(app, contract.CHUNK_TASK, "job-1", 1, [7], queue="bulk")
+    assert courier.wakes == 0
+    monkeypatch.setattr(chunk_run, "process_chunk", Recorder(_report("job-1")))
+    run_task(app, contract.CHUNK_TASK, "job-1", 2, [8], queue="bulk")
+    assert courier.wakes == 1
+
+
+def test_beat_s_webhook_sweep_wakes_the_courier_and_returns(
+    app: KilnCelery, courier: Courier
+) -> None:
+    assert run_task(app, contract.WEBHOOKS_TASK) == {"woken": True}
+    assert courier.wakes == 1
+    schedule = app.conf.beat_schedule["kiln-webhooks"]
+    assert schedule["task"] == contract.WEBHOOKS_TASK
+    assert schedule["options"]["queue"] == contract.CONTROL
 
 
 def test_the_ingest_task_runs_a_step_that_sends_through_this_app(

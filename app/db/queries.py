@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from kiln.app.db import chunk_runs, counters, dialect
+from kiln.app.db.items import end_items
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -441,13 +442,7 @@ def end_pending(session: Session, job_id: str, status: str, error: str) -> int:
         .order_by(Item.id)
         .with_for_update()
     )
-    result = session.execute(
-        update(Item)
-        .where(Item.id.in_(pending))
-        .values(status=status, finished_at=utcnow(), error=error)
-        .execution_options(synchronize_session=False)
-    )
-    ended = int(result.rowcount)  # type: ignore[attr-defined]
+    ended = end_items(session, pending, status, error, utcnow())
     cancelled = status == ItemStatus.CANCELLED
     tally = counters.Tally(cancelled=ended) if cancelled else counters.Tally(failed=ended)
     counters.add(session, job_id, 0, tally)

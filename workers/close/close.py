@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Closable:
-    """What a close is handed of its job; the rest it reads."""
+class ClosingJob:
+    """The job a close is about: what the close is handed of it (the rest it reads)."""
 
     job_id: str
     was_open: bool  # open when the caller's run began (else a replay: it heals what is missing)
@@ -68,13 +68,13 @@ def close_after_chunk(
     if lease.chunk_count <= 1 and not lease.bulk:  # one chunk: its own shard, if it wrote one
         own = [results.shard_key(lease.place, lease.chunk)] if wrote else []
     engine = _engine(models, lease.model)
-    job = Closable(lease.job_id, lease.was_open, lease.model, lease.place, fields, engine)
+    job = ClosingJob(lease.job_id, lease.was_open, lease.model, lease.place, fields, engine)
     with sessions() as session:
         return close_job(session, store, job, own)
 
 
 def close_job(
-    session: Session, store: ObjectStore, job: Closable, own: list[str] | None = None
+    session: Session, store: ObjectStore, job: ClosingJob, own: list[str] | None = None
 ) -> str | None:
     """Close the job if nothing of it is open (`own`: its shard keys, where the caller knows
     them): its shards listed, the one read, the shards a crash or a cancel left unwritten, the
@@ -135,7 +135,7 @@ def _close(
     place = runtime.place(job.id, job.output)
     engine = _engine(runtime.models, model)
     return close_job(
-        session, runtime.store, Closable(job.id, was_open, model, place, fields, engine)
+        session, runtime.store, ClosingJob(job.id, was_open, model, place, fields, engine)
     )
 
 

@@ -22,7 +22,7 @@ from kiln.app.results import results
 from kiln.workers.chunk import lease as leasing
 from kiln.workers.chunk.rows import ChunkRows, Piece
 from kiln.workers.chunk.write import Written, write_chunk
-from kiln.workers.close.close import Closable, close_after_chunk, close_closed_job, close_job
+from kiln.workers.close.close import ClosingJob, close_after_chunk, close_closed_job, close_job
 from kiln.workers.close.fallback import shard_fields
 from kiln.workers.close.lease import Lease
 from kiln.workers.jobs.periodic import reconcile
@@ -261,7 +261,7 @@ def test_missing_shards_are_written_from_the_database(runtime: WorkerRuntime) ->
 
     with runtime.sessions() as session:  # a replay of the closed job: was_open=False
         fields = output_fields(lease.model)
-        job = Closable(job_id, False, lease.model, lease.place, fields, None)
+        job = ClosingJob(job_id, False, lease.model, lease.place, fields, None)
         close_job(session, runtime.store, job)
 
     assert results.shard_keys(lease.place) == [results.shard_key(lease.place, 0), lost]

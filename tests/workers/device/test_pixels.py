@@ -181,7 +181,6 @@ def describe(meta: dict[str, Any]) -> dict[str, Any]:
 
 def decode_errors(folder: Path, names: list[str]) -> list[str | list[int]]:
     """A batch of good and bad images: each bad one is its own error, the good ones decode."""
-
     good = (folder / "png-up.img").read_bytes()
     batch = [good] + [(folder / f"{name}.img").read_bytes() for name in names] + [good]
     results = decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
@@ -226,7 +225,6 @@ def routed_through_a_stand_in(folder: Path) -> dict[str, Any]:
     that decodes with Pillow as nvJPEG does (EXIF not applied) and refuses the 120 px wide
     image. The real nvJPEG has not run here."""
     import torch
-
 
     calls: list[int] = []
 

@@ -3,8 +3,10 @@ fetcher, the lease keeper, the prep processes, and the loaded models (`runners/`
 
 Built lazily inside the process that uses it (never before a fork), and owned by the Celery app
 object rather than a module global. Each resource is made by its own factory; what a model's
-loading, unloading and memory budget decide lives with the model runners. Problems the process
-cannot recover from go to `health`, which its liveness probe reads (docs/gpu.md).
+loading, unloading and memory budget decide lives with the model runners. The prep processes
+start with the first model that loads (their start-up overlaps its load), or the first unit.
+Problems the process cannot recover from go to `health`, which its liveness probe reads
+(docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ class WorkerRuntime:
         self.fetcher = Fetcher(PrepSettings.of(settings), self.store)
         self.chunk_stats = ChunkStats()  # items and stage seconds per model, chunks finished
         self.health = Health()
+        self.prep: Preparer = _preparer(settings, self.fetcher)  # not started yet
         self.models = ModelRunners(
-            settings, node, self.sessions, self.store, self.health, lambda: self.prep().processes
+            settings, node, self.sessions, self.store, self.health, self._prep_for_model
         )
         self._infos: dict[tuple[str, str], ModelInfo] = {}
         self._leases: Leases | None = None
-        self._prep: Preparer | None = None
         self._lock = threading.Lock()
 
     @property
@@ -62,26 +64,22 @@ class WorkerRuntime:
                 )  # fmt: skip
             return self._leases
 
-    def prep(self) -> Preparer:
-        """The prep processes, started on first use (after any fork: they are spawned)."""
-        with self._lock:
-            if self._prep is None:
-                count = self.settings.prep_count(usable_cores())
-                if count == 0:
-                    self._prep = InlinePrep(self.settings, self.fetcher)
-                else:
-                    self._prep = PrepPool(self.settings, count)
-                    log.info("%d prep processes started", count)
-            return self._prep
+    def _prep_for_model(self) -> int:
+        """How many prep processes feed a model that is loading; they start now, so their
+        start-up overlaps the load (spawned: never forked from a process that may hold CUDA)."""
+        self.prep.start()
+        return self.prep.processes
 
     def use_prep(self, prep: Preparer) -> None:
         """Take over prep processes started before this runtime (`kiln run` starts them first,
-        so their start-up overlaps its own: `prep/ahead.py`); closed with the runtime."""
+        so their start-up overlaps its own: `prep/ahead.py`), in place of its own, which have
+        not started; closed with the runtime."""
         with self._lock:
-            if self._prep is not None:
+            if self.prep.pids():
                 raise RuntimeError("This runtime's prep processes have already started.")
-            self._prep = prep
-        log.info("%d prep processes started ahead", prep.processes)
+            own, self.prep = self.prep, prep
+        own.close()
+        log.info("%d prep processes started ahead, taken over", prep.processes)
 
     def place(self, job_id: str, output: str | None) -> Place:
         """Where this job's results go (Kiln's store, or the user's `output` prefix)."""
@@ -105,12 +103,11 @@ class WorkerRuntime:
             **self.models.load_failures.snapshot(),
             **(engines.failures.snapshot() if engines else {}),
         }
-        with self._lock:
-            prep = self._prep
+        prep, pids = self.prep, self.prep.pids()  # no pids: not started (or inline)
         runners = self.models.runners().values()
         return EngineHealth(
-            prep_processes=prep.processes if prep else 0,
-            prep_replaced=prep.replaced if prep else 0,
+            prep_processes=prep.processes if pids else 0,
+            prep_replaced=prep.replaced,
             problems=self.health.problems(),
             memory={r.info.ref: r.memory_bytes for r in runners},
             slot_memory={r.info.ref: r.slot_bytes for r in runners},
@@ -119,7 +116,7 @@ class WorkerRuntime:
             idle_unloaded=memory.idle_unloads if memory else 0,
             build_failures={key: f.attempts for key, f in failures.items()},
             rss_bytes=rss_bytes(),
-            prep_rss_bytes=_prep_rss(prep.pids()) if prep else None,
+            prep_rss_bytes=_prep_rss(pids),
         )
 
     # What the worker says it holds (`ops.metrics.WorkerView`), for its metrics and facts.
@@ -139,11 +136,15 @@ class WorkerRuntime:
         if self._leases is not None:
             self._leases.close()
         self.models.close()
-        with self._lock:
-            prep, self._prep = self._prep, None
-        if prep is not None:
-            prep.close()
+        self.prep.close()
         self.db.dispose()
+
+
+def _preparer(settings: Settings, fetcher: Fetcher) -> Preparer:
+    """The prep processes this worker's cores allow, not started; none: prep on the chunk's
+    thread (`KILN_PREP_PROCESSES=0`)."""
+    count = settings.prep_count(usable_cores())
+    return PrepPool(settings, count, start=False) if count else InlinePrep(settings, fetcher)
 
 
 def _prep_rss(pids: list[int]) -> int | None:

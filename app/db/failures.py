@@ -8,6 +8,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, queries, webhooks
+from kiln.app.db.items import end_items
 from kiln.app.db.models import OPEN_ITEM_STATUSES, Ingest, Item, ItemStatus, JobStatus, utcnow
 from kiln.app.db.notify import notify_job_closed
 
@@ -47,16 +48,4 @@ def end_open(session: Session, job_id: str, reason: str) -> int:
         .order_by(Item.id)
         .with_for_update()
     )
-    result = session.execute(
-        update(Item)
-        .where(Item.id.in_(open_items))
-        .values(
-            status=ItemStatus.FAILED,
-            error=reason,
-            finished_at=utcnow(),
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return end_items(session, open_items, ItemStatus.FAILED, reason, utcnow())

@@ -1,4 +1,5 @@
-"""Adding a job's items: one statement however many, their counters in the same transaction.
+"""Adding a job's items: one statement however many, their counters in the same transaction;
+and ending those a locked select names (`end_items`: a cancel, a give-up, a failed job).
 
 Never commits: the caller owns the transaction.
 """
@@ -8,9 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import TextClause, bindparam, text
+from sqlalchemy import ColumnElement, Select, TextClause, bindparam, text, update
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, dialect
@@ -120,3 +122,23 @@ def _insert_sqlite(
     }
     statement = _INSERT_NEW_SQLITE if skip_existing else _INSERT_SQLITE
     return [(int(a), int(b)) for a, b in session.execute(statement, params)]
+
+
+def end_items(
+    session: Session,
+    chosen: Select[Any],
+    status: str,
+    error: str | ColumnElement[str],
+    now: datetime,
+) -> int:
+    """End the items `chosen` names (their ids, locked in id order, as a lease takes them, so
+    the two queue instead of deadlocking) as `status` with `error`, their lease cleared; how
+    many. Not counted: the caller adds them to its counter."""
+    result = session.execute(
+        update(Item)
+        .where(Item.id.in_(chosen))
+        .values(status=status, error=error, finished_at=now, lease_owner=None,
+                lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )  # fmt: skip
+    return int(result.rowcount)  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from kiln.app.db import counters, dialect
+from kiln.app.db.items import end_items
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -194,19 +195,7 @@ def give_up(
         (Item.error.is_(None), literal(sentence)),
         else_=literal(f"{sentence} The last error recorded: ") + Item.error,
     )
-    result = session.execute(
-        update(Item)
-        .where(Item.id.in_(spent))
-        .values(
-            status=ItemStatus.FAILED,
-            error=error,
-            finished_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    failed = int(result.rowcount)  # type: ignore[attr-defined]
+    failed = end_items(session, spent, ItemStatus.FAILED, error, now)
     counters.add(session, job_id, counters.slot_of(chunk), counters.Tally(failed=failed))
     return failed
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from kiln.app.db import chunk_runs, counters, dialect, webhooks
+from kiln.app.db.items import end_items
 from kiln.app.db.models import (
     OPEN_ITEM_STATUSES,
     OPEN_JOB_STATUSES,
@@ -342,17 +343,19 @@ def nothing_open(session: Session, job_id: str) -> bool:
 @dataclass(frozen=True)
 class Closing:
     """What a job's close reads, once none of its items is open: the job as the database has
-    it now, its counts (final: only an open item or a listing can change them) and its
-    chunks (each owes a shard)."""
+    it now, its counts (final: only an open item or a listing can change them), its chunks
+    (each owes a shard) and the items of those that have none yet, by chunk, in id order."""
 
     job: Job
     counts: Counts
     chunks: list[int]
+    unwritten: dict[int, list[Item]]
 
 
-def closing(session: Session, job_id: str) -> Closing | None:
-    """The close's one read; None while an item of the job is open or its source is still
-    listed (or when there is no such job)."""
+def closing(session: Session, job_id: str, written: Collection[int]) -> Closing | None:
+    """The close's one read (`written`: the chunks that have a shard; the others' items come
+    with it); None while an item of the job is open or its source is still listed (or when
+    there is no such job)."""
     if not nothing_open(session, job_id):
         return None
     tally = select(*counters.sums()).where(JobCounter.job_id == job_id).subquery()
@@ -367,7 +370,10 @@ def closing(session: Session, job_id: str) -> Closing | None:
         return None
     job, ingest, *counted = row
     counts = _counts(ingest, counters.Tally(*(int(n) for n in counted)))
-    return Closing(job, counts, job_chunks(session, job_id))
+    chunks = job_chunks(session, job_id)
+    missing = [chunk for chunk in chunks if chunk not in written]
+    unwritten = chunk_items(session, job_id, missing) if missing else {}
+    return Closing(job, counts, chunks, unwritten)
 
 
 def job_chunks(session: Session, job_id: str) -> list[int]:
@@ -437,13 +443,7 @@ def end_pending(session: Session, job_id: str, status: str, error: str) -> int:
         .order_by(Item.id)
         .with_for_update()
     )
-    result = session.execute(
-        update(Item)
-        .where(Item.id.in_(pending))
-        .values(status=status, finished_at=utcnow(), error=error)
-        .execution_options(synchronize_session=False)
-    )
-    ended = int(result.rowcount)  # type: ignore[attr-defined]
+    ended = end_items(session, pending, status, error, utcnow())
     cancelled = status == ItemStatus.CANCELLED
     tally = counters.Tally(cancelled=ended) if cancelled else counters.Tally(failed=ended)
     counters.add(session, job_id, 0, tally)

@@ -191,6 +191,13 @@ def shard_keys(place: Place) -> list[str]:
     return sorted(k for k in place.store.list(place.key("part-")) if k.endswith(".parquet"))
 
 
+def shards_by_chunk(place: Place) -> dict[int, str]:
+    """The job's shards, one listing, by the chunk each holds (`shard_key`'s name read back)."""
+    start = place.key("part-")
+    named = ((k.removeprefix(start).removesuffix(".parquet"), k) for k in shard_keys(place))
+    return {int(number): key for number, key in named if number.isdigit()}
+
+
 def write_keys(place: Place, name: str, keys: Sequence[str]) -> str:
     """A one-column Parquet file of keys (e.g. the objects a pipeline found deleted)."""
     table = pa.Table.from_pylist([{"key": k} for k in keys], schema=pa.schema([BASE_FIELDS[0]]))

@@ -130,7 +130,7 @@ def test_nvjpeg_and_the_batched_fit_on_the_gpu() -> None:
     if not di.nvjpeg_available("cuda"):
         pytest.skip("torchvision's nvJPEG decoder is not available here")
     datas = [photo(s, (640, 480)) for s in range(3)] + [photo(9, (300, 500))]
-    images = di.decode_batch(datas, torch.device("cuda"), max_pixels=50_000_000)
+    images = di.by_row(*di.decode_groups(datas, "cuda", max_pixels=50_000_000), len(datas))
     pre = Preprocessing(224)
     batch, _metas = di.fit_batch(images, pre)
     alone = torch.stack([di.fit_on_device(image, pre)[0] for image in images])

@@ -66,7 +66,7 @@ def test_the_close_tells_the_api_from_its_own_update(postgres_url: str, sessions
             assert queries.finish_job_if_done(session, rolled.id) is not None
             session.rollback()
         with sessions() as session:
-            found = queries.closing(session, closed.id)
+            found = queries.closing(session, closed.id, [])
             assert found is not None and found.job.status == "running"
             assert (found.counts.total, found.counts.succeeded, found.counts.failed) == (2, 1, 1)
             finished = queries.finish_job_if_done(session, closed.id)

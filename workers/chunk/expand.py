@@ -75,7 +75,7 @@ def _frames(
     """The frames of these video rows, cut into chunks spread over this worker's prep
     processes; many frames in all make the job a bulk one."""
     count = sum(len(rows.videos[row].times) for row in videos)
-    spread = CHUNKS_PER_PROCESS * max(1, runtime.prep().processes)
+    spread = CHUNKS_PER_PROCESS * max(1, runtime.prep.processes)
     size = frame_chunk_size(count, runtime.settings.bulk_chunk_size, spread)
     planned = [chunked(rows.items[row], rows.videos[row], size) for row in videos]
     return frames.ChunkVideos(

@@ -72,7 +72,7 @@ def _run(
                 rows.fail(row, sentence, FAILED, blameless=True)
             return
         model_pass = ModelPass(
-            model, runner, runtime.prep(), runtime.settings.max_upload_bytes, held, urgent,
+            model, runner, runtime.prep, runtime.settings.max_upload_bytes, held, urgent,
             lease.sampling,
         )  # fmt: skip
         holder: dict[int, int] = {}

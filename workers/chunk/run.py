@@ -9,7 +9,7 @@ runs, handed what it needs:
 - `infer.answer_chunk`: every row through the job's model, then its fallback (`ChunkRows`);
 - `expand.expand_videos`: a video's row becomes its frames, new items in chunks of their own;
 - `write.write_chunk`: the shard, then the results in one statement;
-- `close.close_after_chunk`: the job's close, if this chunk was its last.
+- `close.close_after_chunk`: the job's close, if this chunk committed its last open item.
 
 The process's lease keeper holds the lease meanwhile; a cancel or a lost lease stops the run
 (`Held`). Every write is idempotent, so a redelivered chunk is harmless. A write the job's
@@ -85,9 +85,9 @@ def process_chunk(
             fields = shard_fields(lease.model, lease.fallback)
             try:
                 wrote = write_chunk(runtime, lease, rows, fields, stages=urgent)
-                if wrote is not None:
+                if wrote is not None and wrote.ended:  # this chunk committed the job's last
                     report.job_status = close_after_chunk(
-                        runtime.sessions, runtime.store, runtime.models, lease, wrote, fields
+                        runtime.sessions, runtime.store, runtime.models, lease, wrote.shard, fields
                     )
             except OutputError as error:  # retrying cannot fix it: the job ends now
                 report.job_status = fail_for_output(runtime, job_id, error)

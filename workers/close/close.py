@@ -1,19 +1,22 @@
-"""Close a job once none of its items is open: one read (the job, its counts, its chunks), its
-missing shards, its close steps, then one write (the conditional update that closes it and
-tells the API), then its manifest.
+"""Close a job once none of its items is open: its shards listed, one read (the job, its
+counts, its chunks and the items of any chunk without a shard), the missing shards, its close
+steps, then one write (the conditional update that closes it and tells the API), then its
+manifest.
 
 Closing is its own unit, after a chunk's results commit, and takes no lock shared by the job's
-chunks: whichever chunk commits last sees every other chunk's results, so it closes the job
-(two seeing it at once race on one conditional update, and one wins). A chunk that saw items
-still open leaves the close to whichever commits after it. A job closes only once every chunk
-has a shard and its close steps have run, so whoever sees it closed can read every row and
-what the steps wrote; a replay after a crash finishes what was left undone. The reconciler
-closes a job whose last chunk stopped in between, the same way.
+chunks: whichever chunk commits last sees every other chunk's results (`write.write_chunk`
+asks, after its commit), so it closes the job (two seeing it at once race on one conditional
+update, and one wins). A chunk that saw items still open leaves the close to whichever commits
+after it. A job closes only once every chunk has a shard and its close steps have run, so
+whoever sees it closed can read every row and what the steps wrote; a replay after a crash
+finishes what was left undone. The reconciler closes a job whose last chunk stopped in
+between, the same way.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import pyarrow as pa
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,6 +40,18 @@ from kiln.workers.runtime import WorkerRuntime
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ClosingJob:
+    """The job a close is about: what the close is handed of it (the rest it reads)."""
+
+    job_id: str
+    was_open: bool  # open when the caller's run began (else a replay: it heals what is missing)
+    model: ModelInfo
+    place: results.Place
+    fields: list[pa.Field]  # the shards' columns: the model's, then its fallback's
+    engine: str | None  # the backend the model runs on in this process, for the manifest
+
+
 def close_after_chunk(
     sessions: sessionmaker[Session],
     store: ObjectStore,
@@ -45,63 +60,52 @@ def close_after_chunk(
     wrote: bool,
     fields: list[pa.Field],
 ) -> str | None:
-    """After a chunk's results commit: once nothing of the job is left open, close it
-    (`wrote`: this chunk wrote a shard; `store`: Kiln's own, for a pipeline's library). A
-    replay of a closed job heals its shards and manifest. Returns the final status if this
-    call closed the job."""
+    """After a chunk's results commit and nothing of the job is left open: close it (`wrote`:
+    this chunk wrote a shard; `store`: Kiln's own, for a pipeline's library). A replay of a
+    closed job heals its shards and manifest. Returns the final status if this call closed
+    the job."""
     own = None
     if lease.chunk_count <= 1 and not lease.bulk:  # one chunk: its own shard, if it wrote one
         own = [results.shard_key(lease.place, lease.chunk)] if wrote else []
+    engine = _engine(models, lease.model)
+    job = ClosingJob(lease.job_id, lease.was_open, lease.model, lease.place, fields, engine)
     with sessions() as session:
-        return close_job(
-            session, store, models, lease.place, lease.model, fields, lease.job_id,
-            lease.was_open, own,
-        )  # fmt: skip
+        return close_job(session, store, job, own)
 
 
 def close_job(
-    session: Session,
-    store: ObjectStore,
-    models: ModelRunners,
-    place: results.Place,
-    model: ModelInfo,
-    fields: list[pa.Field],
-    job_id: str,
-    was_open: bool,
-    own: list[str] | None = None,
+    session: Session, store: ObjectStore, job: ClosingJob, own: list[str] | None = None
 ) -> str | None:
-    """Close the job if nothing of it is open (`was_open`: it was open when this call's run
-    began; `own`: its shard keys, where the caller knows them): the one read, the shards a
-    crash left unwritten, the close steps, the one write, the manifest. A call for a closed
-    job (a replay) writes a manifest it lacks. The final status if this call closed it."""
-    with unit_of_work(session):  # the one read, and the shards only a crash left unwritten
-        found = queries.closing(session, job_id)
+    """Close the job if nothing of it is open (`own`: its shard keys, where the caller knows
+    them): its shards listed, the one read, the shards a crash or a cancel left unwritten, the
+    close steps, the one write, the manifest. Called once nothing of the job is open, so every
+    chunk whose results committed has its shard listed. A call for a closed job (a replay)
+    writes a manifest it lacks. The final status if this call closed it."""
+    place = job.place
+    shards = results.shards_by_chunk(place)  # first: the read brings the items of the rest
+    with unit_of_work(session):  # the one read, and the shards no run of theirs wrote
+        found = queries.closing(session, job.job_id, shards.keys())
         if found is None:
             return None  # items still open: whichever chunk commits last closes the job
-        shards = set(results.shard_keys(place))
-        healing = not was_open and not place.store.exists(results.manifest_key(place))
-        missing = [c for c in found.chunks if results.shard_key(place, c) not in shards]
-        if missing:  # their items, in one read
-            for chunk, items in queries.chunk_items(session, job_id, missing).items():
-                shards.add(results.write_shard(place, chunk, items, fields))
-    closes = was_open and queries.is_open(found.job)
+        healing = not job.was_open and not place.store.exists(results.manifest_key(place))
+        for chunk, items in found.unwritten.items():
+            shards[chunk] = results.write_shard(place, chunk, items, job.fields)
+    closes = job.was_open and queries.is_open(found.job)
     if not (closes or (healing and not queries.is_open(found.job))):
         return None  # another call closed it, and writes the manifest; or nothing to heal
     # before the status closes: whoever sees it closed finds what they wrote
-    steps = close_steps(store, session, found.job, model, place)
+    steps = close_steps(store, session, found.job, job.model, place)
     finished = None
     if closes:
         with unit_of_work(session):
-            finished = queries.finish_job_if_done(session, job_id)
+            finished = queries.finish_job_if_done(session, job.job_id)
         if finished is None:
             return None  # another chunk closed it, and writes the manifest
-    runner = models.runners().get(model.cache_key)
-    engine = runner.predictor.backend if runner else None
     gone = results.deleted_key(place)
     deleted = gone if found.counts.deleted and place.store.exists(gone) else None
-    manifest = manifest_of(found, finished, engine, steps, deleted)
-    results.write_manifest(place, manifest, own if own is not None else sorted(shards))
-    log.info("job %s %s: %s", job_id, manifest["status"], found.counts)
+    manifest = manifest_of(found, finished, job.engine, steps, deleted)
+    results.write_manifest(place, manifest, own if own is not None else sorted(shards.values()))
+    log.info("job %s %s: %s", job.job_id, manifest["status"], found.counts)
     return finished.status if finished else None
 
 
@@ -129,4 +133,13 @@ def _close(
     model = runtime.model_info(session, job.model, job.tenant)
     fields = shard_fields(model, job_fallback(runtime, session, job.tenant, job.options))
     place = runtime.place(job.id, job.output)
-    return close_job(session, runtime.store, runtime.models, place, model, fields, job.id, was_open)
+    engine = _engine(runtime.models, model)
+    return close_job(
+        session, runtime.store, ClosingJob(job.id, was_open, model, place, fields, engine)
+    )
+
+
+def _engine(models: ModelRunners, model: ModelInfo) -> str | None:
+    """The backend `model` runs on in this process (None: not loaded here)."""
+    runner = models.runners().get(model.cache_key)
+    return runner.predictor.backend if runner else None

@@ -12,8 +12,8 @@ other threads hold most of the time, so the batch's images travel as one stacked
 size (`Group`, made where they decode: `decode_groups`) and are fitted one resize per size
 (`fit_groups`), into the model's input with its images group after group (`Fitted.order`
 maps them back to the batch's rows). A group's size is its images' headers', read by prep:
-no call per image to learn it. `decode_batch` and `fit_batch` give the same image by image,
-for tools and tests.
+no call per image to learn it. `by_row` and `fit_batch` give the same image by image, for
+tools and tests.
 
 A bad image is reported per image (an `InputError` in its place), never by failing the batch:
 a predictor fails that item alone. `torch` and `torchvision` are imported inside functions, so
@@ -22,7 +22,7 @@ this module imports without them and a process that never calls it stays torch-f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -186,22 +186,11 @@ def _group(rows: list[int], pixels: Any) -> Group:
     return Group(np.asarray(rows, dtype=np.int64), height, width, pixels)
 
 
-def decode_batch(
-    datas: Sequence[Data],
-    device: Any,
-    *,
-    max_pixels: int,
-    nvjpeg: bool | None = None,
-    headers: Sequence[Header | InputError | None] | None = None,
-    decoder: JpegDecoder | None = None,
-) -> list[Any]:
-    """`decode_groups` image by image: each an upright CHW uint8 RGB tensor on `device` (a
-    view of its group's stack), or the `InputError` that says why it could not be decoded, in
-    the order given (tools and tests; the stages keep the groups)."""
-    groups, failed = decode_groups(
-        datas, device, max_pixels=max_pixels, nvjpeg=nvjpeg, headers=headers, decoder=decoder
-    )
-    results: list[Any] = [failed.get(i) for i in range(len(datas))]
+def by_row(groups: Sequence[Group], failed: Mapping[int, InputError], rows: int) -> list[Any]:
+    """`decode_groups`' answer image by image: each an upright CHW uint8 RGB tensor on its
+    device (a view of its group's stack), or the `InputError` that says why it could not be
+    decoded, in the order of the `rows` given (tools and tests; the stages keep the groups)."""
+    results: list[Any] = [failed.get(i) for i in range(rows)]
     for group in groups:
         for row, image in zip(group.rows.tolist(), group.pixels.unbind(0), strict=True):
             results[row] = image

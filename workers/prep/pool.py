@@ -87,6 +87,10 @@ class Preparer(Protocol):
         """The prep processes' ids (none when prep runs on the chunk's thread)."""
         ...
 
+    def start(self) -> None:
+        """Start the processes now (once); the first unit starts them otherwise."""
+        ...
+
     def submit(self, unit: Unit, prefer: int = -1) -> Future[Prepped]: ...
 
     def close(self) -> None: ...
@@ -140,7 +144,15 @@ class _Proc:
 
 
 class PrepPool:
-    def __init__(self, settings: Settings, processes: int, stuck_s: float | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        processes: int,
+        stuck_s: float | None = None,
+        start: bool = True,
+    ) -> None:
+        """`start`: start the processes now; else the first `start`, unit or frame claim does
+        (a worker's runtime is built before it knows whether it will run a chunk)."""
         if processes < 1:
             raise ValueError("A prep pool needs at least one process; use InlinePrep for none.")
         self.settings, self.processes = settings, processes
@@ -156,13 +168,26 @@ class PrepPool:
         self._units = itertools.count(1)
         self._lock = threading.Lock()
         self._closing = False
-        self._procs = [self._start() for _ in range(processes)]
+        self._procs: list[_Proc] = []  # none until the pool starts
         self.frames = FrameScheduler(self._loads)
         self.replaced = 0  # processes that died and were replaced (a metric)
         self._wake_r, self._wake_w = os.pipe()  # tells the I/O thread an outbox has bytes
         os.set_blocking(self._wake_w, False)
         self._io = threading.Thread(target=self._serve, name="kiln-prep-io", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        with self._lock:
+            self._begin()
+
+    def _begin(self) -> None:
+        """The processes and the I/O thread, once (the lock is held); none after a close."""
+        if self._procs or self._closing:
+            return
+        self._procs = [self._start() for _ in range(self.processes)]
         self._io.start()
+        log.info("%d prep processes started", self.processes)
 
     def _start(self) -> _Proc:
         ours, theirs = self._context.Pipe()
@@ -191,6 +216,7 @@ class PrepPool:
     def _loads(self) -> dict[int, int]:
         """The live processes by id, each with the units it holds, in order (for `frames`)."""
         with self._lock:
+            self._begin()  # a frame claimed before any unit: its process must be known
             return {p.id: len(p.tasks) for p in self._procs if not p.dead}
 
     def _send(self, task: _Task, prefer: int = -1) -> None:
@@ -198,6 +224,7 @@ class PrepPool:
             if self._closing:
                 task.future.set_exception(PrepClosedError("The worker is stopping."))
                 return
+            self._begin()
             live = [p for p in self._procs if not p.dead]
             proc = next((p for p in live if p.id == prefer), None)
             proc = proc or min(live, key=lambda p: len(p.tasks))
@@ -345,7 +372,8 @@ class PrepPool:
             procs = list(self._procs)
         self.frames.close()
         self._wake()
-        self._io.join(2)  # no answer is taken after this
+        if self._io.ident is not None:  # started
+            self._io.join(2)  # no answer is taken after this
         deadline = time.monotonic() + timeout
         for proc in procs:
             _tell_to_stop(proc, deadline)
@@ -405,6 +433,9 @@ class InlinePrep:
         self._lock = threading.Lock()  # one worker: its caches are not thread-safe
         self._units = itertools.count(1)
         self.frames = FrameScheduler(dict)  # no processes: frames go anywhere
+
+    def start(self) -> None:
+        pass  # nothing to start: units run on the caller's thread
 
     def submit(self, unit: Unit, prefer: int = -1) -> Future[Prepped]:
         unit.id = next(self._units)

@@ -358,7 +358,7 @@ def test_cancel_items_cancels_only_pending(session: Session) -> None:
 
 def test_closing_waits_for_open_items(session: Session) -> None:
     job = make_job(session, [ItemStatus.SUCCEEDED, ItemStatus.RUNNING])
-    assert queries.closing(session, job.id) is None
+    assert queries.closing(session, job.id, []) is None
 
 
 def test_closing_reads_the_job_its_counts_and_its_chunks_once_nothing_is_open(
@@ -368,12 +368,17 @@ def test_closing_reads_the_job_its_counts_and_its_chunks_once_nothing_is_open(
     session.execute(update(Item).where(Item.job_id == job.id, Item.key == "k2").values(chunk=3))
     session.commit()
 
-    found = queries.closing(session, job.id)
+    found = queries.closing(session, job.id, written=[0])
 
     assert found is not None
     assert found.job.id == job.id and found.job.status == JobStatus.RUNNING
     assert found.counts == queries.Counts(total=3, succeeded=1, failed=1, cancelled=1)
     assert found.chunks == [0, 3]
+    # the items of the chunk with no shard come with the read
+    assert {chunk: [i.key for i in items] for chunk, items in found.unwritten.items()} == {
+        3: ["k2"]
+    }
+    assert queries.closing(session, job.id, written=[0, 3]).unwritten == {}  # type: ignore[union-attr]
     by_chunk = queries.chunk_items(session, job.id, [3, 5])
     assert {chunk: [i.key for i in items] for chunk, items in by_chunk.items()} == {
         3: ["k2"], 5: [],
@@ -381,7 +386,7 @@ def test_closing_reads_the_job_its_counts_and_its_chunks_once_nothing_is_open(
 
 
 def test_closing_of_an_unknown_job_is_none(session: Session) -> None:
-    assert queries.closing(session, "nope") is None
+    assert queries.closing(session, "nope", []) is None
 
 
 # --- finish_job_if_done -------------------------------------------------------------------

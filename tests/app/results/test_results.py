@@ -22,6 +22,7 @@ from kiln.app.results.results import (
     results_prefix,
     shard_key,
     shard_keys,
+    shards_by_chunk,
     stream_parquet,
     write_groups,
     write_manifest,
@@ -232,6 +233,16 @@ def test_groups_join_the_combined_results_in_order(store: LocalStore) -> None:
         shard_key(P(store, "job1"), 0),
         shard_key(P(store, "job1"), 1),
     ]
+
+
+def test_shards_are_listed_by_the_chunk_each_holds(store: LocalStore) -> None:
+    place = P(store, "job1")
+    for chunk in (0, 12, 1_000_000):  # a chunk number past six digits reads back too
+        write_shard(place, chunk, [classified(f"k{chunk}")], LABEL_FIELDS)
+    store.put(place.key("part-notes.parquet"), b"", "application/octet-stream")  # not a shard's
+
+    assert shards_by_chunk(place) == {c: shard_key(place, c) for c in (0, 12, 1_000_000)}
+    assert shards_by_chunk(P(store, "job2")) == {}
 
 
 def test_results_stream_shard_by_shard(store: LocalStore) -> None:

@@ -23,7 +23,7 @@ from kiln.app.jobs.jobs import JobRequest, Upload, submit_job
 from kiln.app.results import results
 from kiln.workers.chunk.run import process_chunk
 from kiln.workers.chunk.stats import ChunkReport
-from kiln.workers.close.close import close_job
+from kiln.workers.close.close import ClosingJob, close_job
 from kiln.workers.close.fallback import Fallback, job_fallback, shard_fields
 from kiln.workers.runtime import WorkerRuntime
 from tests.models import colour_classifier
@@ -175,7 +175,7 @@ def test_a_shard_rewritten_from_the_database_keeps_who_answered(runtime: WorkerR
         fallback = job_fallback(runtime, session, "acme", {"fallback": {"model": "phash"}})
         strict = runtime.model_info(session, STRICT, "acme")
         fields = shard_fields(strict, fallback)  # a replay of the closed job heals it
-        close_job(session, runtime.store, runtime.models, where, strict, fields, job_id, False)
+        close_job(session, runtime.store, ClosingJob(job_id, False, strict, where, fields, None))
     rewritten = shard_rows(runtime, job_id)
     assert rewritten["grey.png"]["answered_by"] == "phash"
     assert rewritten["grey.png"]["fallback_reason"] == REFUSED

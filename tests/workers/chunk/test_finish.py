@@ -21,8 +21,8 @@ from kiln.app.jobs.jobs import cancel_job
 from kiln.app.results import results
 from kiln.workers.chunk import lease as leasing
 from kiln.workers.chunk.rows import ChunkRows, Piece
-from kiln.workers.chunk.write import write_chunk
-from kiln.workers.close.close import close_after_chunk, close_closed_job, close_job
+from kiln.workers.chunk.write import Written, write_chunk
+from kiln.workers.close.close import ClosingJob, close_after_chunk, close_closed_job, close_job
 from kiln.workers.close.fallback import shard_fields
 from kiln.workers.close.lease import Lease
 from kiln.workers.jobs.periodic import reconcile
@@ -46,9 +46,10 @@ def finish_chunk(runtime: WorkerRuntime, lease: Lease, rows: ChunkRows) -> str |
     """The end of `process_chunk`: write, then close if this chunk was the job's last."""
     fields = shard_fields(lease.model, lease.fallback)
     wrote = write_chunk(runtime, lease, rows, fields)
-    if wrote is None:
+    if wrote is None or not wrote.ended:
         return None
-    return close_after_chunk(runtime.sessions, runtime.store, runtime.models, lease, wrote, fields)
+    models = runtime.models
+    return close_after_chunk(runtime.sessions, runtime.store, models, lease, wrote.shard, fields)
 
 
 RED = {"labels": [{"label": "red", "score": 0.9}, {"label": "dark", "score": 0.1}]}
@@ -97,6 +98,18 @@ def test_the_last_chunk_to_finish_closes_the_job(runtime: WorkerRuntime) -> None
     ]
     assert written["engine"] is None  # no engine ran in this process
     assert written["error"] is None and written["seconds"] is not None
+
+
+def test_the_write_tells_whether_its_commit_left_anything_of_the_job_open(
+    runtime: WorkerRuntime,
+) -> None:
+    job_id, calls = submit(runtime)  # chunks of 3 and 2
+    first, last = (take(runtime, job_id, c.chunk, c.item_ids) for c in calls)
+    fields = shard_fields(first.model, None)
+
+    assert write_chunk(runtime, last, red(last), fields) == Written(shard=True, ended=False)
+    assert write_chunk(runtime, first, red(first), fields) == Written(shard=True, ended=True)
+    assert job_row(runtime, job_id).status == JobStatus.RUNNING  # the write closes nothing
 
 
 def test_results_reach_the_database_and_the_shard(runtime: WorkerRuntime) -> None:
@@ -248,8 +261,8 @@ def test_missing_shards_are_written_from_the_database(runtime: WorkerRuntime) ->
 
     with runtime.sessions() as session:  # a replay of the closed job: was_open=False
         fields = output_fields(lease.model)
-        close_job(session, runtime.store, runtime.models, lease.place, lease.model, fields,
-                  job_id, was_open=False)  # fmt: skip
+        job = ClosingJob(job_id, False, lease.model, lease.place, fields, None)
+        close_job(session, runtime.store, job)
 
     assert results.shard_keys(lease.place) == [results.shard_key(lease.place, 0), lost]
     assert shard_rows(runtime, job_id, 1) == before

@@ -63,8 +63,9 @@ def run_torch(where: str) -> None:
 
     def serial(rows: list[Any]) -> np.ndarray:
         """Image by image: each decoded, fitted alone, then the batch run at once."""
-        images = device_pixels.decode_batch([d for d, _h in rows], engine.device,
-                                            max_pixels=MAX_PIXELS)  # fmt: skip
+        datas = [d for d, _h in rows]
+        decoded = device_pixels.decode_groups(datas, engine.device, max_pixels=MAX_PIXELS)
+        images = device_pixels.by_row(*decoded, len(datas))
         good = [i for i, image in enumerate(images) if not isinstance(image, Exception)]
         alone = [device_pixels.fit_on_device(images[i], pre)[0] for i in good]
         pixels = torch.stack(alone).to(torch.uint8).permute(0, 2, 3, 1).contiguous()

@@ -1,7 +1,7 @@
 """Device-side image preprocessing (`device_pixels`) against the CPU predictor it stands in for.
 
 torch runs in one child process only (as in test_torch_engine): this process stays torch-free,
-like a worker. The child decodes every image with `decode_batch` on the CPU (so every image
+like a worker. The child decodes every image with `decode_groups` on the CPU (so every image
 takes the Pillow fallback: nvJPEG needs CUDA and torchvision, neither here) and fits and
 fits it with `fit_batch` (uint8 NHWC, the engines' contract) and normalises it as the torch
 engine does; this process feeds the same bytes to the real predictors
@@ -130,7 +130,7 @@ BAD = {
 
 
 def run_torch(where: str) -> None:
-    """decode_batch + fit_batch for every spec; the fitted pixels, the normalised batch and
+    """decode_groups + fit_batch for every spec; the fitted pixels, the normalised batch and
     the metas; then the error, orientation and engine checks."""
     import torch
 
@@ -140,7 +140,7 @@ def run_torch(where: str) -> None:
     folder = Path(where)
     listing = json.loads((folder / "cases.json").read_text())
     datas = [(folder / f"{name}.img").read_bytes() for name in listing["images"]]
-    images = di.decode_batch(datas, "cpu", max_pixels=MAX_PIXELS)
+    images = decode_batch(datas, "cpu", max_pixels=MAX_PIXELS)
     report: dict[str, Any] = {"decoded": [list(t.shape) for t in images], "metas": {}}
     for name, fields in listing["specs"].items():
         pre = preprocessing(fields)
@@ -152,7 +152,7 @@ def run_torch(where: str) -> None:
                  contiguous=np.array(batch.is_contiguous()))  # fmt: skip
         report["metas"][name] = [describe(meta) for meta in metas]
     report["bad"] = decode_errors(folder, listing["bad"])
-    report["capped"] = str(di.decode_batch([datas[0]], "cpu", max_pixels=1000)[0])
+    report["capped"] = str(decode_batch([datas[0]], "cpu", max_pixels=1000)[0])
     report["empty"] = list(di.fit_batch([], preprocessing(listing["specs"]["letterbox"]))[0].shape)
     report["orientations"] = orientations_match()
     report["engine"] = engine_checks(folder)
@@ -162,6 +162,13 @@ def run_torch(where: str) -> None:
     sys.modules["torchvision"] = None  # type: ignore[assignment]
     report["no_torchvision"] = decoders.torchvision_op() is None
     (folder / "report.json").write_text(json.dumps(report))
+
+
+def decode_batch(datas: list[Any], device: Any, **options: Any) -> list[Any]:
+    """`decode_groups` image by image, in the order given."""
+    from kiln.workers.device import pixels as di
+
+    return di.by_row(*di.decode_groups(datas, device, **options), len(datas))
 
 
 def preprocessing(fields: dict[str, Any]) -> Preprocessing:
@@ -174,11 +181,9 @@ def describe(meta: dict[str, Any]) -> dict[str, Any]:
 
 def decode_errors(folder: Path, names: list[str]) -> list[str | list[int]]:
     """A batch of good and bad images: each bad one is its own error, the good ones decode."""
-    from kiln.workers.device import pixels as di
-
     good = (folder / "png-up.img").read_bytes()
     batch = [good] + [(folder / f"{name}.img").read_bytes() for name in names] + [good]
-    results = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
+    results = decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
     return [str(r) if isinstance(r, InputError) else list(r.shape) for r in results]
 
 
@@ -190,7 +195,7 @@ def a_decoded_frame_travels_as_pixels(folder: Path) -> list[Any]:
     good = (folder / "png-up.img").read_bytes()
     frame = np.random.default_rng(7).integers(0, 256, (36, 64, 3), dtype=np.uint8)
     header = di.read_header(good, max_pixels=MAX_PIXELS)
-    image, pixels = di.decode_batch([good, frame], "cpu", max_pixels=MAX_PIXELS,
+    image, pixels = decode_batch([good, frame], "cpu", max_pixels=MAX_PIXELS,
                                     headers=[header, None])  # type: ignore[list-item]  # fmt: skip
     same = bool(np.array_equal(pixels.permute(1, 2, 0).numpy(), frame))
     return [list(image.shape), list(pixels.shape), same]
@@ -221,8 +226,6 @@ def routed_through_a_stand_in(folder: Path) -> dict[str, Any]:
     image. The real nvJPEG has not run here."""
     import torch
 
-    from kiln.workers.device import pixels as di
-
     calls: list[int] = []
 
     def one(data: Any, device: Any) -> Any:
@@ -238,8 +241,8 @@ def routed_through_a_stand_in(folder: Path) -> dict[str, Any]:
     names = ["jpeg-down", "png-up", "exif-jpeg", "not-an-image", "jpeg-up", "grey-png"]
     batch = [(folder / f"{name}.img").read_bytes() for name in names]
     stand_in = TorchvisionJpeg(decode_jpegs)
-    routed = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS, nvjpeg=True, decoder=stand_in)
-    pillow = di.decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
+    routed = decode_batch(batch, "cpu", max_pixels=MAX_PIXELS, nvjpeg=True, decoder=stand_in)
+    pillow = decode_batch(batch, "cpu", max_pixels=MAX_PIXELS)
     same = [
         str(a) == str(b) if isinstance(a, InputError) else bool(torch.equal(a, b))
         for a, b in zip(routed, pillow, strict=True)

@@ -89,7 +89,7 @@ def test_a_runtime_takes_prep_processes_once(
     pool = PrepPool(settings, 1)
     try:
         runtime.use_prep(pool)
-        assert runtime.prep() is pool
+        assert runtime.prep is pool
         with pytest.raises(RuntimeError, match="already started"):
             runtime.use_prep(PrepPool.__new__(PrepPool))
     finally:

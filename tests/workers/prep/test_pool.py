@@ -57,6 +57,19 @@ def test_units_are_answered_by_the_prep_processes(pool: PrepPool) -> None:
     assert {a.worker for a in answers} <= {1, 2} and len(pool.pids()) == 2
 
 
+def test_a_pool_not_started_starts_its_processes_with_its_first_unit(settings: Settings) -> None:
+    waiting = PrepPool(settings, 1, stuck_s=10.0, start=False)
+    try:
+        assert waiting.pids() == []  # a worker's runtime holds it before it runs any chunk
+        assert waiting.submit(texts("a")).result(30).objects == ["A"]
+        assert len(waiting.pids()) == 1
+    finally:
+        waiting.close()
+    never = PrepPool(settings, 1, start=False)
+    never.close()  # closes without ever starting
+    assert never.pids() == [] and never.frames.claim() == -1  # and starts nothing after
+
+
 def test_an_input_error_fails_its_item_alone(pool: PrepPool) -> None:
     answer = pool.submit(texts("ok", "BAD input", "fine")).result(30)
     assert answer.errors == [None, "That input is bad.", None]

@@ -112,6 +112,7 @@ class BulkRequest:
     idempotency_key: str | None = None
     retry_failed: bool = False  # a pipeline's run: retry its known failures too
     schedule: str | None = None  # the schedule whose run this is
+    retention_s: int | None = None  # its `expires_after` (app/jobs/retention.py)
 
 
 @traced("kiln.bulk.submit")
@@ -157,6 +158,7 @@ def stage_bulk(session: Session, request: BulkRequest) -> Job:
         output=request.output,
         pipeline_id=pipeline.id if pipeline else None,
         schedule=request.schedule,
+        retention_s=request.retention_s,
     )
     session.add(job)
     session.flush()

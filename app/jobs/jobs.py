@@ -63,6 +63,7 @@ class JobRequest:
     options: dict[str, Any] | None = None
     idempotency_key: str | None = None
     local_files: bool = False  # file:// inputs: only `kiln run` on its own machine sets this
+    retention_s: int | None = None  # its `expires_after` (app/jobs/retention.py)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ def submit_job(
         idempotency_key=request.idempotency_key,
         chunk_count=-(-len(rows) // size),
         queue=queue_for(len(rows)),
+        retention_s=request.retention_s,
     )
     try:
         _store_uploads(store, job_id, request)

@@ -80,11 +80,13 @@ def result_sources(
     session: Session, store: ObjectStore, s3: S3Factory, tenant: str, name: str
 ) -> tuple[list[pipeline_results.Run], set[str]]:
     """What the pipeline's current results are computed from (`pipeline_results.plan`): its
-    runs, newest first, with where their shards are, and its live objects."""
+    runs, newest first, with where their shards are, and its live objects. Runs retention
+    swept are left out: an object whose only result was in one has none now."""
     pipeline = get_pipeline(session, tenant, name)
     runs = [
         pipeline_results.Run(job.id, results.place_for(store, job.id, job.output, s3))
         for job in pipelines.runs(session, pipeline.id)
+        if job.summary is None  # retention deleted its shards (`app/jobs/retention.py`)
     ]
     return runs, pipelines.live_keys(session, pipeline.id)
 

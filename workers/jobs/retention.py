@@ -21,6 +21,7 @@ from kiln.app.db import retention as db
 from kiln.app.db.models import Job, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.jobs import retention
+from kiln.app.results.results import manifest_key
 from kiln.app.storage import ObjectStore
 from kiln.workers.runtime import WorkerRuntime
 
@@ -80,7 +81,8 @@ def sweep_job(runtime: WorkerRuntime, job: Job, budget: Budget, now: datetime) -
     if job.summary is None:
         with runtime.sessions() as session, unit_of_work(session):
             counts = queries.job_counts(session, job.id, bulk=job.source is not None)
-            summary = retention.summary_of(job, counts, place.describe())
+            folder = place.store.describe(manifest_key(place)).removesuffix("manifest.json")
+            summary = retention.summary_of(job, counts, folder)
             row = session.get(Job, job.id)
             assert row is not None
             row.summary = summary

@@ -53,6 +53,7 @@ def end(session: Session, job: Job, failed: list[int], cancelled: tuple[int, ...
         update(Job).where(Job.id == job.id).values(status=JobStatus.COMPLETED, finished_at=now)
     )
     session.commit()
+    session.expire_all()  # the factory keeps objects loaded across commits
 
 
 def test_a_retry_runs_exactly_the_failed_items_chunked_and_linked_both_ways(

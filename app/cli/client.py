@@ -115,6 +115,22 @@ class KilnClient:
         result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/cancel").json()
         return result
 
+    def retry(
+        self,
+        job_id: str,
+        include_cancelled: bool = False,
+        model: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """A new job over the job's failed (and cancelled) items: `POST /v1/jobs/{id}/retry`."""
+        body: dict[str, Any] = {"include_cancelled": include_cancelled}
+        if model is not None:
+            body["model"] = model
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/retry", json=body).json()
+        return result
+
     def download_results(self, job_id: str, path: Path, name: str = "results") -> None:
         """The job's results (or `name`: "groups") into `path`, written as they arrive (never
         whole in memory). A 503 (groups asked for in the moment between a job's close and its

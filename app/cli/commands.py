@@ -8,7 +8,18 @@ from typing import Any
 
 import typer
 
-from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve, storage
+from kiln.app.cli import (
+    admin,
+    bulk,
+    doctor,
+    local,
+    remote,
+    retry,
+    search,
+    serve,
+    storage,
+    tenant_settings,
+)
 
 app = typer.Typer(
     help="Kiln: batch inference on GPUs.", no_args_is_help=True, rich_markup_mode="markdown"
@@ -21,6 +32,7 @@ GROUPS = {
     "engines": admin.engines_app,
     "storage": storage.storage_app,
     "schedule": bulk.schedule_app,
+    "admin": tenant_settings.admin_app,
 }
 COMMANDS: dict[str, Callable[..., Any]] = {
     "api": serve.api,
@@ -33,6 +45,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "status": remote.status,
     "results": remote.results_cmd,
     "cancel": remote.cancel,
+    "retry": retry.retry,
     "search": search.search,
     "bulk": bulk.bulk,
     "doctor": doctor.doctor,

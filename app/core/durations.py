@@ -40,8 +40,10 @@ def optional_duration(value: object) -> int | None:
 
 
 def describe(seconds: int) -> str:
-    """`604800` as `7d`, `5400` as `90m`: the largest unit that divides it."""
+    """`604800` as `7d`, `5400` as `90m`: the largest unit up to days that divides it."""
     for unit, size in sorted(UNITS.items(), key=lambda pair: -pair[1]):
+        if unit == "w":
+            continue  # "7d" reads as people wrote it
         if seconds and seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from devstack.jobs import wait_closed
 from kiln.app.db.models import Item
 from tests.integration.test_bulk import put_objects
-from tests.stack import SOURCE_BUCKET
+from tests.stack import SOURCE_BUCKET, _key, run_kiln
 
 ITEMS, MISSING = 1000, 120
 
@@ -25,7 +25,7 @@ def item_keys(sessions: Any, job_id: str) -> dict[str, str]:
 
 
 def test_a_retry_runs_exactly_the_items_that_failed_and_the_jobs_name_each_other(
-    client: httpx.Client, s3: Any, sessions: Any
+    client: httpx.Client, s3: Any, sessions: Any, service_env: dict[str, str], api_url: str
 ) -> None:
     prefix = "retry-transient/"
     keys = [f"{prefix}img-{i:04d}.jpg" for i in range(ITEMS)]
@@ -61,3 +61,12 @@ def test_a_retry_runs_exactly_the_items_that_failed_and_the_jobs_name_each_other
         nothing.json()["detail"] == f"Job {second['id']} has no failed items to retry "
         "(add include_cancelled for cancelled ones)."
     )
+
+    # `kiln retry` (the CLI, through the API): another replay of the same failures, followed
+    env = {**service_env, "KILN_API_URL": api_url, "KILN_API_KEY": _key(sessions, "acme")}
+    cli = run_kiln(env, "retry", first["id"][:8], "--wait")
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    third = cli.stdout.split()[1]
+    assert f"retrying {first['id']}" in " ".join(cli.stdout.split())
+    assert client.get(f"/v1/jobs/{first['id']}").json()["retries"] == [second["id"], third]
+    assert client.get(f"/v1/jobs/{third}").json()["counts"]["succeeded"] == MISSING

@@ -15,20 +15,35 @@ import itertools
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
+from sqlalchemy.orm import Session, sessionmaker
+
+from kiln.app.core.config import Settings
 from kiln.app.db import queries
 from kiln.app.db import retention as db
 from kiln.app.db.models import Job, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.jobs import retention
-from kiln.app.results.results import manifest_key
+from kiln.app.results.results import Place, manifest_key
 from kiln.app.storage import ObjectStore
-from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
 JOBS_PER_TICK = 20
 OBJECTS_PER_TICK = 2_000
+
+
+class Sweeping(Protocol):
+    """What the sweep uses of a worker's runtime (`WorkerRuntime` is one; benches make theirs)."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def sessions(self) -> sessionmaker[Session]: ...
+    @property
+    def store(self) -> ObjectStore: ...
+    def place(self, job_id: str, output: str | None) -> Place: ...
 
 
 @dataclass
@@ -41,7 +56,7 @@ class Budget:
         return self.rows <= 0 or self.objects <= 0
 
 
-def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]:
+def sweep(runtime: Sweeping, now: datetime | None = None) -> dict[str, int]:
     """One tick's worth: expiries given, then expired jobs swept within the budget."""
     now = now or utcnow()
     settings = runtime.settings
@@ -74,7 +89,7 @@ def sweep(runtime: WorkerRuntime, now: datetime | None = None) -> dict[str, int]
     }
 
 
-def sweep_job(runtime: WorkerRuntime, job: Job, budget: Budget, now: datetime) -> bool:
+def sweep_job(runtime: Sweeping, job: Job, budget: Budget, now: datetime) -> bool:
     """Summary first (its counts, read before the counters go), then objects, then items in
     batches; True once the job is wholly swept and marked."""
     place = runtime.place(job.id, job.output)

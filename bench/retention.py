@@ -11,7 +11,8 @@ shard per 512 items plus its manifest in the store, and the pipeline's per-objec
 tests/integration/test_retention.py's, at 30 × 100). Then a day passes (every run's end and
 expiry move back a day) and the sweep `kiln beat`'s reconcile runs (`workers/jobs/retention.py`)
 ticks until nothing is due, while another thread writes chunks of an open job as a worker does
-(8 items' results and the job's counters, one transaction) and times each write.
+(8 items' results and the job's counters, one transaction) and times each write; the same
+writes are timed alone for a second just before, as the host's own noise to compare with.
 
 One JSON line per night (item rows, objects, pipeline objects, the sweep's ticks and seconds,
 the chunk writes' median and worst), then a summary line.
@@ -47,6 +48,7 @@ from kiln.workers.jobs import retention as sweeper
 BUCKET = "kiln-bench-retention"
 DAY = timedelta(days=1)
 SHARD_ITEMS = 512
+ALONE_S = 1.0  # chunk writes timed alone each night, before the sweep
 
 
 @dataclass
@@ -88,14 +90,20 @@ def _nights(runtime: Runtime, nights: int, objects: int, kept_days: int) -> dict
     busy, ids = _open_job(runtime, 8 * 50_000)
     runs: list[str] = []
     peaks = {"rows": 0, "objects": 0}
-    worst_write = 0.0
+    worst_write = worst_alone = 0.0
     for night in range(nights):
         runs.append(_a_night(runtime, pipeline_id, night, objects, kept_days))
         _a_day_passes(runtime, runs)
+        mine = ids[night * 8 * 1500 : (night + 1) * 8 * 1500]
+        alone: list[float] = []  # the same writes with no sweep, just before: this host's noise
+        quiet = threading.Event()
+        threading.Timer(ALONE_S, quiet.set).start()
+        _writes(runtime, busy, mine[: len(mine) // 2], quiet, alone)
         stop = threading.Event()
         took: list[float] = []
-        mine = ids[night * 8 * 1500 : (night + 1) * 8 * 1500]
-        writer = threading.Thread(target=_writes, args=(runtime, busy, mine, stop, took))
+        writer = threading.Thread(
+            target=_writes, args=(runtime, busy, mine[len(mine) // 2 :], stop, took)
+        )
         writer.start()
         started, ticks = time.perf_counter(), 0
         while True:
@@ -109,18 +117,22 @@ def _nights(runtime: Runtime, nights: int, objects: int, kept_days: int) -> dict
         rows, stored = _rows(runtime, runs), _objects(runtime, runs)
         peaks = {"rows": max(peaks["rows"], rows), "objects": max(peaks["objects"], stored)}
         worst_write = max([worst_write, *took])
+        worst_alone = max([worst_alone, *alone])
         line = {
             "measure": "night", "night": night + 1, "item_rows": rows, "objects": stored,
             "pipeline_objects": _pipeline_objects(runtime, pipeline_id), "sweep_ticks": ticks,
             "sweep_s": round(swept_s, 2), "writes": len(took),
             "write_median_ms": round(statistics.median(took) * 1000, 1) if took else None,
             "write_max_ms": round(max(took) * 1000, 1) if took else None,
+            "alone_median_ms": round(statistics.median(alone) * 1000, 1) if alone else None,
+            "alone_max_ms": round(max(alone) * 1000, 1) if alone else None,
         }  # fmt: skip
         print(json.dumps(line), flush=True)
     return {
         "nights": nights, "objects": objects, "kept_days": kept_days,
         "peak_item_rows": peaks["rows"], "peak_objects": peaks["objects"],
         "bound_item_rows": kept_days * objects, "worst_write_ms": round(worst_write * 1000, 1),
+        "worst_alone_ms": round(worst_alone * 1000, 1),
     }  # fmt: skip
 
 

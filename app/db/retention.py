@@ -26,7 +26,7 @@ from kiln.app.db.models import (
     utcnow,
 )
 
-ITEMS_PER_BATCH = 2_000  # one short transaction each: a chunk's write never waits behind it
+ITEMS_PER_BATCH = 1_000  # one short transaction each: a chunk's write never waits behind it
 STAMP_BATCH = 500  # closed jobs given their expiry per tick
 
 

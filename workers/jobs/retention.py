@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 JOBS_PER_TICK = 20
 OBJECTS_PER_TICK = 2_000
+MAX_PAUSE_S = 0.1  # the longest breath between two batches of item deletes
 
 
 class Sweeping(Protocol):
@@ -109,9 +111,13 @@ def sweep_job(runtime: Sweeping, job: Job, budget: Budget, now: datetime) -> boo
         if budget.rows <= 0:
             return False  # the budget ran out first: more items, perhaps
         limit = min(db.ITEMS_PER_BATCH, budget.rows)
+        started = time.perf_counter()
         with runtime.sessions() as session, unit_of_work(session):
             gone = db.delete_items(session, job.id, limit)
         budget.rows -= gone
+        # As long again to breathe: the deletes' writes (WAL, I/O, a core) are not taken from
+        # the workers' chunk writes back to back, on a busy host most of all.
+        time.sleep(min(MAX_PAUSE_S, time.perf_counter() - started))
         if gone < limit:
             break
     with runtime.sessions() as session, unit_of_work(session):

@@ -402,6 +402,7 @@ def get_groups(
         raise ConflictError(
             f"Job {job.id} is still {job.status}; its groups are made when it closes."
         )
+    retention.check_not_expired(job)
     place = results.place_for(context.store, job.id, job.output, s3)
     if not place.store.exists(results.manifest_key(place)):  # its close steps write it last
         raise TransientError(
@@ -429,6 +430,7 @@ def get_result_urls(
     """The manifest and shards as presigned GET URLs (S3 storage only), to hand to a tool
     that reads Parquet directly; they expire after `expires` seconds."""
     job = jobs.get_job(session, tenant, job_id)
+    retention.check_not_expired(job)
     place = results.place_for(context.store, job.id, job.output, s3)
     try:
         manifest, shards = results.presign_results(place, expires)

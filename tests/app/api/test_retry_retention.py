@@ -12,9 +12,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.core.config import Settings
 from kiln.app.db.models import Job
+from kiln.app.storage import open_store
+from kiln.workers.jobs import retention as sweeper
 from tests.app.api.conftest import TestClient
 from tests.app.api.test_routes import assert_sentence
 from tests.app.conftest import CHUNK_SIZE
+from tests.app.jobs.test_retention import Runtime
 from tests.app.jobs.test_retry import end
 from tests.support import migrated_settings
 
@@ -83,3 +86,26 @@ def test_the_answer_says_when_a_job_expires(
         answer["finished_at"]
     )
     assert span.total_seconds() == 12 * 3600
+
+
+def test_an_expired_jobs_answer_keeps_its_counts_and_its_results_say_why_they_are_gone(
+    client: TestClient, sessions: sessionmaker[Session], settings: Settings
+) -> None:
+    job = texts(client, expires_after="1h")
+    ended(sessions, job["id"], failed=[1])
+    runtime = Runtime(settings, sessions, open_store(settings))
+    sweeper.sweep(runtime)  # stamps its expiry
+    with sessions() as session:
+        row = session.get(Job, job["id"])
+        assert row is not None and row.finished_at is not None
+        row.expires_at = row.finished_at  # an hour later, as far as the sweep can tell
+        session.commit()
+    assert sweeper.sweep(runtime)["jobs_expired"] == 1
+
+    answer = client.get(f"/v1/jobs/{job['id']}").json()
+    assert answer["expired_at"] is not None
+    assert (answer["counts"]["total"], answer["counts"]["failed"]) == (5, 1)
+    for path in ("results", "groups", "results/urls"):
+        assert_sentence(client.get(f"/v1/jobs/{job['id']}/{path}"), 409, "deleted by retention")
+    assert_sentence(client.post(f"/v1/jobs/{job['id']}/retry"), 409, "deleted by retention")
+    assert client.get(f"/v1/jobs/{job['id']}/items").json()["items"] == []

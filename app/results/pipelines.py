@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from kiln.app.core.errors import NotFoundError
 from kiln.app.db import pipelines, queries
 from kiln.app.db.models import Job, Pipeline, Schedule
+from kiln.app.jobs import retention
 from kiln.app.results import pipeline_results, results
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.base import S3Factory
@@ -68,7 +69,7 @@ def state(session: Session, pipeline: Pipeline, runs: int) -> PipelineState:
         pipeline=pipeline,
         run_count=pipelines.run_count(session, pipeline.id),
         runs=[
-            RunState(job, queries.job_counts(session, job.id, bulk=True))
+            RunState(job, retention.summary_counts(job) or queries.job_counts(session, job.id))
             for job in pipelines.runs(session, pipeline.id, runs)
         ],
         objects=pipelines.object_counts(session, pipeline.id),

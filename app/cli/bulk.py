@@ -68,6 +68,14 @@ def bulk(
     watch_: Annotated[bool, typer.Option("--watch", help="Follow with a progress bar.")] = False,
     option: OptionPairs = None,
     video_fps: VideoFps = None,
+    expires_after: Annotated[
+        str | None,
+        typer.Option(
+            "--expires-after",
+            help='Keep its items and results this long after it ends ("7d", "12h", seconds; '
+            "default: the tenant's or the deployment's retention).",
+        ),
+    ] = None,
 ) -> None:
     """Process every object under an S3 prefix (listed by the workers, page by page); each
     video becomes one item per sampled frame. With --watch, exits 1 when the job failed, the
@@ -83,6 +91,8 @@ def bulk(
         body["pipeline"] = name
     if retry_failed:
         body["retry_failed"] = True
+    if expires_after is not None:  # the API checks it (a 422's sentence, as any refusal)
+        body["expires_after"] = expires_after
     with ApiClient() as client:
         job = client.submit_json(body)
         console.print(f"job {job['id']} {job['status']}: listing {source}")

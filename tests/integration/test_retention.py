@@ -219,7 +219,7 @@ def test_sweeping_a_big_expired_job_never_holds_a_chunks_write_past_100_ms(
     stop.set()
     writer.join()
 
-    assert report["expired_rows"] == BIG_JOB and report["jobs_expired"] >= 1
+    assert report["expired_rows"] >= BIG_JOB and report["jobs_expired"] >= 1
     assert rows_of(sessions, [expired]) == 0
     assert len(during) >= 20, (len(during), swept_s)  # writes ran while it swept (none failed)
     print(

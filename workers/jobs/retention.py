@@ -21,6 +21,7 @@ from typing import Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.core.config import Settings
+from kiln.app.core.errors import OutputError
 from kiln.app.db import queries
 from kiln.app.db import retention as db
 from kiln.app.db.models import Job, utcnow
@@ -103,8 +104,11 @@ def sweep_job(runtime: Sweeping, job: Job, budget: Budget, now: datetime) -> boo
             row = session.get(Job, job.id)
             assert row is not None
             row.summary = summary
-    if not _delete_objects(place.store, place.prefix, budget):
-        return False
+    try:
+        if not _delete_objects(place.store, place.prefix, budget):
+            return False
+    except OutputError as error:  # the user's output bucket is gone or refuses Kiln: nothing
+        _results_left(runtime, job.id, str(error))  # of the job is left there to delete
     if not _delete_objects(runtime.store, f"jobs/{job.id}/", budget):  # its uploads
         return False
     while True:
@@ -126,6 +130,15 @@ def sweep_job(runtime: Sweeping, job: Job, budget: Budget, now: datetime) -> boo
         db.delete_job_state(session, job.id)
         db.mark_expired(session, job.id, now)
     return True
+
+
+def _results_left(runtime: Sweeping, job_id: str, why: str) -> None:
+    """Say in the job's summary why its results under the user's output were not deleted."""
+    log.warning("retention: job %s's results stay where they are: %s", job_id, why)
+    with runtime.sessions() as session, unit_of_work(session):
+        row = session.get(Job, job_id)
+        if row is not None:
+            row.summary = {**(row.summary or {}), "results_left": why}
 
 
 def _delete_objects(store: ObjectStore, prefix: str, budget: Budget) -> bool:

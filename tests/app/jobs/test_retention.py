@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.core.config import Settings, get_settings
 from kiln.app.core.durations import parse_duration
-from kiln.app.core.errors import ConflictError, InputError
+from kiln.app.core.errors import ConflictError, InputError, OutputError
 from kiln.app.db.models import Item, Job, JobCounter, TenantSettings, aware, utcnow
 from kiln.app.dispatch.stub import RecordingDispatcher
 from kiln.app.jobs import jobs, retention
@@ -171,3 +171,37 @@ def test_the_sweep_stamps_then_deletes_results_and_items_in_bounded_resumable_ti
 
 def test_the_deployment_default_applies_when_set(tmp_path: Path) -> None:
     assert get_settings(data_dir=tmp_path, retention="1h").retention == 3600
+
+
+class GoneBucket:
+    """A user's output bucket that no longer lets Kiln in."""
+
+    def list(self, prefix: str) -> list[str]:
+        raise OutputError("The output bucket 'results' does not exist (s3://results/x/).")
+
+    def describe(self, key: str) -> str:
+        return f"s3://results/x/{key}"
+
+
+@dataclass
+class OutputGone(Runtime):
+    def place(self, job_id: str, output: str | None) -> results.Place:
+        return results.Place(GoneBucket(), f"x/{job_id}/")  # type: ignore[arg-type]
+
+
+def test_an_output_bucket_that_is_gone_leaves_its_results_said_and_the_rows_still_go(
+    sessions: sessionmaker[Session], store: LocalStore, settings: Settings
+) -> None:
+    with sessions() as session:
+        job = a_finished_job(session, store, settings, retention_s=60)
+        session.execute(
+            update(Job).where(Job.id == job.id).values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+        session.commit()
+        job_id = job.id
+    assert sweeper.sweep(OutputGone(settings, sessions, store))["jobs_expired"] == 1
+    with sessions() as session:
+        swept = session.get(Job, job_id)
+        assert swept is not None and swept.expired_at is not None and swept.summary is not None
+        assert "does not exist" in swept.summary["results_left"]
+        assert session.scalar(select(func.count()).where(Item.job_id == job_id)) == 0

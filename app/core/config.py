@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from kiln.app.core.durations import optional_duration
+from kiln.app.core.durations import LONGEST_S, optional_duration
 
 # Rows per engine call under KILN_MAX_BATCH=auto: on a CPU the knee measured with the bench's
 # models (docs/capacity.md); on a GPU the most a model's warm-up sweep may choose.
@@ -274,6 +274,8 @@ class DeliverySettings(BaseModel):
         seconds = optional_duration(value)
         if seconds is not None and seconds <= 0:
             raise ValueError("a retention must be longer than zero (unset it to keep for ever)")
+        if seconds is not None and seconds > LONGEST_S:
+            raise ValueError("a retention is at most 3650d (unset it to keep for ever)")
         return seconds
 
     @model_validator(mode="after")

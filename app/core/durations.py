@@ -9,6 +9,7 @@ import re
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 _DURATION = re.compile(r"\s*(\d+)\s*([smhdw]?)\s*", re.IGNORECASE)
 NONE_WORDS = {"", "none", "never", "off", "keep"}  # a setting that keeps for ever
+LONGEST_S = 3650 * 86_400  # ten years: past it, "keep" says it (and a column's int32 holds it)
 
 
 def parse_duration(value: int | str) -> int:

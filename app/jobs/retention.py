@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from kiln.app.core.config import Settings
-from kiln.app.core.durations import describe, parse_duration
+from kiln.app.core.durations import LONGEST_S, describe, parse_duration
 from kiln.app.core.errors import ConflictError, InputError
 from kiln.app.db import queries
 from kiln.app.db.models import Job, TenantSettings, aware
@@ -30,11 +30,16 @@ def check_retention(value: int | str, settings: Settings, what: str = "expires_a
         raise InputError(
             f"{what} must be longer than zero; {value!r} would delete the results at once."
         )
-    most = settings.retention_max
-    if most is not None and seconds > most:
+    most = settings.retention_max or LONGEST_S
+    if seconds > most:
         raise InputError(
             f"{what} is {describe(seconds)}; this deployment keeps results at most "
-            f"{describe(most)} (KILN_RETENTION_MAX)."
+            f"{describe(most)}"
+            + (
+                " (KILN_RETENTION_MAX)."
+                if settings.retention_max
+                else "; leave it out to keep them."
+            )
         )
     return seconds
 

@@ -205,3 +205,10 @@ def test_an_output_bucket_that_is_gone_leaves_its_results_said_and_the_rows_stil
         assert swept is not None and swept.expired_at is not None and swept.summary is not None
         assert "does not exist" in swept.summary["results_left"]
         assert session.scalar(select(func.count()).where(Item.job_id == job_id)) == 0
+
+
+def test_without_a_maximum_a_retention_is_still_at_most_ten_years() -> None:
+    with pytest.raises(InputError, match="at most 3650d; leave it out to keep them"):
+        retention.check_retention(10**30, Settings())
+    with pytest.raises(ValueError, match="at most 3650d"):
+        Settings(retention="3651d")

@@ -1,7 +1,9 @@
 """Replaying what failed, on the real stack (moto S3, Postgres, Redis, `kiln api`, `kiln
 worker`): a job of 1,000 images of which 120 fail for a transient cause (their objects are not
 in the bucket yet), the objects then uploaded, and a retry that runs exactly those 120; the two
-jobs name each other, and the retry's key answers the same job again."""
+jobs name each other, the retry's key answers the same job again, and `kiln retry --wait` does
+it from the CLI. A pipeline's run retries its objects by their own sources, without listing,
+as a run of the pipeline."""
 
 from __future__ import annotations
 
@@ -70,3 +72,39 @@ def test_a_retry_runs_exactly_the_items_that_failed_and_the_jobs_name_each_other
     assert f"retrying {first['id']}" in " ".join(cli.stdout.split())
     assert client.get(f"/v1/jobs/{first['id']}").json()["retries"] == [second["id"], third]
     assert client.get(f"/v1/jobs/{third}").json()["counts"]["succeeded"] == MISSING
+
+
+BROKEN = b"\xff\xd8 not really a JPEG"
+
+
+def test_a_pipeline_runs_retry_takes_its_objects_without_listing_and_counts_as_a_run(
+    client: httpx.Client, s3: Any, sessions: Any
+) -> None:
+    prefix, name = "retry-pipeline/", "retry-pipeline"
+    good = [f"{prefix}ok-{i}.jpg" for i in range(10)]
+    broken = [f"{prefix}bad-{i}.jpg" for i in range(3)]
+    put_objects(s3, good, seed=42)
+    for key in broken:
+        s3.put_object(Bucket=SOURCE_BUCKET, Key=key, Body=BROKEN)
+    body = {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/{prefix}"}, "pipeline": name}
+    started = client.post("/v1/jobs", json=body)
+    assert started.status_code == 202, started.text
+    night = wait_closed(client, started.json()["id"], timeout=300)
+    assert (night["counts"]["succeeded"], night["counts"]["failed"]) == (10, 3)
+
+    put_objects(s3, broken, seed=43)  # fixed: good JPEGs now
+    retried = client.post(f"/v1/jobs/{night['id']}/retry")
+    assert retried.status_code == 201, retried.text
+    again = wait_closed(client, retried.json()["id"], timeout=300)
+    assert (again["counts"]["total"], again["counts"]["succeeded"]) == (3, 3)
+    assert again["pipeline"] == name and again["retry_of"] == night["id"]
+    assert set(item_keys(sessions, again["id"])) == set(broken)  # the objects' own keys
+    with sessions() as session:
+        sources = session.scalars(select(Item.source).where(Item.job_id == again["id"])).all()
+    assert sorted(sources) == sorted(f"s3://{SOURCE_BUCKET}/{key}" for key in broken)
+
+    # The next night: the ten untouched objects are skipped; the three rewritten ones changed
+    # ETag since the listing their retry replayed, so they run once more.
+    started = client.post("/v1/jobs", json=body)
+    next_night = wait_closed(client, started.json()["id"], timeout=300)
+    assert (next_night["counts"]["skipped"], next_night["counts"]["total"]) == (10, 3)

@@ -334,8 +334,22 @@ NotifyEvents = Annotated[
 ]
 
 
+Retention = Annotated[
+    str | None,
+    typer.Option(
+        help='How long its jobs\' items and results are kept after they end ("7d", "12h", '
+        "seconds; none: the deployment's KILN_RETENTION).",
+    ),
+]
+
+
 @tenant_app.command("set")
-def tenant_set(name: str, notify: NotifyUrl = None, notify_events: NotifyEvents = None) -> None:
+def tenant_set(
+    name: str,
+    notify: NotifyUrl = None,
+    notify_events: NotifyEvents = None,
+    retention: Retention = None,
+) -> None:
     """Set NAME's defaults; an option left out keeps its value. A new default is one more
     parameter here and one more entry in `changes` (its column: app/tenants/defaults.py)."""
     from kiln.app.jobs.webhooks import check_url, parse_events
@@ -347,6 +361,7 @@ def tenant_set(name: str, notify: NotifyUrl = None, notify_events: NotifyEvents 
         changes = {
             "notify_url": notify,
             "notify_events": parse_events(notify_events) if notify_events else None,
+            "retention_s": _retention(retention),
         }
         with session() as db:
             set_defaults(db, name, changes)
@@ -366,8 +381,34 @@ def tenant_show(name: str) -> None:
         table.add_row("webhook", (row.notify_url if row else None) or "(none)")
         events = (row.notify_events if row else None) or ["completed", "failed", "cancelled"]
         table.add_row("webhook events", ",".join(events))
+        own = row.retention_s if row is not None else None
+        table.add_row(
+            "retention",
+            _kept(own) if own is not None else f"the deployment's: {_kept(settings().retention)}",
+        )
         if row is not None:
-            table.add_row("retention", f"{row.retention_s} s" if row.retention_s else "(default)")
             table.add_row("fair-share weight", f"{row.share_weight:g}")
     console.print(f"tenant {name!r}")
     console.print(table)
+
+
+def _retention(asked: str | None) -> int | str | None:
+    """`--retention`'s column value: seconds, "" to clear it (`none`: the deployment's), or
+    None when not given; a bad value raises with the sentence the API would give."""
+    from kiln.app.core.durations import optional_duration
+    from kiln.app.jobs.retention import check_retention
+
+    if asked is None:
+        return None
+    try:
+        if optional_duration(asked) is None:
+            return ""
+    except ValueError:
+        pass  # not a word for "none": check_retention says what is wrong
+    return check_retention(asked, settings(), "--retention")
+
+
+def _kept(seconds: int | None) -> str:
+    from kiln.app.core.durations import describe
+
+    return "results kept for ever" if seconds is None else f"results kept {describe(seconds)}"

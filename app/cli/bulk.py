@@ -70,6 +70,14 @@ def bulk(
     video_fps: VideoFps = None,
     notify: NotifyUrl = None,
     notify_events: NotifyEvents = None,
+    expires_after: Annotated[
+        str | None,
+        typer.Option(
+            "--expires-after",
+            help='Keep its items and results this long after it ends ("7d", "12h", seconds; '
+            "default: the tenant's or the deployment's retention).",
+        ),
+    ] = None,
 ) -> None:
     """Process every object under an S3 prefix (listed by the workers, page by page); each
     video becomes one item per sampled frame. With --watch, exits 1 when the job failed, the
@@ -87,6 +95,8 @@ def bulk(
         body["retry_failed"] = True
     if hook := notify_request(notify, notify_events):
         body["notify"] = hook
+    if expires_after is not None:  # the API checks it (a 422's sentence, as any refusal)
+        body["expires_after"] = expires_after
     with ApiClient() as client:
         job = client.submit_json(body)
         console.print(f"job {job['id']} {job['status']}: listing {source}")

@@ -70,6 +70,22 @@ class KilnClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return _json(self.api.cancel(job_id))
 
+    def retry(
+        self,
+        job_id: str,
+        include_cancelled: bool = False,
+        model: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """A new job over the job's failed (and cancelled) items: `POST /v1/jobs/{id}/retry`."""
+        body: dict[str, Any] = {"include_cancelled": include_cancelled}
+        if model is not None:
+            body["model"] = model
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/retry", json=body).json()
+        return result
+
     def download_results(self, job_id: str, path: Path, name: str = "results") -> None:
         """The job's results (or `name`: "groups") into `path`, written as they arrive."""
         self.api.download_results(job_id, path, groups=name == "groups")

@@ -8,7 +8,17 @@ from typing import Any
 
 import typer
 
-from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve, storage
+from kiln.app.cli import (
+    admin,
+    bulk,
+    doctor,
+    local,
+    remote,
+    retry,
+    search,
+    serve,
+    storage,
+)
 
 app = typer.Typer(
     help="Kiln: batch inference on GPUs.", no_args_is_help=True, rich_markup_mode="markdown"
@@ -34,6 +44,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "status": remote.status,
     "results": remote.results_cmd,
     "cancel": remote.cancel,
+    "retry": retry.retry,
     "search": search.search,
     "bulk": bulk.bulk,
     "doctor": doctor.doctor,

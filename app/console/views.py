@@ -20,7 +20,7 @@ from kiln.app import video
 from kiln.app.catalog.catalog import ModelInfo
 from kiln.app.db import queries, webhooks
 from kiln.app.db.models import OPEN_JOB_STATUSES, Item, ItemStatus, Job, WebhookDelivery
-from kiln.app.jobs import job_counts, jobs
+from kiln.app.jobs import job_counts, jobs, retention
 
 OPEN = {s.value for s in OPEN_JOB_STATUSES}
 TOP = 5  # classifier labels shown per item
@@ -65,6 +65,9 @@ class JobView:
     answered: int = 0  # of those, answered and not yet written by their chunk
     stalled_since: datetime | None = None  # a worker holding items stopped renewing them
     webhook: WebhookView | None = None  # on the job's own page only (a read more)
+    retry_of: str | None = None  # the job whose failed items this one replays
+    retries: tuple[str, ...] = ()  # the jobs replaying this one's (read for the job's page)
+    expired: bool = False  # retention took its items and results: its counts are a summary
 
     @property
     def waiting(self) -> int:
@@ -95,7 +98,7 @@ class JobView:
 
 
 def job_view(session: Session, job: Job, timing: jobs.LeaseTiming) -> JobView:
-    report = jobs.progress(session, job, timing)
+    report = jobs.progress(session, job, timing, retention.summary_counts(job))
     return JobView(
         id=job.id,
         model=job.model,
@@ -111,6 +114,8 @@ def job_view(session: Session, job: Job, timing: jobs.LeaseTiming) -> JobView:
         running=report.running,
         answered=report.answered,
         stalled_since=report.stalled_since,
+        retry_of=job.retry_of,
+        expired=job.summary is not None,
     )
 
 

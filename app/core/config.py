@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kiln.app.core.durations import LONGEST_S, optional_duration
+
 # Rows per engine call under KILN_MAX_BATCH=auto: on a CPU the knee measured with the bench's
 # models (docs/capacity.md); on a GPU the most a model's warm-up sweep may choose.
 CPU_BATCH = 16
@@ -252,6 +254,36 @@ class DeliverySettings(BaseModel):
         20, ge=1, description="Runs of one item before it fails (crashes, lost leases, retries)."
     )
     schedule_tick_s: float = Field(20.0, gt=0, description="How often beat looks for due runs.")
+    # Retention (app/jobs/retention.py): how long a closed job's items and results are kept
+    # (unset: for ever), and the most a tenant's setting or a job's `expires_after` may ask.
+    retention: int | None = Field(
+        None,
+        description='Seconds, or "7d"/"12h", a job\'s items and results are kept after it ends '
+        "(unset or none: kept); a tenant's setting or the job's expires_after overrides it.",
+    )
+    retention_max: int | None = Field(
+        None, description="The longest retention a tenant or a job may ask (unset: no limit)."
+    )
+    retention_sweep_rows: int = Field(
+        20_000, ge=1, description="Item rows the retention sweep deletes per beat tick, at most."
+    )
+
+    @field_validator("retention", "retention_max", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> int | None:
+        seconds = optional_duration(value)
+        if seconds is not None and seconds <= 0:
+            raise ValueError("a retention must be longer than zero (unset it to keep for ever)")
+        if seconds is not None and seconds > LONGEST_S:
+            raise ValueError("a retention is at most 3650d (unset it to keep for ever)")
+        return seconds
+
+    @model_validator(mode="after")
+    def _retention_within_max(self) -> Self:
+        if self.retention and self.retention_max and self.retention > self.retention_max:
+            raise ValueError("KILN_RETENTION is longer than KILN_RETENTION_MAX")
+        return self
+
     filesystem_polling_ms: float = Field(20.0, gt=0, description="Embedded broker poll interval.")
 
 

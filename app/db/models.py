@@ -206,6 +206,7 @@ class Job(Base):
     # Retention: when its items and results go (null: kept), when the sweep took them, and the
     # one-row summary (counts, outputs' place) the job keeps after.
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    retention_s: Mapped[int | None] = mapped_column(Integer)  # its own `expires_after`, if any
     expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

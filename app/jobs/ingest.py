@@ -114,6 +114,7 @@ class BulkRequest:
     retry_failed: bool = False  # a pipeline's run: retry its known failures too
     schedule: str | None = None  # the schedule whose run this is
     notify: dict[str, Any] | None = None  # its webhook {url, events}, checked (webhooks.py)
+    retention_s: int | None = None  # its `expires_after` (app/jobs/retention.py)
 
 
 @traced("kiln.bulk.submit")
@@ -160,6 +161,7 @@ def stage_bulk(session: Session, request: BulkRequest) -> Job:
         pipeline_id=pipeline.id if pipeline else None,
         schedule=request.schedule,
         notify=job_notify(session, request.tenant, request.notify),
+        retention_s=request.retention_s,
     )
     session.add(job)
     session.flush()

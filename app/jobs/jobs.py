@@ -66,6 +66,7 @@ class JobRequest:
     idempotency_key: str | None = None
     local_files: bool = False  # file:// inputs: only `kiln run` on its own machine sets this
     notify: dict[str, Any] | None = None  # its webhook {url, events}, checked (webhooks.py)
+    retention_s: int | None = None  # its `expires_after` (app/jobs/retention.py)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def submit_job(
         chunk_count=-(-len(rows) // size),
         queue=queue_for(len(rows)),
         notify=job_notify(session, request.tenant, request.notify),
+        retention_s=request.retention_s,
     )
     try:
         _store_uploads(store, job_id, request)

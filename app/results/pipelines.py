@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from kiln.app.core.errors import NotFoundError
 from kiln.app.db import pipelines, queries
 from kiln.app.db.models import Job, Pipeline, Schedule
+from kiln.app.jobs import retention
 from kiln.app.results import pipeline_results, results
 from kiln.app.storage import ObjectStore
 from kiln.app.storage.base import S3Factory
@@ -68,7 +69,7 @@ def state(session: Session, pipeline: Pipeline, runs: int) -> PipelineState:
         pipeline=pipeline,
         run_count=pipelines.run_count(session, pipeline.id),
         runs=[
-            RunState(job, queries.job_counts(session, job.id, bulk=True))
+            RunState(job, retention.summary_counts(job) or queries.job_counts(session, job.id))
             for job in pipelines.runs(session, pipeline.id, runs)
         ],
         objects=pipelines.object_counts(session, pipeline.id),
@@ -80,11 +81,13 @@ def result_sources(
     session: Session, store: ObjectStore, s3: S3Factory, tenant: str, name: str
 ) -> tuple[list[pipeline_results.Run], set[str]]:
     """What the pipeline's current results are computed from (`pipeline_results.plan`): its
-    runs, newest first, with where their shards are, and its live objects."""
+    runs, newest first, with where their shards are, and its live objects. Runs retention
+    swept are left out: an object whose only result was in one has none now."""
     pipeline = get_pipeline(session, tenant, name)
     runs = [
         pipeline_results.Run(job.id, results.place_for(store, job.id, job.output, s3))
         for job in pipelines.runs(session, pipeline.id)
+        if job.summary is None  # retention deleted its shards (`app/jobs/retention.py`)
     ]
     return runs, pipelines.live_keys(session, pipeline.id)
 

@@ -30,7 +30,7 @@ from kiln.app.db import pipelines, queries
 from kiln.app.db.models import ItemStatus, Job, Pipeline
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.families import FAMILIES
-from kiln.app.jobs import jobs
+from kiln.app.jobs import jobs, retention
 from kiln.app.results import results, vector_index
 from kiln.app.results.index_cache import IndexCache
 from kiln.app.results.results import Place
@@ -121,6 +121,7 @@ def find_target(
             f"Job {job.id} is still {job.status}; it can be searched once it closes "
             "(its vector index is built then)."
         )
+    retention.check_not_expired(job)  # its index went with its results
     counts = queries.job_counts(session, job.id, bulk=job.source is not None)
     return Target(job, model, results.place_for(store, job.id, job.output, s3), counts.succeeded)
 

@@ -15,6 +15,7 @@ from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
 from kiln.app.jobs import schedules
 from kiln.workers.close.close import close_finished_job
+from kiln.workers.jobs import retention
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ def reconcile(
     - pending chunks with no message queued or recently delivered (Redis flushed or
       restarted) are re-sent. Duplicates are harmless: a copy finds the items leased or done;
     - open jobs whose items have all ended are closed (their manifest written);
-    - content-cache entries past their time to live, or the oldest above the cap, are deleted.
+    - content-cache entries past their time to live, or the oldest above the cap, are deleted;
+    - closed jobs get their expiry, and expired jobs' results and items are deleted, a bounded
+      amount per tick (`workers/jobs/retention.py`).
     """
     with runtime.sessions() as session:
         stalled = db.stalled_ingests(session, runtime.settings.ingest_stale_s)
@@ -48,6 +51,7 @@ def reconcile(
         "jobs_closed": _close_ended_jobs(runtime),
         "cache_purged": purge_content_cache(runtime),
         "runs_forgotten": _forget_dead_runs(runtime),
+        **retention.sweep(runtime),
     }
 
 

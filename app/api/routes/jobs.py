@@ -34,8 +34,8 @@ from kiln.app.api.schemas import (
 from kiln.app.core.config import Settings
 from kiln.app.core.errors import ConflictError, InputError, TransientError
 from kiln.app.db import queries
-from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, JobStatus, utcnow
-from kiln.app.jobs import job_lookup, jobs
+from kiln.app.db.models import OPEN_JOB_STATUSES, ItemStatus, Job, JobStatus, aware, utcnow
+from kiln.app.jobs import job_lookup, jobs, retention, retry
 from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
 from kiln.app.results import results
 
@@ -53,7 +53,9 @@ ERRORS = error_responses(401, 403, 404, 409, 413, 422, 429, 503)
 def job_out(
     request: Request, session: Session, job: Job, counts: queries.Counts | None = None
 ) -> JobOut:
-    report = jobs.progress(session, job, jobs.LeaseTiming.of(get_context(request).settings), counts)
+    settings = get_context(request).settings
+    kept = counts or retention.summary_counts(job)  # an expired job's counters are gone
+    report = jobs.progress(session, job, jobs.LeaseTiming.of(settings), kept)
     c = report.counts
     return JobOut(
         id=job.id,
@@ -92,6 +94,10 @@ def job_out(
         results_url=str(request.url_for("get_results", job_id=job.id)),
         error=job.error,
         notify=notify_out(session, job),
+        retry_of=job.retry_of,
+        retries=retry.retries_of(session, job.id),
+        expires_at=retention.expires_at(session, settings, job),
+        expired_at=aware(job.expired_at),
     )
 
 
@@ -190,6 +196,7 @@ async def _read_request(
                 idempotency_key=body.idempotency_key or header_key,
                 retry_failed=body.retry_failed,
                 notify=body.notify.model_dump() if body.notify else None,
+                retention_s=_expires_after(body, settings),
             )
         return jobs.JobRequest(
             tenant=tenant,
@@ -198,6 +205,7 @@ async def _read_request(
             options=with_fps(body.options, body.video_fps),
             idempotency_key=body.idempotency_key or header_key,
             notify=body.notify.model_dump() if body.notify else None,
+            retention_s=_expires_after(body, settings),
         )
     raise InputError("Send the job as multipart/form-data (files) or application/json (inputs).")
 
@@ -249,6 +257,13 @@ def _notify_field(raw: object) -> dict[str, Any] | None:
         return NotifyIn.model_validate_json(raw).model_dump()
     except ValidationError as error:
         raise InputError("notify: " + validation_sentence(error.errors())) from None
+
+
+def _expires_after(body: JobCreate, settings: Settings) -> int | None:
+    """The job's own retention in seconds (422 with a sentence if out of bounds)."""
+    if body.expires_after is None:
+        return None
+    return retention.check_retention(body.expires_after, settings)
 
 
 def with_fps(options: dict[str, Any], fps: object) -> dict[str, Any]:
@@ -379,6 +394,7 @@ def get_results(
     """All results so far as one Parquet file (`key`, `status`, `error`, model outputs),
     streamed shard by shard: the API holds one shard at a time, whatever the job's size."""
     job = jobs.get_job(session, tenant, job_id)
+    retention.check_not_expired(job)
     place = results.place_for(context.store, job.id, job.output, s3)
     return StreamingResponse(
         iterate_in_threadpool(results.stream_parquet(place)),
@@ -407,6 +423,7 @@ def get_groups(
         raise ConflictError(
             f"Job {job.id} is still {job.status}; its groups are made when it closes."
         )
+    retention.check_not_expired(job)
     place = results.place_for(context.store, job.id, job.output, s3)
     if not place.store.exists(results.manifest_key(place)):  # its close steps write it last
         raise TransientError(
@@ -434,6 +451,7 @@ def get_result_urls(
     """The manifest and shards as presigned GET URLs (S3 storage only), to hand to a tool
     that reads Parquet directly; they expire after `expires` seconds."""
     job = jobs.get_job(session, tenant, job_id)
+    retention.check_not_expired(job)
     place = results.place_for(context.store, job.id, job.output, s3)
     try:
         manifest, shards = results.presign_results(place, expires)

@@ -1,6 +1,7 @@
 """One job: counts and progress (live while it runs), throughput over time, its items as a grid
 of thumbnails with the model's answers drawn on (a video's frames as a strip per video, in time
-order), its near-duplicate groups side by side, the Parquet download and cancel."""
+order), its near-duplicate groups side by side, the Parquet download, cancel, and a retry of
+its failed items."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from kiln.app.console.pages import ConsoleDep, ConsoleState, render
 from kiln.app.core.errors import ConflictError
 from kiln.app.db import chunk_runs, queries
 from kiln.app.db.models import ItemStatus, Job, aware, utcnow
-from kiln.app.jobs import jobs, throughput
+from kiln.app.jobs import jobs, retry, throughput
 from kiln.app.results import results, thumbnails
 from kiln.app.storage.base import S3Factory
 
@@ -64,6 +65,7 @@ def _summary(viewer: Viewer, job_id: str) -> tuple[views.JobView, ModelInfo]:
     with viewer.context.sessions() as session:
         job, model = viewer.job(session, job_id)
         view = views.job_view(session, job, jobs.LeaseTiming.of(viewer.context.settings))
+        view = replace(view, retries=tuple(retry.retries_of(session, job.id)))
         return replace(view, webhook=views.webhook_view(session, job)), model
 
 
@@ -285,6 +287,24 @@ def job_cancel(
     with context.sessions() as session, suppress(ConflictError):
         jobs.cancel_job(session, tenant, job_id)
     return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
+
+
+@router.post("/{job_id}/retry")
+def job_retry(
+    job_id: str, context: ContextDep, tenant: ActingTenant, _form: CheckedForm
+) -> RedirectResponse:
+    """The "Retry failed items" button: a new job over this one's failed items, as `POST
+    /v1/jobs/{id}/retry`; the browser goes to it (or, if nothing is left to retry, back)."""
+    settings = context.settings
+    asked = retry.RetryRequest(tenant=tenant, job_id=job_id)
+    with context.sessions() as session:
+        try:
+            new = retry.retry_job(
+                session, context.dispatcher, settings, asked, settings.tenant_max_open_jobs
+            ).job
+        except ConflictError:  # reopened, swept, or retried meanwhile: the page says how it is
+            return RedirectResponse(f"/console/jobs/{job_id}", status_code=303)
+    return RedirectResponse(f"/console/jobs/{new.id}", status_code=303)
 
 
 def _throughput(context: ApiContext, tenant: str, job_id: str) -> dict[str, Any]:

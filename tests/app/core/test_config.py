@@ -202,6 +202,7 @@ DEFAULTS: dict[str, object] = {
     "ingest_stale_s": 60.0, "visibility_timeout_s": 3600.0, "reconcile_interval_s": 15.0,
     "lease_s": 60.0, "lease_renew_s": 3.0, "cancel_check_s": 1.0, "redispatch_after_s": 60.0,
     "max_attempts": 20, "schedule_tick_s": 20.0, "filesystem_polling_ms": 20.0,
+    "retention": None, "retention_max": None, "retention_sweep_rows": 20_000,
     "max_upload_bytes": 50 * 1024**2, "max_video_frames": 100_000,
     "max_video_duration_s": 86_400.0, "max_files_per_job": 1000, "max_model_bytes": 1024**3,
     "max_image_pixels": 50_000_000, "local_inputs": False,

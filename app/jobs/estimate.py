@@ -1,0 +1,331 @@
+"""An estimate before running: what a bulk job over a source would hold and take, with no job
+created and nothing written (`POST /v1/jobs/estimate`, `kiln bulk --dry-run`).
+
+- What: the source listed, or sampled when huge (`estimate_listing`); images and videos told
+  apart by name, and by their first bytes where the name says neither, as a worker would
+  (`estimate_videos`); a video's items are the frames the job's `video_fps` samples, from the
+  headers of a sample of videos (frames per byte carried to the rest), else from bytes.
+- How long: the fleet's measured rate for the model. Each of the model's recent completed jobs
+  gives its items written from its first chunk's write to its last (`steady`: the first chunks
+  carry the model's loading), the workers alive then (`worker_facts`), and its fixed costs:
+  before its first lease and after its last write (listing, queueing, the close), and what
+  loading the model added. One worker's rate is Σ items ÷ Σ (seconds × workers then); the
+  time with n workers now is the median fixed cost (+ the loading, when no worker alive has
+  the model loaded) + items ÷ (n × that rate). Workers are taken to add their rates
+  (each its own cores or device); 0 workers alive → no time, and the note says why.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from kiln.app.core.config import Settings
+from kiln.app.db import model_runs, worker_facts
+from kiln.app.db.models import utcnow
+from kiln.app.jobs import estimate_listing as listing
+from kiln.app.jobs import estimate_videos as videos
+from kiln.app.jobs.estimate_listing import Listed, Listing
+from kiln.app.jobs.ingest import BulkRequest, check_bulk
+from kiln.app.video import DEFAULT_FPS, FPS_OPTION
+
+LIVE_FOR_S = 30.0  # a worker seen this recently is alive (the fleet page's rule)
+RUNS_SINCE = timedelta(days=7)  # older jobs ran on another fleet, likely
+RUNS_READ = 10
+WARM_SHARE = 0.25  # a steady window shorter than this share of the run: too few chunks
+HEAD_SAMPLES = 20  # objects named neither image nor video whose first bytes are read
+
+
+@dataclass(frozen=True)
+class Estimate:
+    objects: int
+    bytes: int
+    images: int  # objects not videos: each one item (an image, or one that fails as none)
+    videos: int
+    frames: int | None
+    items: int
+    sampled: bool
+    listed: int
+    rate_per_s: float | None
+    workers: int
+    seconds: float | None
+    note: str
+
+
+@dataclass(frozen=True)
+class FleetRate:
+    """One worker's items/s for the model, and a job's fixed seconds, from its recent runs:
+    `overhead_s` every job pays (listing and queueing before its first lease, its close after
+    its last write), `warm_s` what loading the model added to its first chunks."""
+
+    per_worker: float | None
+    overhead_s: float = 0.0
+    warm_s: float = 0.0
+    jobs: int = 0
+    assumed_workers: bool = False  # some run's workers were not on record: today's count used
+
+
+@dataclass(frozen=True)
+class Steady:
+    """A run's items worked at full speed (`items` over `seconds`) and its fixed seconds."""
+
+    items: float
+    seconds: float
+    overhead_s: float
+    warm_s: float
+
+
+def steady(run: model_runs.Run) -> Steady | None:
+    """The run's rate by its chunks' writes, from its first write to its last: the items
+    written after the first over that time. The first chunks carry the model's loading and the
+    workers' warming, which a job pays once, not per item. A run too short for that window
+    (one round of chunks) is taken whole, from its first lease."""
+    first_start = min(s.start for s in run.spans)
+    first_end = min(s.end for s in run.spans)
+    last_end = max(s.end for s in run.spans)
+    worked_s = last_end - first_start
+    if last_end - first_end >= WARM_SHARE * worked_s and last_end > first_end:
+        low, items = first_end, sum(s.items for s in run.spans if s.end > first_end)
+    else:
+        low, items = first_start, run.items
+    if last_end <= low or items <= 0:
+        return None
+    rate = items / (last_end - low)
+    overhead = max(0.0, run.wall_s - worked_s)  # before the first lease, after the last write
+    return Steady(items, last_end - low, overhead, max(0.0, worked_s - run.items / rate))
+
+
+def fleet_rate(runs: list[model_runs.Run], workers_then: list[int], workers_now: int) -> FleetRate:
+    """The rate one worker gave, over the runs' steady windows (`workers_then`: alive during
+    each; 0 where no row says, taken as `workers_now`)."""
+    work = items = 0.0
+    found: list[Steady] = []
+    assumed = False
+    for run, then in zip(runs, workers_then, strict=True):
+        one = steady(run)
+        if one is None:
+            continue
+        if then <= 0:
+            then, assumed = max(1, workers_now), True
+        work += one.seconds * then
+        items += one.items
+        found.append(one)
+    if work <= 0 or not found:
+        return FleetRate(None)
+    return FleetRate(
+        items / work,
+        statistics.median(f.overhead_s for f in found),
+        statistics.median(f.warm_s for f in found),
+        len(found),
+        assumed,
+    )
+
+
+def run_time(items: int, rate: FleetRate, workers: int, loaded: bool) -> float | None:
+    """Seconds a job of `items` takes with `workers` alive, submission to close (`loaded`: a
+    worker alive has the model loaded already, so no job pays its loading)."""
+    if rate.per_worker is None or workers <= 0:
+        return None
+    fixed = rate.overhead_s + (0.0 if loaded else rate.warm_s)
+    return round(fixed + items / (rate.per_worker * workers), 1)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    workers: int
+    rate: FleetRate
+    loaded: bool = False  # some worker alive has the model loaded
+
+
+def read_fleet(session: Session, model: str) -> Fleet:
+    """The workers alive now and the model's measured rate (one short read; no lock)."""
+    now = utcnow()
+    alive = worker_facts.seen_since(session, now - timedelta(seconds=LIVE_FOR_S))
+    loaded = any(model in (row.facts or {}).get("models", {}) for row in alive)
+    runs = model_runs.recent_runs(session, model, now - RUNS_SINCE, RUNS_READ)
+    then = [worker_facts.alive_between(session, *_window(r)) for r in runs]
+    return Fleet(len(alive), fleet_rate(runs, then, len(alive)), loaded)
+
+
+def _window(run: model_runs.Run) -> tuple[datetime, datetime]:
+    start = min(s.start for s in run.spans)
+    end = max(s.end for s in run.spans)
+    return datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC)
+
+
+def check(session: Session, request: BulkRequest) -> tuple[str, dict[str, Any]]:
+    """The request as a submission would take it (model, source, options, allowed buckets):
+    its model's ref and checked options, or the submission's own 4xx sentence."""
+    model, options = check_bulk(session, request)
+    return model.ref, options
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_objects: int
+    budget_s: float
+    video_samples: int
+    header_bytes: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> Bounds:
+        return cls(
+            settings.estimate_max_objects,
+            settings.estimate_budget_s,
+            settings.estimate_video_samples,
+            settings.estimate_header_bytes,
+        )
+
+
+def estimate(
+    request: BulkRequest,
+    options: dict[str, Any],
+    fleet: Fleet,
+    s3_client: Any,
+    bounds: Bounds,
+    rng: random.Random | None = None,
+) -> Estimate:
+    """List (or sample) the source and read a sample of its videos' headers, then time it."""
+    rng = rng or random.Random()  # noqa: S311 - a sample, not a secret
+    source = request.source
+    lister = listing.s3_lister(s3_client, source.bucket, source.uri)
+    listed = listing.list_source(lister, source, bounds.max_objects, bounds.budget_s, rng)
+    reads = videos.s3_ranges(s3_client, source.bucket)
+    fps = float(options.get(FPS_OPTION, DEFAULT_FPS))
+    mix = tally(listed, reads, fps, bounds, rng)
+    seconds = run_time(mix.items, fleet.rate, fleet.workers, fleet.loaded)
+    rate = fleet.rate.per_worker * fleet.workers if fleet.rate.per_worker else None
+    return Estimate(
+        objects=round(mix.objects),
+        bytes=round(mix.bytes),
+        images=round(mix.objects - mix.videos),
+        videos=round(mix.videos),
+        frames=round(mix.frames) if mix.videos else None,
+        items=mix.items,
+        sampled=not listed.complete,
+        listed=listed.listed,
+        rate_per_s=round(rate, 2) if rate else None,
+        workers=fleet.workers,
+        seconds=seconds,
+        note=" ".join(n for n in (listed.note, mix.note, time_note(fleet)) if n),
+    )
+
+
+def time_note(fleet: Fleet) -> str:
+    rate = fleet.rate
+    if rate.per_worker is None:
+        return (
+            "No completed job of this model in the last 7 days to measure a rate from: "
+            "run a small job first for a time."
+        )
+    if fleet.workers == 0:
+        return "No worker is up (none seen in the last 30 s): no time until one starts."
+    assumed = " (some of those jobs' workers are no longer on record: today's count used)"
+    loading = (
+        "" if fleet.loaded or not rate.warm_s else f", + {rate.warm_s:.0f} s to load the model"
+    )
+    return (
+        f"Time: {rate.per_worker:.3g} items/s a worker, measured over the model's last "
+        f"{rate.jobs} completed job{'s' if rate.jobs != 1 else ''}"
+        f"{assumed if rate.assumed_workers else ''}, × {fleet.workers} worker"
+        f"{'s' if fleet.workers != 1 else ''} alive, + {rate.overhead_s:.0f} s a job's fixed "
+        f"cost (listing, queueing, the close){loading}."
+    )
+
+
+@dataclass(frozen=True)
+class Mix:
+    objects: float
+    bytes: float
+    videos: float
+    frames: float
+    note: str
+
+    @property
+    def items(self) -> int:
+        return round(self.objects - self.videos + self.frames)
+
+
+def tally(
+    listed: Listing, reads: videos.RangeReader, fps: float, bounds: Bounds, rng: random.Random
+) -> Mix:
+    """The listing's weighted totals, with its videos' frames."""
+    objects = size = 0.0
+    named_videos: list[tuple[Listed, float]] = []
+    unknown: list[tuple[Listed, float]] = []
+    for obj, weight in listed.weighted():
+        objects += weight
+        size += weight * obj.size
+        if obj.kind == "video":
+            named_videos.append((obj, weight))
+        elif obj.kind == "unknown":
+            unknown.append((obj, weight))
+    share, unknown_note = _video_share(unknown, reads, rng)
+    unknown_objects = sum(w for _, w in unknown)
+    unknown_bytes = sum(w * o.size for o, w in unknown)
+    video_count = sum(w for _, w in named_videos) + share * unknown_objects
+    if video_count == 0:
+        return Mix(objects, size, 0.0, 0.0, unknown_note)
+    frames, frames_note = _frames(named_videos, share * unknown_bytes, reads, fps, bounds, rng)
+    return Mix(
+        objects, size, video_count, frames, " ".join(filter(None, (unknown_note, frames_note)))
+    )
+
+
+def _video_share(
+    unknown: list[tuple[Listed, float]], reads: videos.RangeReader, rng: random.Random
+) -> tuple[float, str]:
+    """The share of the objects named neither image nor video that begin as a video does."""
+    if not unknown:
+        return 0.0, ""
+    sample = rng.sample(unknown, min(HEAD_SAMPLES, len(unknown)))
+    found = sum(videos.is_video(reads, o.key, o.size) for o, _ in sample)
+    share = found / len(sample)
+    if len(sample) == len(unknown):
+        return share, ""
+    return share, (
+        f"{len(unknown):,} objects are named neither image nor video: {found} of {len(sample)} "
+        "looked into begin as a video, and that share is carried to the rest."
+    )
+
+
+def _frames(
+    named: list[tuple[Listed, float]],
+    other_video_bytes: float,
+    reads: videos.RangeReader,
+    fps: float,
+    bounds: Bounds,
+    rng: random.Random,
+) -> tuple[float, str]:
+    """The frames sampled from the videos: the headers of up to `video_samples` of them, their
+    frames per byte carried to the rest; from bytes alone where no header could be read."""
+    sample = rng.sample(named, min(bounds.video_samples, len(named)))
+    read: dict[str, int] = {}
+    for obj, _ in sample:
+        header = videos.header_of(reads, obj.key, obj.size, bounds.header_bytes)
+        frames = videos.sampled_frames(header, fps) if header else None
+        if frames is not None:
+            read[obj.key] = frames
+    rest_bytes = other_video_bytes + sum(w * o.size for o, w in named if o.key not in read)
+    exact = sum(w * read[o.key] for o, w in named if o.key in read)
+    if read:
+        per_byte = sum(read.values()) / max(1, sum(o.size for o, _ in named if o.key in read))
+        if rest_bytes == 0:
+            return exact, f"The videos' frames are from their {len(read)} headers."
+        note = (
+            f"The videos' frames are from {len(read)} headers read, and their frames per byte "
+            "for the rest."
+        )
+        return exact + per_byte * rest_bytes, note
+    guess = sum(w * videos.frames_from_bytes(o.size, fps) for o, w in named)
+    if other_video_bytes:
+        guess += videos.frames_from_bytes(int(other_video_bytes), fps)
+    return float(guess), (
+        f"No video header could be read within {bounds.header_bytes:,} bytes: the frames are "
+        f"estimated from the videos' bytes at {videos.ASSUMED_BYTES_PER_S * 8 / 1e6:g} Mbit/s."
+    )

@@ -6,13 +6,16 @@ created and nothing written (`POST /v1/jobs/estimate`, `kiln bulk --dry-run`).
   (`estimate_videos`); a video's items are the frames the job's `video_fps` samples, from the
   headers of a sample of videos (frames per byte carried to the rest), else from bytes.
 - How long: the fleet's measured rate for the model. Each of the model's recent completed jobs
-  gives its items written from its first chunk's write to its last (`steady`: the first chunks
-  carry the model's loading), the workers alive then (`worker_facts`), and its fixed costs:
-  before its first lease and after its last write (listing, queueing, the close), and what
-  loading the model added. One worker's rate is Σ items ÷ Σ (seconds × workers then); the
-  time with n workers now is the median fixed cost (+ the loading, when no worker alive has
-  the model loaded) + items ÷ (n × that rate). Workers are taken to add their rates
-  (each its own cores or device); 0 workers alive → no time, and the note says why.
+  gives its items worked over the second half of its writes (`steady`: its first chunks carry
+  the model's loading and a cold start), images and frames apart, the workers alive then
+  (`worker_facts`), and its fixed costs: before its first lease and after its last write
+  (listing, queueing, the close), and what loading the model added. An image costs one worker
+  Σ (seconds × workers then) ÷ Σ images over the runs without frames; a frame, what the runs
+  with frames took beyond their images ÷ their frames (where only one kind ran, both cost the
+  same). The time with n workers now is the median fixed cost (+ the loading, when no worker
+  alive has the model loaded) + (images × an image's cost + frames × a frame's) ÷ n. Workers
+  are taken to add their rates (each its own cores or device); 0 workers alive → no time, and
+  the note says why.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from kiln.app.db import model_runs, worker_facts
 from kiln.app.db.models import utcnow
 from kiln.app.jobs import estimate_listing as listing
 from kiln.app.jobs import estimate_videos as videos
+from kiln.app.jobs import throughput
 from kiln.app.jobs.estimate_listing import Listed, Listing
 from kiln.app.jobs.ingest import BulkRequest, check_bulk
 from kiln.app.video import DEFAULT_FPS, FPS_OPTION
@@ -59,52 +63,69 @@ class Estimate:
 
 @dataclass(frozen=True)
 class FleetRate:
-    """One worker's items/s for the model, and a job's fixed seconds, from its recent runs:
-    `overhead_s` every job pays (listing and queueing before its first lease, its close after
-    its last write), `warm_s` what loading the model added to its first chunks."""
+    """What an item costs one worker, in seconds, from the model's recent runs — an image
+    (any item not a frame) and a video's frame apart (a frame needs no fetch of its own) —
+    and a job's fixed seconds: `overhead_s` every job pays (listing and queueing before its
+    first lease, its close after its last write), `warm_s` what loading the model added."""
 
-    per_worker: float | None
+    image_s: float | None  # None: no run measured
+    frame_s: float | None = None
     overhead_s: float = 0.0
     warm_s: float = 0.0
     jobs: int = 0
     assumed_workers: bool = False  # some run's workers were not on record: today's count used
+    frames_measured: bool = False  # False: frames are costed as images
+
+    def work_s(self, images: float, frames: float) -> float | None:
+        """One worker's seconds for these items."""
+        if self.image_s is None or self.frame_s is None:
+            return None
+        return images * self.image_s + frames * self.frame_s
 
 
 @dataclass(frozen=True)
 class Steady:
-    """A run's items worked at full speed (`items` over `seconds`) and its fixed seconds."""
+    """A run's items worked at full speed (`images` and `frames` over `seconds`) and its
+    fixed seconds."""
 
-    items: float
+    images: float
+    frames: float
     seconds: float
     overhead_s: float
     warm_s: float
 
 
 def steady(run: model_runs.Run) -> Steady | None:
-    """The run's rate by its chunks' writes, from its first write to its last: the items
-    written after the first over that time. The first chunks carry the model's loading and the
-    workers' warming, which a job pays once, not per item. A run too short for that window
-    (one round of chunks) is taken whole, from its first lease."""
+    """The run's rate over the second half of its writes (from halfway between its first
+    chunk's write and its last, to its last): a worker's first chunks carry the model's
+    loading, and its first jobs a cold start (processes, connections), which a warm fleet does
+    not pay per item. Each chunk run's items count as worked evenly over it (`throughput`). A
+    run too short for that window (one round of chunks) is taken whole, from its first lease."""
     first_start = min(s.start for s in run.spans)
     first_end = min(s.end for s in run.spans)
     last_end = max(s.end for s in run.spans)
     worked_s = last_end - first_start
+    low = first_start
     if last_end - first_end >= WARM_SHARE * worked_s and last_end > first_end:
-        low, items = first_end, sum(s.items for s in run.spans if s.end > first_end)
-    else:
-        low, items = first_start, run.items
-    if last_end <= low or items <= 0:
+        low = (first_end + last_end) / 2
+    if last_end <= low:
+        return None
+    items = throughput.worked(run.spans, low, last_end)
+    frames = throughput.worked(run.frame_spans, low, last_end)
+    if items <= 0:
         return None
     rate = items / (last_end - low)
     overhead = max(0.0, run.wall_s - worked_s)  # before the first lease, after the last write
-    return Steady(items, last_end - low, overhead, max(0.0, worked_s - run.items / rate))
+    warm = max(0.0, worked_s - run.items / rate)
+    return Steady(items - frames, frames, last_end - low, overhead, warm)
 
 
 def fleet_rate(runs: list[model_runs.Run], workers_then: list[int], workers_now: int) -> FleetRate:
-    """The rate one worker gave, over the runs' steady windows (`workers_then`: alive during
-    each; 0 where no row says, taken as `workers_now`)."""
-    work = items = 0.0
-    found: list[Steady] = []
+    """What an image and a frame cost one worker, over the runs' steady windows
+    (`workers_then`: alive during each; 0 where no row says, taken as `workers_now`): an
+    image's from the runs without frames, a frame's from what the others took beyond their
+    images; frames cost as images where no run had any."""
+    found: list[tuple[Steady, float]] = []  # each window's worker-seconds
     assumed = False
     for run, then in zip(runs, workers_then, strict=True):
         one = steady(run)
@@ -112,27 +133,46 @@ def fleet_rate(runs: list[model_runs.Run], workers_then: list[int], workers_now:
             continue
         if then <= 0:
             then, assumed = max(1, workers_now), True
-        work += one.seconds * then
-        items += one.items
-        found.append(one)
-    if work <= 0 or not found:
+        found.append((one, one.seconds * then))
+    if not found:
         return FleetRate(None)
+    image_s, frame_s = _costs(found)
     return FleetRate(
-        items / work,
-        statistics.median(f.overhead_s for f in found),
-        statistics.median(f.warm_s for f in found),
+        image_s,
+        frame_s,
+        statistics.median(f.overhead_s for f, _ in found),
+        statistics.median(f.warm_s for f, _ in found),
         len(found),
         assumed,
+        frames_measured=any(f.frames for f, _ in found),
     )
 
 
-def run_time(items: int, rate: FleetRate, workers: int, loaded: bool) -> float | None:
-    """Seconds a job of `items` takes with `workers` alive, submission to close (`loaded`: a
-    worker alive has the model loaded already, so no job pays its loading)."""
-    if rate.per_worker is None or workers <= 0:
+def _costs(found: list[tuple[Steady, float]]) -> tuple[float, float]:
+    """Worker-seconds an image and a frame take."""
+    plain = [(f, w) for f, w in found if not f.frames]
+    mixed = [(f, w) for f, w in found if f.frames]
+    every = sum(w for _, w in found) / sum(f.images + f.frames for f, _ in found)
+    if not plain or not mixed:
+        return every, every  # one kind measured: the other costs the same
+    image_s = sum(w for _, w in plain) / sum(f.images for f, _ in plain)
+    beyond = sum(w - image_s * f.images for f, w in mixed)
+    frames = sum(f.frames for f, _ in mixed)
+    if beyond <= 0:  # the mixed runs were faster than their images alone: no measure of frames
+        return image_s, sum(w for _, w in mixed) / sum(f.images + f.frames for f, _ in mixed)
+    return image_s, beyond / frames
+
+
+def run_time(
+    images: float, frames: float, rate: FleetRate, workers: int, loaded: bool
+) -> float | None:
+    """Seconds a job of `images` and `frames` takes with `workers` alive, submission to close
+    (`loaded`: a worker alive has the model loaded already, so no job pays its loading)."""
+    work = rate.work_s(images, frames)
+    if work is None or workers <= 0:
         return None
     fixed = rate.overhead_s + (0.0 if loaded else rate.warm_s)
-    return round(fixed + items / (rate.per_worker * workers), 1)
+    return round(fixed + work / workers, 1)
 
 
 @dataclass(frozen=True)
@@ -198,8 +238,10 @@ def estimate(
     reads = videos.s3_ranges(s3_client, source.bucket)
     fps = float(options.get(FPS_OPTION, DEFAULT_FPS))
     mix = tally(listed, reads, fps, bounds, rng)
-    seconds = run_time(mix.items, fleet.rate, fleet.workers, fleet.loaded)
-    rate = fleet.rate.per_worker * fleet.workers if fleet.rate.per_worker else None
+    images = mix.objects - mix.videos
+    seconds = run_time(images, mix.frames, fleet.rate, fleet.workers, fleet.loaded)
+    work = fleet.rate.work_s(images, mix.frames)
+    rate = mix.items * fleet.workers / work if work and fleet.workers else None
     return Estimate(
         objects=round(mix.objects),
         bytes=round(mix.bytes),
@@ -212,13 +254,13 @@ def estimate(
         rate_per_s=round(rate, 2) if rate else None,
         workers=fleet.workers,
         seconds=seconds,
-        note=" ".join(n for n in (listed.note, mix.note, time_note(fleet)) if n),
+        note=" ".join(n for n in (listed.note, mix.note, time_note(fleet, mix.frames)) if n),
     )
 
 
-def time_note(fleet: Fleet) -> str:
+def time_note(fleet: Fleet, frames: float = 0.0) -> str:
     rate = fleet.rate
-    if rate.per_worker is None:
+    if rate.image_s is None or rate.frame_s is None:
         return (
             "No completed job of this model in the last 7 days to measure a rate from: "
             "run a small job first for a time."
@@ -229,12 +271,20 @@ def time_note(fleet: Fleet) -> str:
     loading = (
         "" if fleet.loaded or not rate.warm_s else f", + {rate.warm_s:.0f} s to load the model"
     )
+    if not frames:
+        per = f"{1 / rate.image_s:.3g} items/s a worker"
+    elif rate.frames_measured:
+        per = f"{1 / rate.image_s:.3g} images/s and {1 / rate.frame_s:.3g} frames/s a worker"
+    else:
+        per = (
+            f"{1 / rate.image_s:.3g} items/s a worker, frames timed as images (no run of this "
+            "model with videos to measure them by)"
+        )
     return (
-        f"Time: {rate.per_worker:.3g} items/s a worker, measured over the model's last "
-        f"{rate.jobs} completed job{'s' if rate.jobs != 1 else ''}"
-        f"{assumed if rate.assumed_workers else ''}, × {fleet.workers} worker"
-        f"{'s' if fleet.workers != 1 else ''} alive, + {rate.overhead_s:.0f} s a job's fixed "
-        f"cost (listing, queueing, the close){loading}."
+        f"Time: {per}, measured over the model's last {rate.jobs} completed "
+        f"job{'s' if rate.jobs != 1 else ''}{assumed if rate.assumed_workers else ''}, "
+        f"× {fleet.workers} worker{'s' if fleet.workers != 1 else ''} alive, + "
+        f"{rate.overhead_s:.0f} s a job's fixed cost (listing, queueing, the close){loading}."
     )
 
 
@@ -256,47 +306,44 @@ def tally(
 ) -> Mix:
     """The listing's weighted totals, with its videos' frames."""
     objects = size = 0.0
-    named_videos: list[tuple[Listed, float]] = []
+    named: list[tuple[Listed, float]] = []
     unknown: list[tuple[Listed, float]] = []
     for obj, weight in listed.weighted():
         objects += weight
         size += weight * obj.size
         if obj.kind == "video":
-            named_videos.append((obj, weight))
+            named.append((obj, weight))
         elif obj.kind == "unknown":
             unknown.append((obj, weight))
-    share, unknown_note = _video_share(unknown, reads, rng)
-    unknown_objects = sum(w for _, w in unknown)
-    unknown_bytes = sum(w * o.size for o, w in unknown)
-    video_count = sum(w for _, w in named_videos) + share * unknown_objects
-    if video_count == 0:
+    found, unknown_note = _videos_among(unknown, reads, rng)
+    every = named + found
+    count = sum(w for _, w in every)
+    if count == 0:
         return Mix(objects, size, 0.0, 0.0, unknown_note)
-    frames, frames_note = _frames(named_videos, share * unknown_bytes, reads, fps, bounds, rng)
-    return Mix(
-        objects, size, video_count, frames, " ".join(filter(None, (unknown_note, frames_note)))
-    )
+    frames, frames_note = _frames(every, reads, fps, bounds, rng)
+    return Mix(objects, size, count, frames, " ".join(filter(None, (unknown_note, frames_note))))
 
 
-def _video_share(
+def _videos_among(
     unknown: list[tuple[Listed, float]], reads: videos.RangeReader, rng: random.Random
-) -> tuple[float, str]:
-    """The share of the objects named neither image nor video that begin as a video does."""
+) -> tuple[list[tuple[Listed, float]], str]:
+    """The videos among objects named neither image nor video, by their first bytes: each of
+    up to HEAD_SAMPLES looked into, chosen at random, stands for its share of them all."""
     if not unknown:
-        return 0.0, ""
+        return [], ""
     sample = rng.sample(unknown, min(HEAD_SAMPLES, len(unknown)))
-    found = sum(videos.is_video(reads, o.key, o.size) for o, _ in sample)
-    share = found / len(sample)
+    scale = len(unknown) / len(sample)
+    found = [(o, w * scale) for o, w in sample if videos.is_video(reads, o.key, o.size)]
     if len(sample) == len(unknown):
-        return share, ""
-    return share, (
-        f"{len(unknown):,} objects are named neither image nor video: {found} of {len(sample)} "
-        "looked into begin as a video, and that share is carried to the rest."
+        return found, ""
+    return found, (
+        f"{len(unknown):,} objects are named neither image nor video: {len(found)} of "
+        f"{len(sample)} looked into begin as a video, and each stands for {scale:.3g}."
     )
 
 
 def _frames(
     named: list[tuple[Listed, float]],
-    other_video_bytes: float,
     reads: videos.RangeReader,
     fps: float,
     bounds: Bounds,
@@ -311,7 +358,7 @@ def _frames(
         frames = videos.sampled_frames(header, fps) if header else None
         if frames is not None:
             read[obj.key] = frames
-    rest_bytes = other_video_bytes + sum(w * o.size for o, w in named if o.key not in read)
+    rest_bytes = sum(w * o.size for o, w in named if o.key not in read)
     exact = sum(w * read[o.key] for o, w in named if o.key in read)
     if read:
         per_byte = sum(read.values()) / max(1, sum(o.size for o, _ in named if o.key in read))
@@ -323,8 +370,6 @@ def _frames(
         )
         return exact + per_byte * rest_bytes, note
     guess = sum(w * videos.frames_from_bytes(o.size, fps) for o, w in named)
-    if other_video_bytes:
-        guess += videos.frames_from_bytes(int(other_video_bytes), fps)
     return float(guess), (
         f"No video header could be read within {bounds.header_bytes:,} bytes: the frames are "
         f"estimated from the videos' bytes at {videos.ASSUMED_BYTES_PER_S * 8 / 1e6:g} Mbit/s."

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from kiln.app.db import dialect
@@ -46,9 +46,3 @@ def seen_since(session: Session, since: datetime) -> list[WorkerFacts]:
     query = select(WorkerFacts).where(WorkerFacts.seen_at >= since).order_by(WorkerFacts.worker)
     return list(session.scalars(query))
 
-
-def alive_between(session: Session, start: datetime, end: datetime) -> int:
-    """Workers whose rows say they ran during [`start`, `end`]: started by its end and seen
-    after its start (a worker that stopped cleanly since has deleted its row: not counted)."""
-    query = select(func.count()).where(WorkerFacts.started_at <= end, WorkerFacts.seen_at >= start)
-    return int(session.scalar(query) or 0)

@@ -5,25 +5,27 @@ created and nothing written (`POST /v1/jobs/estimate`, `kiln bulk --dry-run`).
   apart by name, and by their first bytes where the name says neither, as a worker would
   (`estimate_videos`); a video's items are the frames the job's `video_fps` samples, from the
   headers of a sample of videos (frames per byte carried to the rest), else from bytes.
-- How long: the fleet's measured rate for the model. Each of the model's recent completed jobs
-  gives its items worked over the second half of its writes (`steady`: its first chunks carry
-  the model's loading and a cold start), images and frames apart, the workers alive then
-  (`worker_facts`), and its fixed costs: before its first lease and after its last write
-  (listing, queueing, the close), and what loading the model added. An image costs one worker
-  Σ (seconds × workers then) ÷ Σ images over the runs without frames; a frame, what the runs
-  with frames took beyond their images ÷ their frames (where only one kind ran, both cost the
-  same). The time with n workers now is the median fixed cost (+ the loading, when no worker
-  alive has the model loaded) + (images × an image's cost + frames × a frame's) ÷ n. Workers
-  are taken to add their rates (each its own cores or device); 0 workers alive → no time, and
-  the note says why.
+- How long: the fleet's measured pace for the model, per chunk slot (a worker's task thread
+  running a chunk). Each of the model's recent completed jobs gives its items worked over the
+  second half of its writes (`steady`: its first chunks carry the model's loading and a cold
+  start), images and frames apart, in chunk-seconds (its chunk runs' spans), and its fixed
+  costs: before its first lease and after its last write (listing, queueing, the close), and
+  what loading the model added. An image costs Σ chunk-seconds ÷ Σ images over the runs
+  without frames; a frame, what the runs with frames took beyond their images ÷ their frames
+  (where only one kind ran, both cost the same). A job of k chunks runs min(k, task threads ×
+  workers alive) at once, in rounds: its time is the median fixed cost (+ the loading, when no
+  worker alive has the model loaded) + rounds × its work ÷ k. So n workers take n times the
+  chunks at once (each its own cores or device); 0 workers alive → no time; a job that would
+  run far more chunks at once than the measured ones did is said to be timed optimistically.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -63,21 +65,22 @@ class Estimate:
 
 @dataclass(frozen=True)
 class FleetRate:
-    """What an item costs one worker, in seconds, from the model's recent runs — an image
-    (any item not a frame) and a video's frame apart (a frame needs no fetch of its own) —
-    and a job's fixed seconds: `overhead_s` every job pays (listing and queueing before its
-    first lease, its close after its last write), `warm_s` what loading the model added."""
+    """What an item costs one chunk slot (a worker's task thread running a chunk), in
+    seconds, from the model's recent runs — an image (any item not a frame) and a video's
+    frame apart (a frame needs no fetch of its own) — and a job's fixed seconds: `overhead_s`
+    every job pays (listing and queueing before its first lease, its close after its last
+    write), `warm_s` what loading the model added."""
 
     image_s: float | None  # None: no run measured
     frame_s: float | None = None
     overhead_s: float = 0.0
     warm_s: float = 0.0
     jobs: int = 0
-    assumed_workers: bool = False  # some run's workers were not on record: today's count used
     frames_measured: bool = False  # False: frames are costed as images
+    slots_measured: float = 0.0  # the most chunks a measured run kept running at once, on average
 
     def work_s(self, images: float, frames: float) -> float | None:
-        """One worker's seconds for these items."""
+        """Slot-seconds for these items."""
         if self.image_s is None or self.frame_s is None:
             return None
         return images * self.image_s + frames * self.frame_s
@@ -85,22 +88,23 @@ class FleetRate:
 
 @dataclass(frozen=True)
 class Steady:
-    """A run's items worked at full speed (`images` and `frames` over `seconds`) and its
-    fixed seconds."""
+    """A run's items worked at full speed (`images` and `frames` in `slot_s` chunk-seconds
+    over `seconds`) and its fixed seconds."""
 
     images: float
     frames: float
+    slot_s: float
     seconds: float
     overhead_s: float
     warm_s: float
 
 
 def steady(run: model_runs.Run) -> Steady | None:
-    """The run's rate over the second half of its writes (from halfway between its first
-    chunk's write and its last, to its last): a worker's first chunks carry the model's
-    loading, and its first jobs a cold start (processes, connections), which a warm fleet does
-    not pay per item. Each chunk run's items count as worked evenly over it (`throughput`). A
-    run too short for that window (one round of chunks) is taken whole, from its first lease."""
+    """The run over the second half of its writes (from halfway between its first chunk's
+    write and its last, to its last): a worker's first chunks carry the model's loading, and
+    its first jobs a cold start (processes, connections), which a warm fleet does not pay per
+    item. Each chunk run's items count as worked evenly over it (`throughput`). A run too short
+    for that window (one round of chunks) is taken whole, from its first lease."""
     first_start = min(s.start for s in run.spans)
     first_end = min(s.end for s in run.spans)
     last_end = max(s.end for s in run.spans)
@@ -112,67 +116,74 @@ def steady(run: model_runs.Run) -> Steady | None:
         return None
     items = throughput.worked(run.spans, low, last_end)
     frames = throughput.worked(run.frame_spans, low, last_end)
-    if items <= 0:
+    slot_s = sum(max(0.0, min(last_end, s.end) - max(low, s.start)) for s in run.spans)
+    if items <= 0 or slot_s <= 0:
         return None
     rate = items / (last_end - low)
     overhead = max(0.0, run.wall_s - worked_s)  # before the first lease, after the last write
     warm = max(0.0, worked_s - run.items / rate)
-    return Steady(items - frames, frames, last_end - low, overhead, warm)
+    return Steady(items - frames, frames, slot_s, last_end - low, overhead, warm)
 
 
-def fleet_rate(runs: list[model_runs.Run], workers_then: list[int], workers_now: int) -> FleetRate:
-    """What an image and a frame cost one worker, over the runs' steady windows
-    (`workers_then`: alive during each; 0 where no row says, taken as `workers_now`): an
-    image's from the runs without frames, a frame's from what the others took beyond their
-    images; frames cost as images where no run had any."""
-    found: list[tuple[Steady, float]] = []  # each window's worker-seconds
-    assumed = False
-    for run, then in zip(runs, workers_then, strict=True):
-        one = steady(run)
-        if one is None:
-            continue
-        if then <= 0:
-            then, assumed = max(1, workers_now), True
-        found.append((one, one.seconds * then))
+def fleet_rate(runs: list[model_runs.Run]) -> FleetRate:
+    """What an image and a frame cost a chunk slot, over the runs' steady windows: an image's
+    from the runs without frames, a frame's from what the others took beyond their images;
+    frames cost as images where no run had any."""
+    found = [one for run in runs if (one := steady(run)) is not None]
     if not found:
         return FleetRate(None)
     image_s, frame_s = _costs(found)
     return FleetRate(
         image_s,
         frame_s,
-        statistics.median(f.overhead_s for f, _ in found),
-        statistics.median(f.warm_s for f, _ in found),
+        statistics.median(f.overhead_s for f in found),
+        statistics.median(f.warm_s for f in found),
         len(found),
-        assumed,
-        frames_measured=any(f.frames for f, _ in found),
+        frames_measured=any(f.frames for f in found),
+        slots_measured=max(f.slot_s / f.seconds for f in found),
     )
 
 
-def _costs(found: list[tuple[Steady, float]]) -> tuple[float, float]:
-    """Worker-seconds an image and a frame take."""
-    plain = [(f, w) for f, w in found if not f.frames]
-    mixed = [(f, w) for f, w in found if f.frames]
-    every = sum(w for _, w in found) / sum(f.images + f.frames for f, _ in found)
+def _costs(found: list[Steady]) -> tuple[float, float]:
+    """Slot-seconds an image and a frame take."""
+    plain = [f for f in found if not f.frames]
+    mixed = [f for f in found if f.frames]
+    every = sum(f.slot_s for f in found) / sum(f.images + f.frames for f in found)
     if not plain or not mixed:
         return every, every  # one kind measured: the other costs the same
-    image_s = sum(w for _, w in plain) / sum(f.images for f, _ in plain)
-    beyond = sum(w - image_s * f.images for f, w in mixed)
-    frames = sum(f.frames for f, _ in mixed)
+    image_s = sum(f.slot_s for f in plain) / sum(f.images for f in plain)
+    beyond = sum(f.slot_s - image_s * f.images for f in mixed)
+    frames = sum(f.frames for f in mixed)
     if beyond <= 0:  # the mixed runs were faster than their images alone: no measure of frames
-        return image_s, sum(w for _, w in mixed) / sum(f.images + f.frames for f, _ in mixed)
+        return image_s, sum(f.slot_s for f in mixed) / sum(f.images + f.frames for f in mixed)
     return image_s, beyond / frames
 
 
+@dataclass(frozen=True)
+class Shape:
+    """How a job would run on the fleet now: its chunks, and the slots they take at once."""
+
+    chunks: int
+    slots: int  # min(chunks, task threads × workers)
+
+    @classmethod
+    def of(cls, items: int, chunk_size: int, threads: int, workers: int) -> Shape:
+        chunks = max(1, math.ceil(items / chunk_size))
+        return cls(chunks, min(chunks, threads * workers))
+
+
 def run_time(
-    images: float, frames: float, rate: FleetRate, workers: int, loaded: bool
+    images: float, frames: float, rate: FleetRate, shape: Shape, loaded: bool
 ) -> float | None:
-    """Seconds a job of `images` and `frames` takes with `workers` alive, submission to close
-    (`loaded`: a worker alive has the model loaded already, so no job pays its loading)."""
+    """Seconds a job of `images` and `frames` takes, submission to close: its chunks in
+    rounds of `shape.slots` at once, each at the measured cost per item (`loaded`: a worker
+    alive has the model loaded already, so no job pays its loading)."""
     work = rate.work_s(images, frames)
-    if work is None or workers <= 0:
+    if work is None or shape.slots <= 0:
         return None
     fixed = rate.overhead_s + (0.0 if loaded else rate.warm_s)
-    return round(fixed + work / workers, 1)
+    rounds = math.ceil(shape.chunks / shape.slots)
+    return round(fixed + rounds * work / shape.chunks, 1)
 
 
 @dataclass(frozen=True)
@@ -180,22 +191,19 @@ class Fleet:
     workers: int
     rate: FleetRate
     loaded: bool = False  # some worker alive has the model loaded
+    threads: int = 16  # chunks in flight per worker (KILN_WORKER_CONCURRENCY)
+    chunk_size: int = 512  # a bulk job's chunk (KILN_BULK_CHUNK_SIZE)
 
 
-def read_fleet(session: Session, model: str) -> Fleet:
-    """The workers alive now and the model's measured rate (one short read; no lock)."""
+def read_fleet(session: Session, model: str, settings: Settings) -> Fleet:
+    """The workers alive now and the model's measured rate (one short read; no lock). Task
+    threads and chunk size are this deployment's settings, which its workers share."""
     now = utcnow()
     alive = worker_facts.seen_since(session, now - timedelta(seconds=LIVE_FOR_S))
     loaded = any(model in (row.facts or {}).get("models", {}) for row in alive)
     runs = model_runs.recent_runs(session, model, now - RUNS_SINCE, RUNS_READ)
-    then = [worker_facts.alive_between(session, *_window(r)) for r in runs]
-    return Fleet(len(alive), fleet_rate(runs, then, len(alive)), loaded)
-
-
-def _window(run: model_runs.Run) -> tuple[datetime, datetime]:
-    start = min(s.start for s in run.spans)
-    end = max(s.end for s in run.spans)
-    return datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC)
+    rate = fleet_rate(runs)
+    return Fleet(len(alive), rate, loaded, settings.task_threads, settings.bulk_chunk_size)
 
 
 def check(session: Session, request: BulkRequest) -> tuple[str, dict[str, Any]]:
@@ -239,9 +247,10 @@ def estimate(
     fps = float(options.get(FPS_OPTION, DEFAULT_FPS))
     mix = tally(listed, reads, fps, bounds, rng)
     images = mix.objects - mix.videos
-    seconds = run_time(images, mix.frames, fleet.rate, fleet.workers, fleet.loaded)
+    shape = Shape.of(mix.items, fleet.chunk_size, fleet.threads, fleet.workers)
+    seconds = run_time(images, mix.frames, fleet.rate, shape, fleet.loaded)
     work = fleet.rate.work_s(images, mix.frames)
-    rate = mix.items * fleet.workers / work if work and fleet.workers else None
+    rate = mix.items * shape.slots / work if work and fleet.workers else None
     return Estimate(
         objects=round(mix.objects),
         bytes=round(mix.bytes),
@@ -254,11 +263,11 @@ def estimate(
         rate_per_s=round(rate, 2) if rate else None,
         workers=fleet.workers,
         seconds=seconds,
-        note=" ".join(n for n in (listed.note, mix.note, time_note(fleet, mix.frames)) if n),
+        note=" ".join(n for n in (listed.note, mix.note, time_note(fleet, shape, mix.frames)) if n),
     )
 
 
-def time_note(fleet: Fleet, frames: float = 0.0) -> str:
+def time_note(fleet: Fleet, shape: Shape, frames: float = 0.0) -> str:
     rate = fleet.rate
     if rate.image_s is None or rate.frame_s is None:
         return (
@@ -267,24 +276,31 @@ def time_note(fleet: Fleet, frames: float = 0.0) -> str:
         )
     if fleet.workers == 0:
         return "No worker is up (none seen in the last 30 s): no time until one starts."
-    assumed = " (some of those jobs' workers are no longer on record: today's count used)"
     loading = (
         "" if fleet.loaded or not rate.warm_s else f", + {rate.warm_s:.0f} s to load the model"
     )
     if not frames:
-        per = f"{1 / rate.image_s:.3g} items/s a worker"
+        per = f"{1 / rate.image_s:.3g} items/s a chunk"
     elif rate.frames_measured:
-        per = f"{1 / rate.image_s:.3g} images/s and {1 / rate.frame_s:.3g} frames/s a worker"
+        per = f"{1 / rate.image_s:.3g} images/s and {1 / rate.frame_s:.3g} frames/s a chunk"
     else:
         per = (
-            f"{1 / rate.image_s:.3g} items/s a worker, frames timed as images (no run of this "
+            f"{1 / rate.image_s:.3g} items/s a chunk, frames timed as images (no run of this "
             "model with videos to measure them by)"
+        )
+    more = ""
+    if shape.slots > 1.5 * rate.slots_measured:
+        more = (
+            f" The measured jobs ran about {rate.slots_measured:.0f} chunks at once and this "
+            f"one would run {shape.slots}: each is taken to keep its pace, which is too fast "
+            "where the workers' cores, not their waits, are the limit."
         )
     return (
         f"Time: {per}, measured over the model's last {rate.jobs} completed "
-        f"job{'s' if rate.jobs != 1 else ''}{assumed if rate.assumed_workers else ''}, "
-        f"× {fleet.workers} worker{'s' if fleet.workers != 1 else ''} alive, + "
-        f"{rate.overhead_s:.0f} s a job's fixed cost (listing, queueing, the close){loading}."
+        f"job{'s' if rate.jobs != 1 else ''}; {shape.chunks:,} chunk"
+        f"{'s' if shape.chunks != 1 else ''}, {shape.slots} at once on {fleet.workers} worker"
+        f"{'s' if fleet.workers != 1 else ''} alive; + {rate.overhead_s:.0f} s a job's fixed "
+        f"cost (listing, queueing, the close){loading}.{more}"
     )
 
 

@@ -39,7 +39,7 @@ def estimate_job(body: JobCreate, context: ContextDep, tenant: TenantDep, s3: S3
     )
     with context.sessions() as session:
         model, options = estimate.check(session, request)
-        fleet = estimate.read_fleet(session, model)
+        fleet = estimate.read_fleet(session, model, context.settings)
     # Listed with no session held: a large prefix takes seconds.
     found = estimate.estimate(request, options, fleet, s3(), estimate.Bounds.of(context.settings))
     return EstimateOut(**asdict(found))

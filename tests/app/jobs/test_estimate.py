@@ -161,41 +161,51 @@ def _run(
     return Run("j", spans + frame_spans, frame_spans, T0, finished)
 
 
-def test_a_worker_s_rate_scales_to_the_workers_alive_now() -> None:
-    measured = _run(400, per_s=100.0, chunk=8, lead_s=1.0, warm_s=3.0)  # by 2 workers
-    rate = estimate.fleet_rate([measured], [2], workers_now=4)
-    assert rate.image_s == pytest.approx(1 / 50)  # the loading left out of the rate
+def test_a_chunk_s_pace_times_a_job_in_rounds_of_the_slots_it_takes() -> None:
+    measured = _run(400, per_s=100.0, chunk=8, lead_s=1.0, warm_s=3.0)  # one chunk at a time
+    rate = estimate.fleet_rate([measured])
+    assert rate.image_s == pytest.approx(1 / 100)  # the loading left out of the pace
     assert rate.frame_s == rate.image_s and not rate.frames_measured
+    assert rate.slots_measured == pytest.approx(1.0)
     assert rate.overhead_s == pytest.approx(1.5)  # before the first lease, after the last write
     assert rate.warm_s == pytest.approx(3.0, abs=0.1)
-    # 4 workers: 200 items/s, + the fixed 1.5 s; + the loading while no worker has the model
-    assert estimate.run_time(1000, 0, rate, 4, loaded=True) == pytest.approx(6.5)
-    assert estimate.run_time(1000, 0, rate, 4, loaded=False) == pytest.approx(9.5, abs=0.1)
-    assert estimate.run_time(1000, 0, rate, 0, loaded=True) is None  # no worker: no time
+    # 125 chunks of 8 on 2 workers of 4 threads: 16 rounds of 8 chunks, 0.08 s each
+    shape = estimate.Shape.of(1000, 8, threads=4, workers=2)
+    assert (shape.chunks, shape.slots) == (125, 8)
+    assert estimate.run_time(1000, 0, rate, shape, loaded=True) == pytest.approx(2.8)
+    assert estimate.run_time(1000, 0, rate, shape, loaded=False) == pytest.approx(5.8, abs=0.1)
+    # two chunks of 512 run at once whatever the workers: 5 s each
+    big = estimate.Shape.of(1000, 512, threads=16, workers=3)
+    assert estimate.run_time(1000, 0, rate, big, loaded=True) == pytest.approx(6.5)
+    none = estimate.Shape.of(1000, 8, threads=4, workers=0)
+    assert estimate.run_time(1000, 0, rate, none, loaded=True) is None  # no worker: no time
+    note = estimate.time_note(estimate.Fleet(2, rate, loaded=True), shape)
+    assert "8 at once" in note and "keep its pace" in note  # 8 where 1 was measured: said
 
 
 def test_a_frame_costs_what_runs_with_frames_took_beyond_their_images() -> None:
     images = _run(400, per_s=100.0, chunk=8)
     mixed = _run(200, per_s=100.0, chunk=8, frames=800, frame_per_s=400.0)
-    rate = estimate.fleet_rate([images, mixed], [1, 1], workers_now=1)
+    rate = estimate.fleet_rate([images, mixed])
     assert rate.frames_measured
     assert rate.image_s == pytest.approx(1 / 100)
     assert rate.frame_s == pytest.approx(1 / 400, rel=0.05)
-    assert estimate.run_time(100, 400, rate, 2, loaded=True) == pytest.approx(
-        rate.overhead_s + (1.0 + 1.0) / 2, abs=0.1
+    one = estimate.Shape(chunks=1, slots=1)
+    assert estimate.run_time(100, 400, rate, one, loaded=True) == pytest.approx(
+        rate.overhead_s + 1.0 + 1.0, abs=0.1
     )
-    note = estimate.time_note(estimate.Fleet(1, rate, loaded=True), frames=10)
-    assert "images/s and" in note and "frames/s a worker" in note
+    note = estimate.time_note(estimate.Fleet(1, rate, loaded=True), one, frames=10)
+    assert "images/s and" in note and "frames/s a chunk" in note
 
 
 def test_no_run_measured_gives_no_rate_and_says_so() -> None:
-    rate = estimate.fleet_rate([], [], workers_now=3)
-    assert rate.image_s is None and estimate.run_time(10, 0, rate, 3, True) is None
-    assert "run a small job first" in estimate.time_note(estimate.Fleet(3, rate))
-    measured = estimate.fleet_rate([_run(80, 10.0, 8)], [0], workers_now=2)
-    assert measured.assumed_workers  # no worker on record then: today's count
-    assert "No worker is up" in estimate.time_note(estimate.Fleet(0, measured))
-    unmeasured = estimate.time_note(estimate.Fleet(2, measured), frames=5)
+    one = estimate.Shape(chunks=1, slots=1)
+    rate = estimate.fleet_rate([])
+    assert rate.image_s is None and estimate.run_time(10, 0, rate, one, True) is None
+    assert "run a small job first" in estimate.time_note(estimate.Fleet(3, rate), one)
+    measured = estimate.fleet_rate([_run(80, 10.0, 8)])
+    assert "No worker is up" in estimate.time_note(estimate.Fleet(0, measured), one)
+    unmeasured = estimate.time_note(estimate.Fleet(2, measured), one, frames=5)
     assert "frames timed as images" in unmeasured
 
 

@@ -22,6 +22,7 @@ created and nothing written (`POST /v1/jobs/estimate`, `kiln bulk --dry-run`).
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 from dataclasses import dataclass
@@ -159,6 +160,12 @@ def _costs(found: list[Steady]) -> tuple[float, float]:
     return image_s, beyond / frames
 
 
+# How a worker cuts a video's frames into chunks (workers/chunk/expand.py, which the app may
+# not import): a video spreads over two chunks per prep process, each of 32 frames or more.
+FRAME_CHUNKS_PER_PROCESS = 2
+MIN_FRAME_CHUNK = 32
+
+
 @dataclass(frozen=True)
 class Shape:
     """How a job would run on the fleet now: its chunks, and the slots they take at once."""
@@ -167,9 +174,18 @@ class Shape:
     slots: int  # min(chunks, task threads × workers)
 
     @classmethod
-    def of(cls, items: int, chunk_size: int, threads: int, workers: int) -> Shape:
-        chunks = max(1, math.ceil(items / chunk_size))
-        return cls(chunks, min(chunks, threads * workers))
+    def of(
+        cls, images: float, frames: float, videos: float, fleet: Fleet, prep_processes: int = 1
+    ) -> Shape:
+        """Bulk chunks of images, and each video's frames in chunks of about frames ÷ (2 ×
+        prep processes), 32 to a bulk chunk, as a worker cuts them."""
+        chunks = math.ceil(images / fleet.chunk_size)
+        if frames:
+            spread = FRAME_CHUNKS_PER_PROCESS * max(1, prep_processes)
+            size = min(fleet.chunk_size, max(MIN_FRAME_CHUNK, math.ceil(frames / spread)))
+            chunks += max(math.ceil(videos), math.ceil(frames / size))
+        chunks = max(1, chunks)
+        return cls(chunks, min(chunks, fleet.threads * fleet.workers))
 
 
 def run_time(
@@ -193,6 +209,7 @@ class Fleet:
     loaded: bool = False  # some worker alive has the model loaded
     threads: int = 16  # chunks in flight per worker (KILN_WORKER_CONCURRENCY)
     chunk_size: int = 512  # a bulk job's chunk (KILN_BULK_CHUNK_SIZE)
+    prep_processes: int = 1  # a worker's (KILN_PREP_PROCESSES; `auto` as on this host)
 
 
 def read_fleet(session: Session, model: str, settings: Settings) -> Fleet:
@@ -203,7 +220,8 @@ def read_fleet(session: Session, model: str, settings: Settings) -> Fleet:
     loaded = any(model in (row.facts or {}).get("models", {}) for row in alive)
     runs = model_runs.recent_runs(session, model, now - RUNS_SINCE, RUNS_READ)
     rate = fleet_rate(runs)
-    return Fleet(len(alive), rate, loaded, settings.task_threads, settings.bulk_chunk_size)
+    prep = settings.prep_count(os.cpu_count() or 1)
+    return Fleet(len(alive), rate, loaded, settings.task_threads, settings.bulk_chunk_size, prep)
 
 
 def check(session: Session, request: BulkRequest) -> tuple[str, dict[str, Any]]:
@@ -247,7 +265,7 @@ def estimate(
     fps = float(options.get(FPS_OPTION, DEFAULT_FPS))
     mix = tally(listed, reads, fps, bounds, rng)
     images = mix.objects - mix.videos
-    shape = Shape.of(mix.items, fleet.chunk_size, fleet.threads, fleet.workers)
+    shape = Shape.of(images, mix.frames, mix.videos, fleet, fleet.prep_processes)
     seconds = run_time(images, mix.frames, fleet.rate, shape, fleet.loaded)
     work = fleet.rate.work_s(images, mix.frames)
     rate = mix.items * shape.slots / work if work and fleet.workers else None

@@ -164,10 +164,14 @@ def _sample(
 ) -> Listing:
     """The flat listing stopped at `last_key`: count the folders it covered whole, sample the
     rest within `budget` (as many objects and seconds again as the flat listing had)."""
-    folders, loose = _folders(lister, source)
-    stopped_in = _folder_of(source.prefix, last_key)
+    base = source.prefix
+    folders, loose, more = _folders(lister, source, base)
+    while len(folders) == 1 and not loose:  # one folder ("photos/2026" → "photos/2026/"): in
+        base = folders[0]
+        folders, loose, more = _folders(lister, source, base)
+    stopped_in = _folder_of(base, last_key)
     covered = [f for f in folders if f < stopped_in]  # key order: wholly listed before it
-    counted = [o for o in flat if _folder_of(source.prefix, o.key) in covered] + loose
+    counted = [o for o in flat if _folder_of(base, o.key) in covered] + loose
     rest = [f for f in folders if f >= stopped_in]
     if not rest or len(folders) < 2:
         return _lower_bound(flat, budget)
@@ -189,19 +193,26 @@ def _sample(
         f"{len(covered):,} sub-folders were counted whole and {share} others, chosen at "
         f"random, were listed whole; their totals are scaled by {scale:.3g}."
     )
-    return Listing(counted, sampled, scale, complete=taken == len(rest), note=note)
+    if more:
+        note += (
+            f" The prefix has over {len(folders):,} sub-folders and only those were read: the "
+            "totals are for them, a lower bound."
+        )
+    every = taken == len(rest) and not more
+    return Listing(counted, sampled, scale, complete=every, lower_bound=more, note=note)
 
 
-def _folders(lister: Lister, source: Source) -> tuple[list[str], list[Listed]]:
-    """The prefix's sub-folders (at most MAX_FOLDER_PAGES pages of them) and its loose objects."""
+def _folders(lister: Lister, source: Source, base: str) -> tuple[list[str], list[Listed], bool]:
+    """`base`'s sub-folders (at most MAX_FOLDER_PAGES pages of them), its loose objects, and
+    whether there were more folders than read."""
     folders: list[str] = []
     loose: list[Listed] = []
-    for number, answer in enumerate(_pages(lister, source.prefix, "/")):
+    for number, answer in enumerate(_pages(lister, base, "/")):
         folders.extend(p["Prefix"] for p in answer.get("CommonPrefixes", []))
         loose.extend(_objects(answer, source))
         if number + 1 >= MAX_FOLDER_PAGES:
-            break
-    return folders, loose
+            return folders, loose, bool(answer.get("IsTruncated"))
+    return folders, loose, False
 
 
 def _folder_of(prefix: str, key: str) -> str:

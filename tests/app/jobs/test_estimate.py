@@ -82,6 +82,14 @@ def test_a_huge_prefix_samples_whole_sub_folders_at_random() -> None:
     assert statistics.mean(totals) == pytest.approx(truth, rel=0.05)
 
 
+def test_a_prefix_without_its_slash_is_sampled_in_its_one_folder() -> None:
+    objects = {f"p/f{i:02d}/{j:02d}.jpg": 1 for i in range(30) for j in range(10)}
+    listing = list_source(FakeBucket(objects), Source("s3://b/p"), 100, 10.0, random.Random(1))
+    assert not listing.lower_bound and "chosen at random" in listing.note
+    # equal folders: every draw is exact
+    assert sum(weight for _, weight in listing.weighted()) == pytest.approx(300)
+
+
 def test_a_huge_flat_prefix_is_a_lower_bound_that_says_so() -> None:
     objects = {f"p/{i:04d}.jpg": 10 for i in range(100)}
     listing = list_source(FakeBucket(objects), Source("s3://b/p/"), 30, 10.0)
@@ -170,14 +178,14 @@ def test_a_chunk_s_pace_times_a_job_in_rounds_of_the_slots_it_takes() -> None:
     assert rate.overhead_s == pytest.approx(1.5)  # before the first lease, after the last write
     assert rate.warm_s == pytest.approx(3.0, abs=0.1)
     # 125 chunks of 8 on 2 workers of 4 threads: 16 rounds of 8 chunks, 0.08 s each
-    shape = estimate.Shape.of(1000, 8, threads=4, workers=2)
+    shape = estimate.Shape.of(1000, 0, 0, estimate.Fleet(2, rate, threads=4, chunk_size=8))
     assert (shape.chunks, shape.slots) == (125, 8)
     assert estimate.run_time(1000, 0, rate, shape, loaded=True) == pytest.approx(2.8)
     assert estimate.run_time(1000, 0, rate, shape, loaded=False) == pytest.approx(5.8, abs=0.1)
     # two chunks of 512 run at once whatever the workers: 5 s each
-    big = estimate.Shape.of(1000, 512, threads=16, workers=3)
+    big = estimate.Shape.of(1000, 0, 0, estimate.Fleet(3, rate, threads=16, chunk_size=512))
     assert estimate.run_time(1000, 0, rate, big, loaded=True) == pytest.approx(6.5)
-    none = estimate.Shape.of(1000, 8, threads=4, workers=0)
+    none = estimate.Shape.of(1000, 0, 0, estimate.Fleet(0, rate, threads=4, chunk_size=8))
     assert estimate.run_time(1000, 0, rate, none, loaded=True) is None  # no worker: no time
     note = estimate.time_note(estimate.Fleet(2, rate, loaded=True), shape)
     assert "8 at once" in note and "keep its pace" in note  # 8 where 1 was measured: said
@@ -196,6 +204,15 @@ def test_a_frame_costs_what_runs_with_frames_took_beyond_their_images() -> None:
     )
     note = estimate.time_note(estimate.Fleet(1, rate, loaded=True), one, frames=10)
     assert "images/s and" in note and "frames/s a chunk" in note
+
+
+def test_a_job_s_videos_are_cut_into_frame_chunks_as_a_worker_cuts_them() -> None:
+    fleet = estimate.Fleet(1, estimate.FleetRate(None), threads=16, chunk_size=512)
+    # 12 videos of 936 frames on 2 prep processes: chunks of 234, one or more a video
+    shape = estimate.Shape.of(1000, 936, 12, fleet, prep_processes=2)
+    assert (shape.chunks, shape.slots) == (2 + 12, 14)
+    # one long video: 4,000 frames in chunks of 512 at most
+    assert estimate.Shape.of(0, 4000, 1, fleet, prep_processes=2).chunks == 8
 
 
 def test_no_run_measured_gives_no_rate_and_says_so() -> None:

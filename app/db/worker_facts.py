@@ -45,4 +45,3 @@ def seen_since(session: Session, since: datetime) -> list[WorkerFacts]:
     """Workers that reported at or after `since`, by name."""
     query = select(WorkerFacts).where(WorkerFacts.seen_at >= since).order_by(WorkerFacts.worker)
     return list(session.scalars(query))
-

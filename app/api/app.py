@@ -11,7 +11,17 @@ from fastapi import FastAPI
 from kiln.app.api.context import ApiContext
 from kiln.app.api.errors import install_error_handlers
 from kiln.app.api.metrics import install_metrics
-from kiln.app.api.routes import health, jobs, models, pipelines, retry, schedules, search, webhooks
+from kiln.app.api.routes import (
+    estimate,
+    health,
+    jobs,
+    models,
+    pipelines,
+    retry,
+    schedules,
+    search,
+    webhooks,
+)
 from kiln.app.console import install_console
 from kiln.app.core.config import Settings, get_settings, redact_url
 
@@ -47,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_metrics(app)  # GET /metrics, and the per-request counters
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(estimate.router)
     app.include_router(retry.router)
     app.include_router(models.router)
     app.include_router(pipelines.router)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 import typer
@@ -78,11 +79,24 @@ def bulk(
             "default: the tenant's or the deployment's retention).",
         ),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Create nothing: list the prefix (a sample of a huge one, saying so) and print "
+            "its objects, bytes, images, videos and frames, and the time at the fleet's measured "
+            "rate for the model with the workers alive now.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --dry-run: print the estimate as JSON.")
+    ] = False,
 ) -> None:
     """Process every object under an S3 prefix (listed by the workers, page by page); each
     video becomes one item per sampled frame. With --watch, exits 1 when the job failed, the
     prefix and filters matched no object, or no item succeeded; 0 otherwise (a rerun with
-    nothing new, or whose only failures are known ones, included)."""
+    nothing new, or whose only failures are known ones, included). With --dry-run, only
+    estimates it."""
     if retry_failed and not name:
         raise typer.BadParameter(
             "goes with --name (only a pipeline's runs keep failures).",
@@ -93,6 +107,12 @@ def bulk(
         body["pipeline"] = name
     if retry_failed:
         body["retry_failed"] = True
+    if dry_run:
+        with ApiClient() as client:
+            found = client.estimate(_run(model, source, include, exclude, None, option, video_fps,
+                                         case_sensitive))  # fmt: skip
+        _print_estimate(found, as_json)
+        return
     if hook := notify_request(notify, notify_events):
         body["notify"] = hook
     if expires_after is not None:  # the API checks it (a 422's sentence, as any refusal)
@@ -102,6 +122,48 @@ def bulk(
         console.print(f"job {job['id']} {job['status']}: listing {source}")
         if watch_:
             raise typer.Exit(verdict(client, watch(client, job["id"])))
+
+
+def _print_estimate(found: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(found, indent=2))
+        return
+    console.print("Estimate (--dry-run: no job created)")
+    table = Table("", "estimate")
+    sampled = " (sampled)" if found["sampled"] else ""
+    table.add_row("objects", f"{found['objects']:,}{sampled}")
+    table.add_row("listed", f"{found['listed']:,}")
+    table.add_row("bytes", _size(found["bytes"]))
+    table.add_row("images", f"{found['images']:,}")
+    frames = found["frames"]
+    table.add_row("videos", f"{found['videos']:,}" + (f" → {frames:,} frames" if frames else ""))
+    table.add_row("items", f"{found['items']:,}")
+    rate = found["rate_per_s"]
+    table.add_row("rate", f"{rate:,.1f} items/s" if rate else "not measured yet")
+    table.add_row("workers", str(found["workers"]))
+    seconds = found["seconds"]
+    table.add_row("time", _duration(seconds) if seconds is not None else "unknown")
+    console.print(table)
+    if found["note"]:
+        console.print(found["note"])
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1000
+    return f"{count} B"
+
+
+def _duration(seconds: float) -> str:
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{seconds:.1f} s"
 
 
 @schedule_app.command("add")

@@ -44,6 +44,11 @@ class KilnClient:
         result: dict[str, Any] = self._call("POST", "/v1/jobs", json=body)
         return result
 
+    def estimate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A bulk job's estimate (POST /v1/jobs/estimate): nothing is created."""
+        result: dict[str, Any] = self._call("POST", "/v1/jobs/estimate", json=body)
+        return result
+
     def add_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/v1/schedules", json=body)
         return result

@@ -231,6 +231,20 @@ class DeliverySettings(BaseModel):
     ingest_page_size: int = Field(1000, ge=1, le=1000, description="Keys per S3 list call.")
     ingest_pages_per_step: int = Field(20, ge=1, description="Pages listed per ingest task.")
     bulk_max_chunks: int = Field(64, ge=1, description="Chunks outstanding per bulk job.")
+    # An estimate (POST /v1/jobs/estimate) lists at most this much before it samples (and as
+    # much again for the sample), and reads the headers of this many videos.
+    estimate_max_objects: int = Field(
+        100_000, ge=1, description="Objects an estimate lists before it samples sub-folders."
+    )
+    estimate_budget_s: float = Field(
+        20.0, gt=0, description="Seconds an estimate lists before it samples sub-folders."
+    )
+    estimate_video_samples: int = Field(
+        20, ge=0, description="Videos whose headers an estimate reads for their frames."
+    )
+    estimate_header_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Bytes an estimate reads of one video's header."
+    )
     ingest_stale_s: float = Field(
         60.0, gt=0, description="An ingest silent this long is taken over by the reconciler."
     )

@@ -176,6 +176,12 @@ def start_ingest(session: Session, dispatcher: Dispatcher, job: Job) -> None:
         dispatcher.enqueue_ingest(job.id)
 
 
+def check_bulk(session: Session, request: BulkRequest) -> tuple[ModelInfo, dict[str, Any]]:
+    """Every check a submission makes before a row is added, with its sentences; nothing
+    written (an estimate asks the same of its request: `kiln.app.jobs.estimate`)."""
+    return _check(session, request)
+
+
 def _check(session: Session, request: BulkRequest) -> tuple[ModelInfo, dict[str, Any]]:
     try:
         model = get_model(session, request.model, request.tenant)

@@ -229,6 +229,15 @@ class DeliverySettings(BaseModel):
     ingest_page_size: int = Field(1000, ge=1, le=1000, description="Keys per S3 list call.")
     ingest_pages_per_step: int = Field(20, ge=1, description="Pages listed per ingest task.")
     bulk_max_chunks: int = Field(64, ge=1, description="Chunks outstanding per bulk job.")
+    # Fair share (app/jobs/fair_share.py): bulk chunks sent and unfinished, fleet-wide, are
+    # capped at this many per task thread of each live worker; each tenant with open bulk work
+    # gets its weighted share of that window, the rest of its chunks wait unsent.
+    fair_share_window_per_slot: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Bulk chunks in flight per worker task thread, shared fairly by tenants.",
+    )
     ingest_stale_s: float = Field(
         60.0, gt=0, description="An ingest silent this long is taken over by the reconciler."
     )

@@ -54,6 +54,7 @@ def test_a_silent_ingest_gets_a_new_step_and_a_live_one_does_not(runtime: Worker
         "jobs_closed": 0,
         "cache_purged": 0,
         "runs_forgotten": 0,
+        "chunks_topped_up": 0,
     }
     assert dispatcher.ingests == [IngestStep(silent, None, 0)]  # a new owner will claim it
     assert dispatcher.calls == []
@@ -76,6 +77,7 @@ def test_nothing_to_reconcile_sends_nothing_and_reads_no_broker(runtime: WorkerR
         "jobs_closed": 0,
         "cache_purged": 0,
         "runs_forgotten": 0,
+        "chunks_topped_up": 0,
     }
     assert asked == [] and dispatcher.ingests == [] and dispatcher.calls == []
 

@@ -10,6 +10,7 @@ runs, handed what it needs:
 - `expand.expand_videos`: a video's row becomes its frames, new items in chunks of their own;
 - `write.write_chunk`: the shard, then the results in one statement;
 - `close.close_after_chunk`: the job's close, if this chunk was its last.
+- a bulk chunk's end tops up the bulk queue's fair share (`app/jobs/fair_share.py`).
 
 The process's lease keeper holds the lease meanwhile; a cancel or a lost lease stops the run
 (`Held`). Every write is idempotent, so a redelivered chunk is harmless. A write the job's
@@ -26,6 +27,7 @@ from collections import Counter
 
 from kiln.app.core.errors import OutputError
 from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.jobs import fair_share
 from kiln.app.observability.tracing import annotate
 from kiln.workers.chunk import lease as leasing
 from kiln.workers.chunk.expand import expand_videos
@@ -35,6 +37,7 @@ from kiln.workers.chunk.write import write_chunk
 from kiln.workers.close.close import close_after_chunk
 from kiln.workers.close.fail import fail_for_output
 from kiln.workers.close.fallback import shard_fields
+from kiln.workers.close.lease import Lease
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,7 @@ def process_chunk(
             except OutputError as error:  # retrying cannot fix it: the job ends now
                 report.job_status = fail_for_output(runtime, job_id, error)
             report.seconds["write"] = time.monotonic() - timer
+            _top_up(runtime, lease, dispatcher)
     except BaseException as error:
         # so the task's retry can take the items at once, and they keep what stopped the run
         leasing.release(runtime, job_id, owner, error)
@@ -99,3 +103,10 @@ def process_chunk(
     statuses = Counter(str(status) for status in rows.statuses())  # for the worker's metrics
     runtime.chunk_stats.record(lease.model.ref, statuses, report.seconds, report.cached)
     return report
+
+
+def _top_up(runtime: WorkerRuntime, lease: Lease, dispatcher: Dispatcher | None) -> None:
+    """A bulk chunk's end frees its place in the fair share's window: send the next chunks
+    (app/jobs/fair_share.py; without a dispatcher the reconciler does)."""
+    if lease.bulk and dispatcher is not None:
+        fair_share.top_up_quietly(runtime.sessions, dispatcher, runtime.settings)

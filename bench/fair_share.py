@@ -4,10 +4,12 @@ seconds after another tenant's large ones.
     python -m bench.fair_share [--a-jobs 4 --a-items 1000 --b-items 400 --delay 3]
 
 Real stack (bench/stack.py: Postgres, Redis, moto S3, `kiln api`, `kiln worker`), the cheap
-`phash` model, the content cache off (every run computes). Three runs on fresh objects each:
-B's job alone, A's jobs alone, then A's jobs with B's submitted `--delay` seconds later. It
-prints B's time with A over B's time alone (the target: within 3×) and A's total time with B
-against A's alone plus B's alone (A grows by no more than B's share).
+`phash` model, the content cache off (every run computes). Per mode (`--modes off,on`: a
+deployment with `KILN_FAIR_SHARE` false — one FIFO, as before the fair share — then true),
+three runs over the same objects: B's job alone, A's jobs alone, then A's jobs with B's
+submitted `--delay` seconds later. It prints B's time with A over B's time alone (the target:
+within 3×) and A's total time with B against A's alone (it should grow by no more than B's
+share: about B's time alone).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from bench.stack import SOURCE_BUCKET, Stack, kiln_stack
+from bench.stack import SOURCE_BUCKET, Layout, Stack, kiln_stack, local_deployment
 from devstack.images import photo
 from devstack.services import create_api_key
 
@@ -89,42 +91,6 @@ def wait_all(client: httpx.Client, jobs: Sequence[str], timeout: float = 1800) -
     return time.monotonic() - start
 
 
-class Run:
-    def __init__(self, stack: Stack, a: httpx.Client, b: httpx.Client, shape: Shape) -> None:
-        self.stack, self.a, self.b, self.shape = stack, a, b, shape
-        self.round = 0
-
-    def _prefixes(self, tenant: str, jobs: int, items: int) -> list[str]:
-        """Fresh objects for one run (new pictures: nothing cached anywhere)."""
-        self.round += 1
-        prefixes = [f"r{self.round}/{tenant}{j}/" for j in range(jobs)]
-        for j, prefix in enumerate(prefixes):
-            put_objects(self.stack, prefix, items, self.round * 100 + j, self.shape.size)
-        return prefixes
-
-    def b_alone(self) -> float:
-        (prefix,) = self._prefixes("b", 1, self.shape.b_items)
-        return wait_all(self.b, [submit(self.b, prefix)])
-
-    def a_alone(self) -> float:
-        prefixes = self._prefixes("a", self.shape.a_jobs, self.shape.a_items)
-        return wait_all(self.a, [submit(self.a, p) for p in prefixes])
-
-    def together(self) -> tuple[float, float]:
-        """A's jobs, then B's `delay` seconds later: (B's time from its submission, A's)."""
-        a_prefixes = self._prefixes("a", self.shape.a_jobs, self.shape.a_items)
-        (b_prefix,) = self._prefixes("b", 1, self.shape.b_items)
-        start = time.monotonic()
-        a_jobs = [submit(self.a, p) for p in a_prefixes]
-        time.sleep(self.shape.delay_s)
-        b_job = submit(self.b, b_prefix)
-        with ThreadPoolExecutor(1) as pool:
-            a_done = pool.submit(wait_all, self.a, a_jobs)
-            b_s = wait_all(self.b, [b_job])
-            a_done.result()
-        return b_s, time.monotonic() - start
-
-
 @dataclass(frozen=True)
 class Shape:
     a_jobs: int
@@ -134,7 +100,18 @@ class Shape:
     size: tuple[int, int]
 
 
-def measure(stack: Stack, shape: Shape) -> Figures:
+def put_all(stack: Stack, shape: Shape) -> tuple[list[str], str]:
+    """A's prefixes and B's, filled once: every run reads the same objects (the content cache
+    is off, so each job computes them again)."""
+    a_prefixes = [f"a{j}/" for j in range(shape.a_jobs)]
+    for j, prefix in enumerate(a_prefixes):
+        put_objects(stack, prefix, shape.a_items, j + 1, shape.size)
+    put_objects(stack, "b/", shape.b_items, 99, shape.size)
+    return a_prefixes, "b/"
+
+
+def measure(stack: Stack, shape: Shape, a_prefixes: list[str], b_prefix: str) -> Figures:
+    """B alone, A alone, then A with B `delay_s` later, on one deployment."""
     keys = {
         t: create_api_key(stack.settings, t, (SOURCE_BUCKET,)) for t in ("tenant-a", "tenant-b")
     }
@@ -144,11 +121,19 @@ def measure(stack: Stack, shape: Shape) -> Figures:
         )
         for t, k in keys.items()
     }
+    a, b = clients["tenant-a"], clients["tenant-b"]
     try:
-        run = Run(stack, clients["tenant-a"], clients["tenant-b"], shape)
-        b_alone = run.b_alone()
-        a_alone = run.a_alone()
-        b_with_a, a_with_b = run.together()
+        b_alone = wait_all(b, [submit(b, b_prefix)])
+        a_alone = wait_all(a, [submit(a, p) for p in a_prefixes])
+        start = time.monotonic()
+        a_jobs = [submit(a, p) for p in a_prefixes]
+        time.sleep(shape.delay_s)
+        b_job = submit(b, b_prefix)
+        with ThreadPoolExecutor(1) as pool:
+            a_done = pool.submit(wait_all, a, a_jobs)
+            b_with_a = wait_all(b, [b_job])
+            a_done.result()
+        a_with_b = time.monotonic() - start
     finally:
         for client in clients.values():
             client.close()
@@ -163,21 +148,34 @@ def main(
     chunk: Annotated[int, typer.Option(help="KILN_BULK_CHUNK_SIZE.")] = 32,
     concurrency: Annotated[int, typer.Option(help="KILN_WORKER_CONCURRENCY.")] = 4,
     side: Annotated[int, typer.Option(help="Pictures' width (height ¾ of it).")] = 320,
+    modes: Annotated[
+        str, typer.Option(help="KILN_FAIR_SHARE per deployment, in order (off = one FIFO).")
+    ] = "off,on",
     workdir: Annotated[Path, typer.Option(help="Logs.")] = Path(".kiln/bench-fair-share"),
     out: Annotated[Path | None, typer.Option(help="Write the figures as JSON here.")] = None,
 ) -> None:
-    """B's time with A's backlog over its time alone, and A's growth."""
+    """B's time with A's backlog over its time alone, and A's growth, per mode."""
+    workdir = workdir.resolve()  # the deployments' stores are file:// URIs
     workdir.mkdir(parents=True, exist_ok=True)
-    worker_env = {
+    kiln_settings = {
         "KILN_BULK_CHUNK_SIZE": str(chunk),
         "KILN_WORKER_CONCURRENCY": str(concurrency),
         "KILN_CONTENT_CACHE": "false",
-        "KILN_TENANT_MAX_OPEN_JOBS": "1000",
     }
     shape = Shape(a_jobs, a_items, b_items, delay, (side, side * 3 // 4))
-    with kiln_stack(workdir, worker_env) as stack:
-        figures = measure(stack, shape)
-    report = {"shape": asdict(shape), **figures.report()}
+    report: dict[str, Any] = {"shape": asdict(shape), "runs": []}
+    # The main stack holds the source objects (its moto); each mode is a deployment of its own
+    # beside it (its database, Redis index, store and worker), so both read the same objects
+    # under the same load, one after the other.
+    with kiln_stack(workdir, kiln_settings) as parent:
+        a_prefixes, b_prefix = put_all(parent, shape)
+        for index, mode in enumerate(modes.split(",")):
+            settings = {**kiln_settings, "KILN_FAIR_SHARE": "true" if mode == "on" else "false"}
+            layout = Layout(name=f"{mode}{index}")
+            with local_deployment(parent, workdir, settings, layout) as stack:
+                figures = measure(stack, shape, a_prefixes, b_prefix)
+            report["runs"].append({"fair_share": mode, **figures.report()})
+            print(json.dumps(report["runs"][-1]), flush=True)
     print(json.dumps(report, indent=2))
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")

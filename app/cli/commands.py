@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve, storage
+from kiln.app.cli import admin, bulk, doctor, local, remote, search, serve, storage, tenant_admin
 
 app = typer.Typer(
     help="Kiln: batch inference on GPUs.", no_args_is_help=True, rich_markup_mode="markdown"
@@ -21,6 +21,7 @@ GROUPS = {
     "engines": admin.engines_app,
     "storage": storage.storage_app,
     "schedule": bulk.schedule_app,
+    "admin": tenant_admin.admin_app,
 }
 COMMANDS: dict[str, Callable[..., Any]] = {
     "api": serve.api,

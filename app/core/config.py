@@ -232,6 +232,11 @@ class DeliverySettings(BaseModel):
     # Fair share (app/jobs/fair_share.py): bulk chunks sent and unfinished, fleet-wide, are
     # capped at this many per task thread of each live worker; each tenant with open bulk work
     # gets its weighted share of that window, the rest of its chunks wait unsent.
+    fair_share: bool = Field(
+        True,
+        description="Send bulk chunks by the tenants' fair share; false = every recorded chunk "
+        "at once (one FIFO: a tenant's backlog runs before a later tenant's job).",
+    )
     fair_share_window_per_slot: int = Field(
         2,
         ge=1,

@@ -112,8 +112,11 @@ def top_up(sessions: Callable[[], Session], dispatcher: Dispatcher, settings: Se
         jobs = db.open_bulk_jobs(session)
         if not any(j.unsent for j in jobs):
             return 0
-        window = window_of(settings, db.live_workers(session, LIVE_FOR_S))
-        caps = plan(window, jobs)
+        caps = (
+            plan(window_of(settings, db.live_workers(session, LIVE_FOR_S)), jobs)
+            if settings.fair_share
+            else {j.job_id: j.in_flight + j.unsent for j in jobs}  # no cap: all at once
+        )
         sent = 0
         for job in jobs:
             cap = caps.get(job.job_id, 0)

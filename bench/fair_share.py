@@ -110,8 +110,11 @@ def put_all(stack: Stack, shape: Shape) -> tuple[list[str], str]:
     return a_prefixes, "b/"
 
 
-def measure(stack: Stack, shape: Shape, a_prefixes: list[str], b_prefix: str) -> Figures:
-    """B alone, A alone, then A with B `delay_s` later, on one deployment."""
+def measure(
+    stack: Stack, shape: Shape, a_prefixes: list[str], b_prefix: str, alone_only: bool = False
+) -> Figures:
+    """B alone, A alone, then A with B `delay_s` later, on one deployment (`alone_only`: A
+    alone only, a lone tenant's throughput)."""
     keys = {
         t: create_api_key(stack.settings, t, (SOURCE_BUCKET,)) for t in ("tenant-a", "tenant-b")
     }
@@ -123,6 +126,8 @@ def measure(stack: Stack, shape: Shape, a_prefixes: list[str], b_prefix: str) ->
     }
     a, b = clients["tenant-a"], clients["tenant-b"]
     try:
+        if alone_only:
+            return Figures(1.0, round(wait_all(a, [submit(a, p) for p in a_prefixes]), 2), 0, 0)
         b_alone = wait_all(b, [submit(b, b_prefix)])
         a_alone = wait_all(a, [submit(a, p) for p in a_prefixes])
         start = time.monotonic()
@@ -151,6 +156,9 @@ def main(
     modes: Annotated[
         str, typer.Option(help="KILN_FAIR_SHARE per deployment, in order (off = one FIFO).")
     ] = "off,on",
+    alone_only: Annotated[
+        bool, typer.Option(help="Only A's jobs alone per mode: a lone tenant's throughput.")
+    ] = False,
     workdir: Annotated[Path, typer.Option(help="Logs.")] = Path(".kiln/bench-fair-share"),
     out: Annotated[Path | None, typer.Option(help="Write the figures as JSON here.")] = None,
 ) -> None:
@@ -173,8 +181,11 @@ def main(
             settings = {**kiln_settings, "KILN_FAIR_SHARE": "true" if mode == "on" else "false"}
             layout = Layout(name=f"{mode}{index}")
             with local_deployment(parent, workdir, settings, layout) as stack:
-                figures = measure(stack, shape, a_prefixes, b_prefix)
-            report["runs"].append({"fair_share": mode, **figures.report()})
+                figures = measure(stack, shape, a_prefixes, b_prefix, alone_only)
+            run = {"fair_share": mode, **figures.report()}
+            if alone_only:
+                run = {"fair_share": mode, "a_alone_s": figures.a_alone_s}
+            report["runs"].append(run)
             print(json.dumps(report["runs"][-1]), flush=True)
     print(json.dumps(report, indent=2))
     if out is not None:

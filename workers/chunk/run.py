@@ -27,7 +27,6 @@ from collections import Counter
 
 from kiln.app.core.errors import OutputError
 from kiln.app.dispatch.contract import Dispatcher
-from kiln.app.jobs import fair_share
 from kiln.app.observability.tracing import annotate
 from kiln.workers.chunk import lease as leasing
 from kiln.workers.chunk.expand import expand_videos
@@ -106,7 +105,8 @@ def process_chunk(
 
 
 def _top_up(runtime: WorkerRuntime, lease: Lease, dispatcher: Dispatcher | None) -> None:
-    """A bulk chunk's end frees its place in the fair share's window: send the next chunks
-    (app/jobs/fair_share.py; without a dispatcher the reconciler does)."""
+    """A bulk chunk's end frees its place in the fair share's window: the process's top-up
+    thread sends the next chunks (app/jobs/fair_share.py, workers/ops/top_ups.py), so this
+    thread goes on to its next chunk at once. Without a dispatcher the reconciler does."""
     if lease.bulk and dispatcher is not None:
-        fair_share.top_up_quietly(runtime.sessions, dispatcher, runtime.settings)
+        runtime.top_ups.request(dispatcher)

@@ -199,6 +199,7 @@ DEFAULTS: dict[str, object] = {
     "chunk_size": 32, "bulk_chunk_size": 512, "prep_processes": "auto", "run_max_s": 3600.0,
     "worker_concurrency": 0, "worker_metrics_port": None,
     "ingest_page_size": 1000, "ingest_pages_per_step": 20, "bulk_max_chunks": 64,
+    "fair_share": True, "fair_share_window_per_slot": 2,
     "ingest_stale_s": 60.0, "visibility_timeout_s": 3600.0, "reconcile_interval_s": 15.0,
     "lease_s": 60.0, "lease_renew_s": 3.0, "cancel_check_s": 1.0, "redispatch_after_s": 60.0,
     "max_attempts": 20, "schedule_tick_s": 20.0, "filesystem_polling_ms": 20.0,

@@ -24,10 +24,13 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+from sqlalchemy import func, select
 
 from bench.stack import SOURCE_BUCKET, Layout, Stack, kiln_stack, local_deployment
 from devstack.images import photo
 from devstack.services import create_api_key
+from kiln.app.db.models import Item
+from kiln.app.db.session import make_engine, make_session_factory
 
 CLOSED = {"completed", "failed", "cancelled"}
 
@@ -38,6 +41,11 @@ class Figures:
     a_alone_s: float
     b_with_a_s: float
     a_with_b_s: float
+    # Within the run with both, so a machine whose load changes between runs moves them less:
+    # the share of A's items that finished after B's last (one FIFO: ~0), and when B ended
+    # as a share of A's whole time (one FIFO: ~1).
+    a_after_b: float = 0.0
+    b_end_over_a_end: float = 0.0
 
     @property
     def b_ratio(self) -> float:
@@ -142,7 +150,25 @@ def measure(
     finally:
         for client in clients.values():
             client.close()
-    return Figures(round(b_alone, 2), round(a_alone, 2), round(b_with_a, 2), round(a_with_b, 2))
+    return Figures(
+        round(b_alone, 2), round(a_alone, 2), round(b_with_a, 2), round(a_with_b, 2),
+        round(after(stack, a_jobs, b_job), 3), round((shape.delay_s + b_with_a) / a_with_b, 3),
+    )  # fmt: skip
+
+
+def after(stack: Stack, a_jobs: Sequence[str], b_job: str) -> float:
+    """The share of A's items that finished after B's last item."""
+    engine = make_engine(stack.settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            b_end = session.scalar(select(func.max(Item.finished_at)).where(Item.job_id == b_job))
+            later = session.scalar(
+                select(func.count()).where(Item.job_id.in_(a_jobs), Item.finished_at > b_end)
+            )
+            total = session.scalar(select(func.count()).where(Item.job_id.in_(a_jobs)))
+    finally:
+        engine.dispose()
+    return (later or 0) / max(1, total or 0)
 
 
 def main(

@@ -19,12 +19,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from kiln.app.catalog.catalog import ModelInfo, get_model
 from kiln.app.core.config import Settings
 from kiln.app.db.session import engine_for, make_session_factory
+from kiln.app.jobs import fair_share
 from kiln.app.results.results import Place, place_for
 from kiln.app.storage import ObjectStore, open_store
 from kiln.workers.batching import BatchStats
 from kiln.workers.ops.chunk_stats import ChunkStats, ChunkTotals
 from kiln.workers.ops.health import EngineHealth, Health
 from kiln.workers.ops.keeper import Leases
+from kiln.workers.ops.top_ups import TopUps
 from kiln.workers.prep.fetch import Fetcher
 from kiln.workers.prep.pool import InlinePrep, Preparer, PrepPool, usable_cores
 from kiln.workers.prep.settings import PrepSettings
@@ -50,6 +52,7 @@ class WorkerRuntime:
         )
         self._infos: dict[tuple[str, str], ModelInfo] = {}
         self._leases: Leases | None = None
+        self._top_ups: TopUps | None = None
         self._lock = threading.Lock()
 
     @property
@@ -69,6 +72,16 @@ class WorkerRuntime:
         start-up overlaps the load (spawned: never forked from a process that may hold CUDA)."""
         self.prep.start()
         return self.prep.processes
+
+    @property
+    def top_ups(self) -> TopUps:
+        """The process's fair-share top-up thread (workers/ops/top_ups.py), made on first use."""
+        with self._lock:
+            if self._top_ups is None:
+                self._top_ups = TopUps(
+                    lambda d: fair_share.top_up_quietly(self.sessions, d, self.settings)
+                )
+            return self._top_ups
 
     def use_prep(self, prep: Preparer) -> None:
         """Take over prep processes started before this runtime (`kiln run` starts them first,

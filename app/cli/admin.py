@@ -334,6 +334,13 @@ NotifyEvents = Annotated[
 ]
 
 
+Weight = Annotated[
+    float | None,
+    typer.Option(
+        help="Its weight in the bulk queue's fair share (1 = equal; 2 = twice another's share "
+        "while both have bulk work).",
+    ),
+]
 Retention = Annotated[
     str | None,
     typer.Option(
@@ -349,12 +356,16 @@ def tenant_set(
     notify: NotifyUrl = None,
     notify_events: NotifyEvents = None,
     retention: Retention = None,
+    weight: Weight = None,
 ) -> None:
     """Set NAME's defaults; an option left out keeps its value. A new default is one more
     parameter here and one more entry in `changes` (its column: app/tenants/defaults.py)."""
     from kiln.app.jobs.webhooks import check_url, parse_events
     from kiln.app.tenants.defaults import set_defaults
+    from kiln.app.tenants.shares import check_weight
 
+    if notify is None and notify_events is None and retention is None and weight is None:
+        raise fail(ValueError("Name a setting to change (--notify, --retention, --weight)."))
     try:
         if notify:
             check_url(notify, settings().webhook_allow_private)
@@ -362,6 +373,7 @@ def tenant_set(
             "notify_url": notify,
             "notify_events": parse_events(notify_events) if notify_events else None,
             "retention_s": _retention(retention),
+            "share_weight": check_weight(weight) if weight is not None else None,
         }
         with session() as db:
             set_defaults(db, name, changes)
@@ -373,23 +385,23 @@ def tenant_set(
 @tenant_app.command("show")
 def tenant_show(name: str) -> None:
     """NAME's defaults (the deployment's where the operator set none)."""
+    from kiln.app.jobs.webhooks import EVENTS
     from kiln.app.tenants.defaults import defaults_of
+    from kiln.app.tenants.shares import DEFAULT_WEIGHT
 
     with session() as db:
         row = defaults_of(db, name)
-        table = Table("default", "value")
-        table.add_row("webhook", (row.notify_url if row else None) or "(none)")
-        events = (row.notify_events if row else None) or ["completed", "failed", "cancelled"]
-        table.add_row("webhook events", ",".join(events))
-        own = row.retention_s if row is not None else None
-        table.add_row(
-            "retention",
-            _kept(own) if own is not None else f"the deployment's: {_kept(settings().retention)}",
-        )
-        if row is not None:
-            table.add_row("fair-share weight", f"{row.share_weight:g}")
-    console.print(f"tenant {name!r}")
-    console.print(table)
+    url = row.notify_url if row is not None else None
+    events = (row.notify_events if row is not None else None) or list(EVENTS)
+    own = row.retention_s if row is not None else None
+    weight = row.share_weight if row is not None else DEFAULT_WEIGHT
+    kept = _kept(own) if own is not None else f"the deployment's: {_kept(settings().retention)}"
+    for line in (
+        f"webhook {url} ({', '.join(events)})" if url else "no webhook",
+        kept,
+        f"fair-share weight {weight:g}",
+    ):
+        console.print(f"tenant {name!r}: {line}", soft_wrap=True)
 
 
 def _retention(asked: str | None) -> int | str | None:

@@ -245,6 +245,20 @@ class DeliverySettings(BaseModel):
     estimate_header_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Bytes an estimate reads of one video's header."
     )
+    # Fair share (app/jobs/fair_share.py): bulk chunks sent and unfinished, fleet-wide, are
+    # capped at this many per task thread of each live worker; each tenant with open bulk work
+    # gets its weighted share of that window, the rest of its chunks wait unsent.
+    fair_share: bool = Field(
+        True,
+        description="Send bulk chunks by the tenants' fair share; false = every recorded chunk "
+        "at once (one FIFO: a tenant's backlog runs before a later tenant's job).",
+    )
+    fair_share_window_per_slot: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Bulk chunks in flight per worker task thread, shared fairly by tenants.",
+    )
     ingest_stale_s: float = Field(
         60.0, gt=0, description="An ingest silent this long is taken over by the reconciler."
     )

@@ -103,19 +103,6 @@ def insert_items(
     return -(-len(objects) // size)
 
 
-def unsent_chunks(session: Session, job_id: str, sent: int) -> dict[int, list[int]]:
-    """Open items of chunks numbered `sent` and up, by chunk (ids in order)."""
-    rows = session.execute(
-        select(Item.chunk, Item.id)
-        .where(Item.job_id == job_id, Item.chunk >= sent, Item.status.in_(OPEN_ITEM_STATUSES))
-        .order_by(Item.id)
-    )
-    chunks: dict[int, list[int]] = {}
-    for chunk, item_id in rows:
-        chunks.setdefault(chunk, []).append(item_id)
-    return chunks
-
-
 @dataclass(frozen=True)
 class Sorted:
     """A page's objects as a pipeline's run sees them: those to process (new, changed, or last

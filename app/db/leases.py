@@ -387,7 +387,10 @@ def stranded_chunks(
     found = session.execute(
         select(Item.job_id, Item.chunk, Job.queue)
         .join(Job, Job.id == Item.job_id)
+        .outerjoin(Ingest, Ingest.job_id == Item.job_id)
+        # a bulk chunk the fair share has not sent yet is waiting, not lost
         .where(stale, Job.status.in_(OPEN_JOB_STATUSES))
+        .where(or_(Ingest.job_id.is_(None), Item.chunk < Ingest.chunks_sent))
         .distinct()
         .limit(limit)
     ).all()

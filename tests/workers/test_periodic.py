@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select, update
 
 from kiln.app.db import content_cache
+from kiln.app.db import ingest as ingest_db
 from kiln.app.db.models import ContentCache, Ingest, Job, Schedule, utcnow
 from kiln.app.dispatch.stub import IngestStep, RecordingDispatcher
 from kiln.app.jobs.ingest import BulkRequest, Source, submit_bulk
@@ -58,6 +59,7 @@ def test_a_silent_ingest_gets_a_new_step_and_a_live_one_does_not(runtime: Worker
         "jobs_expired": 0,
         "expired_rows": 0,
         "expired_objects": 0,
+        "chunks_topped_up": 0,
     }
     assert dispatcher.ingests == [IngestStep(silent, None, 0)]  # a new owner will claim it
     assert dispatcher.calls == []
@@ -84,6 +86,7 @@ def test_nothing_to_reconcile_sends_nothing_and_reads_no_broker(runtime: WorkerR
         "jobs_expired": 0,
         "expired_rows": 0,
         "expired_objects": 0,
+        "chunks_topped_up": 0,
     }
     assert asked == [] and dispatcher.ingests == [] and dispatcher.calls == []
 
@@ -153,3 +156,21 @@ def test_the_reconciler_purges_the_content_cache_in_steps(
     second = reconcile(runtime, RecordingDispatcher(), lambda: set())
     assert second["cache_purged"] == 2 and cached(runtime) == {"d4", "d5"}
     assert reconcile(runtime, RecordingDispatcher(), lambda: set())["cache_purged"] == 0
+
+
+def test_the_reconciler_sends_bulk_chunks_recorded_and_never_sent(runtime: WorkerRuntime) -> None:
+    """An ingest step that crashed after recording a page, before its top-up: the chunks are
+    not lost (no message, but not stranded either) — the reconciler's top-up sends them, once."""
+    job_id = bulk_job(runtime)
+    with runtime.sessions() as session:
+        objects = [ingest_db.Listed(f"k{i}", "e") for i in range(5)]
+        chunks = ingest_db.insert_items(session, job_id, "photos", objects, 0, 2)
+        session.execute(update(Job).where(Job.id == job_id).values(chunk_count=chunks))
+        session.commit()
+    dispatcher = RecordingDispatcher()
+
+    report = reconcile(runtime, dispatcher, lambda: set())
+    assert report["chunks_topped_up"] == 3 and report["chunks_resent"] == 0
+    assert [c.chunk for c in dispatcher.calls] == [0, 1, 2]
+    again = reconcile(runtime, dispatcher, lambda: {(job_id, c) for c in range(3)})
+    assert again["chunks_topped_up"] == 0 and len(dispatcher.calls) == 3

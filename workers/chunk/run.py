@@ -10,6 +10,7 @@ runs, handed what it needs:
 - `expand.expand_videos`: a video's row becomes its frames, new items in chunks of their own;
 - `write.write_chunk`: the shard, then the results in one statement;
 - `close.close_after_chunk`: the job's close, if this chunk committed its last open item.
+- a bulk chunk's end tops up the bulk queue's fair share (`app/jobs/fair_share.py`).
 
 The process's lease keeper holds the lease meanwhile; a cancel or a lost lease stops the run
 (`Held`). Every write is idempotent, so a redelivered chunk is harmless. A write the job's
@@ -35,6 +36,7 @@ from kiln.workers.chunk.write import write_chunk
 from kiln.workers.close.close import close_after_chunk
 from kiln.workers.close.fail import fail_for_output
 from kiln.workers.close.fallback import shard_fields
+from kiln.workers.close.lease import Lease
 from kiln.workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ def process_chunk(
             except OutputError as error:  # retrying cannot fix it: the job ends now
                 report.job_status = fail_for_output(runtime, job_id, error)
             report.seconds["write"] = time.monotonic() - timer
+            _top_up(runtime, lease, dispatcher)
     except BaseException as error:
         # so the task's retry can take the items at once, and they keep what stopped the run
         leasing.release(runtime, job_id, owner, error)
@@ -99,3 +102,11 @@ def process_chunk(
     statuses = Counter(str(status) for status in rows.statuses())  # for the worker's metrics
     runtime.chunk_stats.record(lease.model.ref, statuses, report.seconds, report.cached)
     return report
+
+
+def _top_up(runtime: WorkerRuntime, lease: Lease, dispatcher: Dispatcher | None) -> None:
+    """A bulk chunk's end frees its place in the fair share's window: the process's top-up
+    thread sends the next chunks (app/jobs/fair_share.py, workers/ops/top_ups.py), so this
+    thread goes on to its next chunk at once. Without a dispatcher the reconciler does."""
+    if lease.bulk and dispatcher is not None:
+        runtime.top_ups.request(dispatcher)

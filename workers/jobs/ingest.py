@@ -2,7 +2,9 @@
 
 One step lists up to `ingest_pages_per_step` pages (S3's paginator, `StartAfter` the last key
 committed), and per page, in one transaction: the items (one INSERT), the pipeline's seen
-objects, the cursor. Chunks are sent after that commit. Then the step sends its successor —
+objects, the cursor. Chunks are sent after that commit, as far as the fair share between
+tenants lets them (app/jobs/fair_share.py: the rest wait unsent, for a chunk's finish, the
+next step or the reconciler to send them). Then the step sends its successor —
 at once, or after a pause while the job has `bulk_max_chunks` chunks outstanding
 (backpressure) — so no task runs for long and a bucket is never held in memory or in Redis.
 
@@ -30,6 +32,7 @@ from kiln.app.db import queries, webhooks
 from kiln.app.db.models import Ingest, Job, JobStatus, utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
+from kiln.app.jobs import fair_share
 from kiln.app.jobs.ingest import Source
 from kiln.app.results import results
 from kiln.app.storage.s3 import translate
@@ -82,7 +85,7 @@ def _step(
 ) -> StepReport:
     if job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):  # cancelling or closed
         return _finish(runtime, session, job, owner, deleted=False)
-    _send_chunks(session, dispatcher, job, owner)
+    _send_chunks(runtime, session, dispatcher, job, owner)
     try:
         return _Step(runtime, session, dispatcher, job, owner).run()
     except InputError as error:  # a missing bucket, a denied listing: the job cannot run
@@ -134,7 +137,7 @@ class _Step:
             for page in self._pages(ingest.cursor):
                 self.queued += self._record(page)
                 self.pages, self.listed = self.pages + 1, self.listed + len(page.objects)
-                _send_chunks(self.session, self.dispatcher, self.job, self.owner)
+                _send_chunks(self.runtime, self.session, self.dispatcher, self.job, self.owner)
                 outcome = self._stop_after(page)
                 if outcome is not None:
                     return self._report(outcome)
@@ -220,15 +223,17 @@ class _Step:
         return chunks
 
 
-def _send_chunks(session: Session, dispatcher: Dispatcher, job: Job, owner: str) -> None:
-    """Send every chunk not sent yet (after a crash, those committed but never sent), and record
-    them sent: one unit of work. Their items were committed by an earlier unit (a page's); a
-    crash before this unit commits only sends them again, which is harmless."""
+def _send_chunks(
+    runtime: WorkerRuntime, session: Session, dispatcher: Dispatcher, job: Job, owner: str
+) -> None:
+    """Send chunks committed and not sent yet — this job's and every other open bulk job's —
+    up to each job's fair share of the window (app/jobs/fair_share.top_up); the rest wait for
+    a chunk's finish, the next step or the reconciler. Their items were committed by an
+    earlier unit (a page's); a crash before a send is recorded only sends it again, which is
+    harmless. A step that lost its claim stops here."""
     with unit_of_work(session):
-        ingest = _held(session, job.id, owner)
-        for chunk, ids in sorted(db.unsent_chunks(session, job.id, ingest.chunks_sent).items()):
-            dispatcher.enqueue_chunk(job.id, chunk, ids, job.queue)
-        ingest.chunks_sent = job.chunk_count
+        _held(session, job.id, owner)
+    fair_share.top_up(runtime.sessions, dispatcher, runtime.settings)
 
 
 def _finish(

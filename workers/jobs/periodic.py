@@ -13,7 +13,7 @@ from kiln.app.db import ingest as db
 from kiln.app.db.models import utcnow
 from kiln.app.db.session import unit_of_work
 from kiln.app.dispatch.contract import Dispatcher
-from kiln.app.jobs import schedules
+from kiln.app.jobs import fair_share, schedules
 from kiln.workers.close.close import close_finished_job
 from kiln.workers.jobs import retention
 from kiln.workers.runtime import WorkerRuntime
@@ -35,6 +35,8 @@ def reconcile(
     - running items whose lease ran out (a killed worker) go back to pending and are re-sent;
     - pending chunks with no message queued or recently delivered (Redis flushed or
       restarted) are re-sent. Duplicates are harmless: a copy finds the items leased or done;
+    - bulk chunks recorded and not sent are sent up to the fair share (a top-up a crash or
+      a failure missed: app/jobs/fair_share.py);
     - open jobs whose items have all ended are closed (their manifest written);
     - content-cache entries past their time to live, or the oldest above the cap, are deleted;
     - closed jobs get their expiry, and expired jobs' results and items are deleted, a bounded
@@ -48,6 +50,7 @@ def reconcile(
     return {
         "ingests_resumed": len(stalled),
         **_resend_chunks(runtime, dispatcher, in_flight),
+        "chunks_topped_up": fair_share.top_up(runtime.sessions, dispatcher, runtime.settings),
         "jobs_closed": _close_ended_jobs(runtime),
         "cache_purged": purge_content_cache(runtime),
         "runs_forgotten": _forget_dead_runs(runtime),

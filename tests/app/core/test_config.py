@@ -201,6 +201,7 @@ DEFAULTS: dict[str, object] = {
     "ingest_page_size": 1000, "ingest_pages_per_step": 20, "bulk_max_chunks": 64,
     "estimate_max_objects": 100_000, "estimate_budget_s": 20.0, "estimate_video_samples": 20,
     "estimate_header_bytes": 4 * 1024**2,
+    "fair_share": True, "fair_share_window_per_slot": 2,
     "ingest_stale_s": 60.0, "visibility_timeout_s": 3600.0, "reconcile_interval_s": 15.0,
     "lease_s": 60.0, "lease_renew_s": 3.0, "cancel_check_s": 1.0, "redispatch_after_s": 60.0,
     "max_attempts": 20, "schedule_tick_s": 20.0, "filesystem_polling_ms": 20.0,

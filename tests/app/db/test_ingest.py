@@ -153,19 +153,6 @@ def test_outstanding_chunks_count_chunks_with_open_items(session: Session) -> No
     assert ingest.outstanding_chunks(session, job.id) == 3  # chunks 1, 2, 3
 
 
-def test_unsent_chunks_are_the_open_items_from_the_sent_mark_on(session: Session) -> None:
-    job = bulk_job(session)
-    ingest.insert_items(session, job.id, "photos", listed("a=1", "b=2", "c=3", "d=4", "e=5"), 0, 2)
-    session.commit()
-    items = items_of(session, job.id)
-    items[3].status = ItemStatus.CANCELLED
-    session.commit()
-    ids = [i.id for i in items]
-
-    assert ingest.unsent_chunks(session, job.id, sent=1) == {1: [ids[2]], 2: [ids[4]]}
-    assert ingest.unsent_chunks(session, job.id, sent=3) == {}
-
-
 # --- a pipeline's objects -----------------------------------------------------------------
 
 

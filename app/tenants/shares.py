@@ -8,7 +8,7 @@ import math
 from sqlalchemy.orm import Session
 
 from kiln.app.core.errors import InputError
-from kiln.app.db.models import TenantSettings, utcnow
+from kiln.app.db.models import TenantSettings
 
 DEFAULT_WEIGHT = 1.0
 MAX_WEIGHT = 1000.0
@@ -25,17 +25,10 @@ def check_weight(weight: float) -> float:
 
 
 def set_weight(session: Session, tenant: str, weight: float) -> TenantSettings:
-    """Set `tenant`'s weight (creating its settings row), committed."""
-    if not tenant.strip():
-        raise InputError("Name the tenant.")
-    row = session.get(TenantSettings, tenant)
-    if row is None:
-        row = TenantSettings(tenant=tenant)
-        session.add(row)
-    row.share_weight = check_weight(weight)
-    row.updated_at = utcnow()
-    session.commit()
-    return row
+    """Set `tenant`'s weight (creating its settings row): one unit of work."""
+    from kiln.app.tenants.defaults import set_defaults
+
+    return set_defaults(session, tenant, {"share_weight": check_weight(weight)})
 
 
 def weight_of(session: Session, tenant: str) -> float:

@@ -179,6 +179,7 @@ def test_the_reconciler_resends_a_dead_runs_chunk_and_the_job_completes(
         "jobs_expired": 0,
         "expired_rows": 0,
         "expired_objects": 0,
+        "chunks_topped_up": 0,
     }
     [resent] = dispatcher.calls
     assert (resent.chunk, resent.item_ids, resent.queue) == (0, calls[0].item_ids, "interactive")

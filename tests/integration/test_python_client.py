@@ -130,10 +130,12 @@ def test_an_estimate_counts_the_prefix_and_creates_no_job(py: kiln.Client, s3: A
 class Receiver:
     """A webhook receiver on 127.0.0.1 that verifies each request with the tenant's secret."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, secret: str, fail_first: int = 0) -> None:
         self.verifier = Webhook(secret)
         self.events: dict[str, dict[str, Any]] = {}  # webhook-id → the verified event
+        self.seen: list[str] = []  # every verified request's webhook-id, in order
         self.bad = 0
+        self.fail_left = fail_first  # answer 500 to this many verified requests first
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -141,11 +143,17 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 try:
                     event = receiver.verifier.verify(body, dict(self.headers.items()))
-                    receiver.events[self.headers["webhook-id"]] = event
-                    self.send_response(204)
                 except Exception:
                     receiver.bad += 1
                     self.send_response(400)
+                else:
+                    receiver.seen.append(self.headers["webhook-id"])
+                    if receiver.fail_left > 0:
+                        receiver.fail_left -= 1
+                        self.send_response(500)
+                    else:
+                        receiver.events[self.headers["webhook-id"]] = event
+                        self.send_response(204)
                 self.end_headers()
 
             def log_message(self, *_: Any) -> None:
@@ -154,6 +162,10 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/kiln"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def test_a_webhook_is_delivered_signed_and_its_deliveries_read(py: kiln.Client) -> None:
@@ -181,8 +193,7 @@ def test_a_webhook_is_delivered_signed_and_its_deliveries_read(py: kiln.Client) 
             ["completed", "failed", "cancelled"],
         )
     finally:
-        receiver.server.shutdown()
-        receiver.server.server_close()
+        receiver.stop()
     with pytest.raises(kiln.InvalidRequestError, match="http") as refused:
         py.submit("phash", files=[("w.png", solid((9, 9, 9)))], notify="ftp://example.com/x")
     assert refused.value.status == 422

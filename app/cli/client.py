@@ -83,13 +83,14 @@ class KilnClient:
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """A new job over the job's failed (and cancelled) items: `POST /v1/jobs/{id}/retry`."""
-        body: dict[str, Any] = {"include_cancelled": include_cancelled}
-        if model is not None:
-            body["model"] = model
-        if idempotency_key is not None:
-            body["idempotency_key"] = idempotency_key
-        result: dict[str, Any] = self._call("POST", f"/v1/jobs/{job_id}/retry", json=body).json()
-        return result
+        return _json(
+            self.api.retry(
+                job_id,
+                include_cancelled=include_cancelled,
+                model=model,
+                idempotency_key=idempotency_key,
+            )
+        )
 
     def download_results(self, job_id: str, path: Path, name: str = "results") -> None:
         """The job's results (or `name`: "groups") into `path`, written as they arrive."""

@@ -83,8 +83,10 @@ def test_uris_run_and_a_refusal_raises_the_api_s_sentence(py: kiln.Client, s3: o
 
 def test_a_retry_replays_the_failed_items_once_per_key(py: kiln.Client, py_key: str) -> None:
     files = [("a.png", solid((1, 2, 3))), ("b.png", solid((4, 5, 6))), ("bad.jpg", b"\xff\xd8 no")]
-    done = py.wait(py.submit("phash", files=files), poll_interval=0.2)
+    done = py.wait(py.submit("phash", files=files, expires_after="2h"), poll_interval=0.2)
     assert (done.counts.succeeded, done.counts.failed) == (2, 1)
+    assert done.expires_at and done.finished_at  # an upload's own retention (a form field)
+    assert (done.expires_at - done.finished_at).total_seconds() == 2 * 3600
 
     again = py.retry(done, idempotency_key="pyclient-retry-1")
     assert again.retry_of == done.id and again.model == done.model
@@ -100,6 +102,8 @@ def test_a_retry_replays_the_failed_items_once_per_key(py: kiln.Client, py_key: 
     assert replayed.counts.total == 1  # only the failed item; and it fails again
     assert [i.key for i in py.items(replayed)] == ["bad.jpg"]
     assert py.job(done).retries == [again.id]
+    assert replayed.expires_at and replayed.finished_at  # the original's retention, kept
+    assert (replayed.expires_at - replayed.finished_at).total_seconds() == 2 * 3600
 
     whole = py.wait(py.submit("phash", files=files[:1]), poll_interval=0.2)
     with pytest.raises(kiln.ConflictError, match="failed") as refused:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -255,36 +256,34 @@ def webhook_stack(service_env: dict[str, str], log_dir: Path, s3: object) -> Ite
     (a test's receiver is on 127.0.0.1), retrying a failed delivery within seconds. On a
     database and a Redis index of their own: the session's worker, which cannot sign, would
     otherwise claim their due deliveries too (any worker's courier claims any due row)."""
-    try:
-        database, broker = create_database(), claim_redis_db()
-    except ServiceUnavailableError as error:
-        unavailable(str(error))
-    env = {
-        **service_env,
-        "KILN_DATABASE_URL": database,
-        "KILN_BROKER_URL": broker,
-        "KILN_WEBHOOK_SECRET": WEBHOOK_SECRET,
-        "KILN_WEBHOOK_ALLOW_PRIVATE": "true",
-        "KILN_WEBHOOK_BACKOFF_S": "1,1,2",
-        "KILN_WEBHOOK_SWEEP_S": "1",
-    }
-    upgrade(settings_for(env))
-    engine = make_engine(database)
-    started: list[str] = []
-    try:
+    with ExitStack() as cleanup:  # whatever was made is undone, also when a later step fails
+        try:
+            database = create_database()
+            cleanup.callback(drop_database, database)
+            broker = claim_redis_db()
+            cleanup.callback(release_redis_db, broker)
+        except ServiceUnavailableError as error:
+            unavailable(str(error))
+        env = {
+            **service_env,
+            "KILN_DATABASE_URL": database,
+            "KILN_BROKER_URL": broker,
+            "KILN_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "KILN_WEBHOOK_ALLOW_PRIVATE": "true",
+            "KILN_WEBHOOK_BACKOFF_S": "1,1,2",
+            "KILN_WEBHOOK_SWEEP_S": "1",
+        }
+        upgrade(settings_for(env))
+        engine = make_engine(database)
+        cleanup.callback(engine.dispose)
         api, url = start_api(_env(env), log_dir, name="api-webhooks")
-        RUNNING["api-webhooks"] = api
-        started.append("api-webhooks")
+        cleanup.callback(api.stop)
         worker, _node = start_worker(_env(env), log_dir, name="worker-webhooks")
-        RUNNING["worker-webhooks"] = worker
-        started.append("worker-webhooks")
+        cleanup.callback(worker.stop)
+        RUNNING.update({"api-webhooks": api, "worker-webhooks": worker})  # their logs, on a failure
+        cleanup.callback(RUNNING.pop, "api-webhooks")
+        cleanup.callback(RUNNING.pop, "worker-webhooks")
         yield WebhookStack(url, make_session_factory(engine))
-    finally:
-        for name in reversed(started):
-            RUNNING.pop(name).stop()
-        engine.dispose()
-        release_redis_db(broker)
-        drop_database(database)
 
 
 def run_kiln(

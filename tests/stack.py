@@ -8,11 +8,14 @@ from __future__ import annotations
 import secrets
 import subprocess
 from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 import httpx
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from devstack.services import (
     AWS_ENV,
@@ -42,6 +45,7 @@ from kiln.app.tenants.auth import create_key
 from kiln.app.tenants.tenants import allow_bucket
 
 BUCKET = "kiln-test"
+WEBHOOK_SECRET = "integration-webhook-secret-0123456789"
 SOURCE_BUCKET = "kiln-sources"
 
 RUNNING: dict[str, Process] = {}  # long-lived processes whose logs explain a failure
@@ -233,6 +237,53 @@ def other_client(api_url: str, sessions: object) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {_key(sessions, 'globex')}"}
     with httpx.Client(base_url=api_url, headers=headers, timeout=60) as http:
         yield http
+
+
+@dataclass(frozen=True)
+class WebhookStack:
+    """An API and a worker that sign and send webhooks; `key(tenant)` makes an API key."""
+
+    url: str
+    sessions: sessionmaker[Session]
+
+    def key(self, tenant: str) -> str:
+        return _key(self.sessions, tenant)
+
+
+@pytest.fixture(scope="session")
+def webhook_stack(service_env: dict[str, str], log_dir: Path, s3: object) -> Iterator[WebhookStack]:
+    """`kiln api` + `kiln worker` with KILN_WEBHOOK_SECRET set and loopback receivers allowed
+    (a test's receiver is on 127.0.0.1), retrying a failed delivery within seconds. On a
+    database and a Redis index of their own: the session's worker, which cannot sign, would
+    otherwise claim their due deliveries too (any worker's courier claims any due row)."""
+    with ExitStack() as cleanup:  # whatever was made is undone, also when a later step fails
+        try:
+            database = create_database()
+            cleanup.callback(drop_database, database)
+            broker = claim_redis_db()
+            cleanup.callback(release_redis_db, broker)
+        except ServiceUnavailableError as error:
+            unavailable(str(error))
+        env = {
+            **service_env,
+            "KILN_DATABASE_URL": database,
+            "KILN_BROKER_URL": broker,
+            "KILN_WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "KILN_WEBHOOK_ALLOW_PRIVATE": "true",
+            "KILN_WEBHOOK_BACKOFF_S": "1,1,2",
+            "KILN_WEBHOOK_SWEEP_S": "1",
+        }
+        upgrade(settings_for(env))
+        engine = make_engine(database)
+        cleanup.callback(engine.dispose)
+        api, url = start_api(_env(env), log_dir, name="api-webhooks")
+        cleanup.callback(api.stop)
+        worker, _node = start_worker(_env(env), log_dir, name="worker-webhooks")
+        cleanup.callback(worker.stop)
+        RUNNING.update({"api-webhooks": api, "worker-webhooks": worker})  # their logs, on a failure
+        cleanup.callback(RUNNING.pop, "api-webhooks")
+        cleanup.callback(RUNNING.pop, "worker-webhooks")
+        yield WebhookStack(url, make_session_factory(engine))
 
 
 def run_kiln(

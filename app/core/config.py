@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from kiln.app.core.durations import LONGEST_S, optional_duration
 
@@ -420,7 +420,9 @@ class WebhookSettings(BaseModel):
     )
     webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="One delivery's HTTP wait.")
     # Standard Webhooks' schedule: the waits after each failed attempt; past the last, gave_up.
-    webhook_backoff_s: list[float] = Field(
+    # NoDecode: the environment's text reaches `_waits` as it is (pydantic-settings would read
+    # it as JSON first, and refuse the commas the description offers).
+    webhook_backoff_s: Annotated[list[float], NoDecode] = Field(
         default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0],
         min_length=1,
         description="Seconds before each retry of a failed delivery: a JSON list or commas "

@@ -244,6 +244,7 @@ async def _job_from_form(
         options=with_fps(_options(form.get("options")), form.get(video.FPS_OPTION)),
         idempotency_key=key if isinstance(key, str) and key else header_key,
         notify=_notify_field(form.get("notify")),
+        retention_s=_expires_after_field(form.get("expires_after"), settings),
     )
 
 
@@ -257,6 +258,15 @@ def _notify_field(raw: object) -> dict[str, Any] | None:
         return NotifyIn.model_validate_json(raw).model_dump()
     except ValidationError as error:
         raise InputError("notify: " + validation_sentence(error.errors())) from None
+
+
+def _expires_after_field(raw: object, settings: Settings) -> int | None:
+    """A form's `expires_after` field ("7d", "3600"), checked as the JSON body's is."""
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise InputError("'expires_after' must be a duration such as 7d or 3600 (seconds).")
+    return retention.check_retention(raw, settings)
 
 
 def _expires_after(body: JobCreate, settings: Settings) -> int | None:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Form, Query, Request, Response
 from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from sqlalchemy.orm import Session
@@ -291,12 +291,19 @@ def job_cancel(
 
 @router.post("/{job_id}/retry")
 def job_retry(
-    job_id: str, context: ContextDep, tenant: ActingTenant, _form: CheckedForm
+    job_id: str,
+    context: ContextDep,
+    tenant: ActingTenant,
+    _form: CheckedForm,
+    seen: Annotated[int, Form(ge=0)] = 0,
 ) -> RedirectResponse:
     """The "Retry failed items" button: a new job over this one's failed items, as `POST
-    /v1/jobs/{id}/retry`; the browser goes to it (or, if nothing is left to retry, back)."""
+    /v1/jobs/{id}/retry`; the browser goes to it (or, if nothing is left to retry, back).
+    `seen`, the retries the page showed, makes the idempotency key: a second press of the same
+    page (a double click, a resent form) answers the first press's job, not a second copy."""
     settings = context.settings
-    asked = retry.RetryRequest(tenant=tenant, job_id=job_id)
+    key = f"console:retry:{job_id}:{seen}"
+    asked = retry.RetryRequest(tenant=tenant, job_id=job_id, idempotency_key=key)
     with context.sessions() as session:
         try:
             new = retry.retry_job(

@@ -3,6 +3,8 @@ POST form with the console's CSRF token, taking the browser to the new job, whic
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy.orm import Session, sessionmaker
 
 from kiln.app.db.models import Job
@@ -39,6 +41,40 @@ def test_the_retry_button_starts_a_job_over_the_failed_items(
     assert answer["retry_of"] == job and answer["counts"]["total"] == 1
     assert f'href="/console/jobs/{job}"' in browser.get(f"/console/jobs/{new}").text
     assert f'href="/console/jobs/{new}"' in browser.get(f"/console/jobs/{job}").text
+
+
+def test_the_same_page_pressed_twice_makes_one_retry(
+    browser: TestClient,  # noqa: F811
+    acme_key: str,  # noqa: F811
+    sessions: sessionmaker[Session],
+) -> None:
+    """A double click (or a resent form) answers the first press's job; the page shown after it
+    (which lists that retry) makes another."""
+    job = submit(browser, acme_key)
+    sign_in(browser, acme_key)
+    with sessions() as session:
+        row = session.get(Job, job)
+        assert row is not None
+        end(session, row, failed=[0])
+    page = browser.get(f"/console/jobs/{job}").text
+    assert 'name="seen" value="0"' in page
+
+    def press(page: str) -> str:
+        seen = re.search(r'name="seen" value="(\d+)"', page)
+        assert seen is not None
+        form = {"csrf": csrf(page), "seen": seen.group(1)}
+        moved = browser.post(f"/console/jobs/{job}/retry", data=form, follow_redirects=False)
+        assert moved.status_code == 303
+        return str(moved.headers["location"]).rsplit("/", 1)[1]
+
+    first = press(page)
+    assert press(page) == first
+    again = browser.get(f"/console/jobs/{job}").text
+    assert 'name="seen" value="1"' in again
+    second = press(again)
+    assert second not in (first, job)
+    answer = browser.get(f"/v1/jobs/{job}", headers=bearer(acme_key)).json()
+    assert answer["retries"] == [first, second]
 
 
 def test_a_job_with_nothing_failed_shows_no_button(

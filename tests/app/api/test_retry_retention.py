@@ -109,3 +109,25 @@ def test_an_expired_jobs_answer_keeps_its_counts_and_its_results_say_why_they_ar
         assert_sentence(client.get(f"/v1/jobs/{job['id']}/{path}"), 409, "deleted by retention")
     assert_sentence(client.post(f"/v1/jobs/{job['id']}/retry"), 409, "deleted by retention")
     assert client.get(f"/v1/jobs/{job['id']}/items").json()["items"] == []
+
+
+def test_an_upload_form_s_expires_after_is_kept_and_checked(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Files go as a multipart form (`kiln.Client.submit(files=…, expires_after=…)` sends it
+    there): its `expires_after` field counts as the JSON body's does."""
+    files = [("files", ("a.png", b"not read: no worker here", "image/png"))]
+    response = client.post("/v1/jobs", data={"model": "phash", "expires_after": "12h"}, files=files)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    ended(sessions, job["id"], failed=[])
+    answer = client.get(f"/v1/jobs/{job['id']}").json()
+    span = datetime.fromisoformat(answer["expires_at"]) - datetime.fromisoformat(
+        answer["finished_at"]
+    )
+    assert span.total_seconds() == 12 * 3600
+    for asked in ("-2h", "soon", "400d"):
+        refused = client.post(
+            "/v1/jobs", data={"model": "phash", "expires_after": asked}, files=files
+        )
+        assert_sentence(refused, 422, "expires_after")

@@ -64,5 +64,8 @@ def test_the_schedule_and_the_secret_as_an_environment_gives_them(
     assert get_settings(webhook_backoff_s="[1, 2.5]").webhook_backoff_s == [1.0, 2.5]
     assert get_settings(webhook_backoff_s="5,300").webhook_backoff_s == [5.0, 300.0]
     assert get_settings().webhook_backoff_s == STANDARD
+    for text in ("5,300", "[5, 300]"):  # as the environment gives it, not only as a keyword
+        monkeypatch.setenv("KILN_WEBHOOK_BACKOFF_S", text)
+        assert get_settings().webhook_backoff_s == [5.0, 300.0]
     with pytest.raises(ValidationError, match="at least 16"):
         get_settings(webhook_secret="short")

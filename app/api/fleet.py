@@ -23,7 +23,7 @@ class LiveWorker:
     worker: str
     host: str
     device: str
-    facts: dict[str, Any]  # models (only those the tenant may see), problems, memory, gpu
+    facts: dict[str, Any]  # models (only those the tenant may see), problems, memory, capacity, gpu
     started_at: datetime
     seen_at: datetime
     age_s: float  # since its last report

@@ -14,9 +14,14 @@ created and nothing written (`POST /v1/jobs/estimate`, `kiln bulk --dry-run`).
   without frames; a frame, what the runs with frames took beyond their images ÷ their frames
   (where only one kind ran, both cost the same). A job of k chunks runs min(k, task threads ×
   workers alive) at once, in rounds: its time is the median fixed cost (+ the loading, when no
-  worker alive has the model loaded) + rounds × its work ÷ k. So n workers take n times the
-  chunks at once (each its own cores or device); 0 workers alive → no time; a job that would
-  run far more chunks at once than the measured ones did is said to be timed optimistically.
+  worker alive has the model loaded) + rounds × its work ÷ k × the stretch. So n workers take
+  n times the chunks at once (each its own cores or device); 0 workers alive → no time.
+- The stretch: a worker's throughput saturates (its cores, its process's interpreter, the
+  store it reads), and a pace measured at c chunks at once says nothing of where. So a worker
+  is taken to do no more work at once than the busiest measured run did (its items over its
+  whole work, in slots at the measured costs: `busiest`) or one chunk per prep process,
+  whichever is more: a job running more chunks at once a worker has each chunk's pace fall
+  in proportion, its items/s held at what was reached (the note says it extrapolates).
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ class FleetRate:
     warm_s: float = 0.0
     jobs: int = 0
     frames_measured: bool = False  # False: frames are costed as images
-    slots_measured: float = 0.0  # the most chunks a measured run kept running at once, on average
+    slots_measured: float = 0.0  # the most slots' work at once a run kept up (`busiest`)
 
     def work_s(self, images: float, frames: float) -> float | None:
         """Slot-seconds for these items."""
@@ -90,7 +95,8 @@ class FleetRate:
 @dataclass(frozen=True)
 class Steady:
     """A run's items worked at full speed (`images` and `frames` in `slot_s` chunk-seconds
-    over `seconds`) and its fixed seconds."""
+    over `seconds`), its fixed seconds, and all its items over its whole work (`worked_s`,
+    first lease to last write)."""
 
     images: float
     frames: float
@@ -98,6 +104,9 @@ class Steady:
     seconds: float
     overhead_s: float
     warm_s: float
+    all_images: float = 0.0
+    all_frames: float = 0.0
+    worked_s: float = 0.0
 
 
 def steady(run: model_runs.Run) -> Steady | None:
@@ -123,7 +132,11 @@ def steady(run: model_runs.Run) -> Steady | None:
     rate = items / (last_end - low)
     overhead = max(0.0, run.wall_s - worked_s)  # before the first lease, after the last write
     warm = max(0.0, worked_s - run.items / rate)
-    return Steady(items - frames, frames, slot_s, last_end - low, overhead, warm)
+    all_frames = float(sum(s.items for s in run.frame_spans))
+    return Steady(
+        items - frames, frames, slot_s, last_end - low, overhead, warm,
+        run.items - all_frames, all_frames, worked_s,
+    )  # fmt: skip
 
 
 def fleet_rate(runs: list[model_runs.Run]) -> FleetRate:
@@ -141,8 +154,20 @@ def fleet_rate(runs: list[model_runs.Run]) -> FleetRate:
         statistics.median(f.warm_s for f in found),
         len(found),
         frames_measured=any(f.frames for f in found),
-        slots_measured=max(f.slot_s / f.seconds for f in found),
+        slots_measured=max(busiest(f, image_s, frame_s) for f in found),
     )
+
+
+def busiest(run: Steady, image_s: float, frame_s: float) -> float:
+    """How many chunk slots' work, at the measured costs, the run kept going at once: over its
+    whole work (first lease to last write), its items ÷ that time in slots at the measured
+    pace, or the chunks at once of its steady window where more (a run whose loading took
+    much of its time). The steady window alone would not do: it is the run's tail, where its
+    last chunks run with few others, no measure of what the worker can take."""
+    tail = run.slot_s / run.seconds
+    if run.worked_s <= 0:
+        return tail
+    return max(tail, (run.all_images * image_s + run.all_frames * frame_s) / run.worked_s)
 
 
 def _costs(found: list[Steady]) -> tuple[float, float]:
@@ -166,12 +191,29 @@ FRAME_CHUNKS_PER_PROCESS = 2
 MIN_FRAME_CHUNK = 32
 
 
+def saturation(rate: FleetRate, prep_processes: int = 1) -> float:
+    """Chunks a worker is taken to run at once at the measured pace: what the busiest
+    measured run kept up (nothing says a worker can take more), or one a prep process (each
+    its own core)."""
+    return max(1.0, rate.slots_measured, float(prep_processes))
+
+
+def stretch(rate: FleetRate, slots: int, workers: int, prep_processes: int = 1) -> float:
+    """How much slower each chunk goes when a worker runs `slots ÷ workers` at once: 1 up to
+    its saturation, then in proportion (the worker's throughput held at what it was)."""
+    if workers <= 0 or slots <= 0:
+        return 1.0
+    return max(1.0, slots / workers / saturation(rate, prep_processes))
+
+
 @dataclass(frozen=True)
 class Shape:
-    """How a job would run on the fleet now: its chunks, and the slots they take at once."""
+    """How a job would run on the fleet now: its chunks, the slots they take at once, and how
+    much slower each chunk goes there than at the measured pace (`stretch`)."""
 
     chunks: int
     slots: int  # min(chunks, task threads × workers)
+    stretch: float = 1.0
 
     @classmethod
     def of(
@@ -185,21 +227,22 @@ class Shape:
             size = min(fleet.chunk_size, max(MIN_FRAME_CHUNK, math.ceil(frames / spread)))
             chunks += max(math.ceil(videos), math.ceil(frames / size))
         chunks = max(1, chunks)
-        return cls(chunks, min(chunks, fleet.threads * fleet.workers))
+        slots = min(chunks, fleet.threads * fleet.workers)
+        return cls(chunks, slots, stretch(fleet.rate, slots, fleet.workers, prep_processes))
 
 
 def run_time(
     images: float, frames: float, rate: FleetRate, shape: Shape, loaded: bool
 ) -> float | None:
     """Seconds a job of `images` and `frames` takes, submission to close: its chunks in
-    rounds of `shape.slots` at once, each at the measured cost per item (`loaded`: a worker
-    alive has the model loaded already, so no job pays its loading)."""
+    rounds of `shape.slots` at once, each at the measured cost per item × the shape's stretch
+    (`loaded`: a worker alive has the model loaded already, so no job pays its loading)."""
     work = rate.work_s(images, frames)
     if work is None or shape.slots <= 0:
         return None
     fixed = rate.overhead_s + (0.0 if loaded else rate.warm_s)
     rounds = math.ceil(shape.chunks / shape.slots)
-    return round(fixed + rounds * work / shape.chunks, 1)
+    return round(fixed + rounds * shape.stretch * work / shape.chunks, 1)
 
 
 @dataclass(frozen=True)
@@ -214,14 +257,23 @@ class Fleet:
 
 def read_fleet(session: Session, model: str, settings: Settings) -> Fleet:
     """The workers alive now and the model's measured rate (one short read; no lock). Task
-    threads and chunk size are this deployment's settings, which its workers share."""
+    threads and chunk size are this deployment's settings, which its workers share; prep
+    processes, the fewest a worker alive publishes (its facts' `capacity`), else as this
+    host's cores would give."""
     now = utcnow()
     alive = worker_facts.seen_since(session, now - timedelta(seconds=LIVE_FOR_S))
     loaded = any(model in (row.facts or {}).get("models", {}) for row in alive)
     runs = model_runs.recent_runs(session, model, now - RUNS_SINCE, RUNS_READ)
     rate = fleet_rate(runs)
-    prep = settings.prep_count(os.cpu_count() or 1)
+    published = [prep for row in alive if (prep := published_prep(row.facts)) is not None]
+    prep = min(published) if published else settings.prep_count(os.cpu_count() or 1)
     return Fleet(len(alive), rate, loaded, settings.task_threads, settings.bulk_chunk_size, prep)
+
+
+def published_prep(facts: dict[str, Any] | None) -> int | None:
+    """A worker's prep processes as it publishes them (None: an older worker's facts)."""
+    value = ((facts or {}).get("capacity") or {}).get("prep_processes")
+    return value if isinstance(value, int) and value >= 0 else None
 
 
 def check(session: Session, request: BulkRequest) -> tuple[str, dict[str, Any]]:
@@ -268,7 +320,7 @@ def estimate(
     shape = Shape.of(images, mix.frames, mix.videos, fleet, fleet.prep_processes)
     seconds = run_time(images, mix.frames, fleet.rate, shape, fleet.loaded)
     work = fleet.rate.work_s(images, mix.frames)
-    rate = mix.items * shape.slots / work if work and fleet.workers else None
+    rate = mix.items * shape.slots / shape.stretch / work if work and fleet.workers else None
     return Estimate(
         objects=round(mix.objects),
         bytes=round(mix.bytes),
@@ -307,11 +359,15 @@ def time_note(fleet: Fleet, shape: Shape, frames: float = 0.0) -> str:
             "model with videos to measure them by)"
         )
     more = ""
-    if shape.slots > 1.5 * rate.slots_measured:
+    if shape.stretch > 1.0:
+        at_once = shape.slots / fleet.workers
         more = (
-            f" The measured jobs ran about {rate.slots_measured:.0f} chunks at once and this "
-            f"one would run {shape.slots}: each is taken to keep its pace, which is too fast "
-            "where the workers' cores, not their waits, are the limit."
+            f" Extrapolated: the busiest measured job kept about {rate.slots_measured:.1f} "
+            f"chunks' work going at once and this one would run {at_once:.3g} a worker; a "
+            "worker's throughput is taken as saturated beyond "
+            f"{saturation(rate, fleet.prep_processes):.3g} at once, so each chunk's pace falls "
+            f"{shape.stretch:.2g}×, too slow where chunks wait on I/O rather than on the "
+            "worker's cores."
         )
     return (
         f"Time: {per}, measured over the model's last {rate.jobs} completed "

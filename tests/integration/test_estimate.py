@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 
 from devstack.images import photo
 from devstack.jobs import wait_closed
-from kiln.app.db.models import Job
+from kiln.app.db.models import Job, WorkerFacts
 from tests import videos
 from tests.stack import SOURCE_BUCKET, run_kiln
 
@@ -93,6 +93,9 @@ def test_an_estimate_of_images_is_within_30_percent_of_the_run(
     job, took = run(client, body)
     assert job["counts"]["total"] == IMAGES
     assert within(found["seconds"], took), f"estimated {found}, ran {took:.1f} s"
+    with sessions() as session:  # what the estimate takes a worker to run at once
+        capacity = [row.facts["capacity"] for row in session.scalars(select(WorkerFacts))]
+    assert capacity and all(c["cores"] >= 1 and c["prep_processes"] >= 0 for c in capacity)
 
 
 def test_an_estimate_of_images_and_videos_counts_frames_and_time(

@@ -143,3 +143,9 @@ def test_memory_is_published_per_process_and_per_model() -> None:
     assert facts["models"]["ocr"]["slot_bytes"] == 0  # rows as objects: no slots
     assert "memory_bytes" not in facts["models"]["mine:3"]  # not known: absent, never 0
     assert worker_facts(View(), None)["memory"] == {}  # RSS unread (not Linux): absent
+
+
+def test_capacity_is_published_when_given() -> None:
+    facts = worker_facts(View(), None, {"cores": 8, "prep_processes": 8})
+    assert facts["capacity"] == {"cores": 8, "prep_processes": 8}  # the estimate reads it
+    assert "capacity" not in worker_facts(View(), None)  # not known: absent

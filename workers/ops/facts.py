@@ -2,9 +2,10 @@
 
 Every `PUBLISH_EVERY_S` a worker upserts one row (`app/db/worker_facts.py`): its device, each
 loaded model's backend, owner, memory and batching totals, its health problems, its own and its
-prep processes' resident memory, and its GPU's latest NVML sample. The API reads the rows seen
-recently (`app/api/fleet.py`); no port to open, no server to add. A GPU figure NVML does not answer
-is absent from the sample, never zero.
+prep processes' resident memory, its capacity (usable cores and prep processes: what the
+estimate before running takes a worker to run at once), and its GPU's latest NVML sample. The
+API reads the rows seen recently (`app/api/fleet.py`); no port to open, no server to add. A GPU
+figure NVML does not answer is absent from the sample, never zero.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kiln.workers.batching import BatchStats
 from kiln.workers.ops.device import Gpu, GpuTelemetry
 from kiln.workers.ops.health import EngineHealth
 from kiln.workers.ops.metrics import WorkerView
+from kiln.workers.prep.pool import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +89,12 @@ def gpu_sample(telemetry: GpuTelemetry, gpu: Gpu) -> dict[str, Any]:
     return sample
 
 
-def worker_facts(view: FactsView, telemetry: GpuTelemetry | None) -> dict[str, Any]:
-    """The JSON a worker publishes: models, problems, memory and (on a GPU host) its device's
-    sample. Memory figures the worker could not read are absent, never zero.
+def worker_facts(
+    view: FactsView, telemetry: GpuTelemetry | None, capacity: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The JSON a worker publishes: models, problems, memory, its capacity when given and (on
+    a GPU host) its device's sample. Memory figures the worker could not read are absent,
+    never zero.
 
     A worker pinned to one GPU sees only that device; the first visible one runs its engines."""
     health = view.engine_health()
@@ -99,6 +104,8 @@ def worker_facts(view: FactsView, telemetry: GpuTelemetry | None) -> dict[str, A
         "problems": health.problems,
         "memory": {name: size for name, size in memory.items() if size is not None},
     }
+    if capacity is not None:
+        facts["capacity"] = dict(capacity)
     if telemetry is not None and telemetry.gpus:
         facts["gpu"] = gpu_sample(telemetry, telemetry.gpus[0])
     return facts
@@ -118,6 +125,7 @@ class FactsPublisher:
         view: FactsView,
         telemetry: GpuTelemetry | None = None,
         interval_s: float = PUBLISH_EVERY_S,
+        capacity: Mapping[str, int] | None = None,
     ) -> None:
         self.engine = engine  # its own: disposed on stop
         self.sessions = make_session_factory(engine)
@@ -125,6 +133,7 @@ class FactsPublisher:
         self.view = view
         self.telemetry = telemetry
         self.interval_s = interval_s
+        self.capacity = capacity
         self.host = socket.gethostname()
         gpus = telemetry.gpus if telemetry is not None else []
         self.device = gpus[0].name if gpus else "cpu"
@@ -146,7 +155,7 @@ class FactsPublisher:
 
     def publish(self) -> bool:
         """Write the facts now; returns whether the write went through."""
-        facts = worker_facts(self.view, self.telemetry)
+        facts = worker_facts(self.view, self.telemetry, self.capacity)
         return self._write(
             lambda session: rows.publish(
                 session, self.worker, self.host, self.device, facts, self.started_at
@@ -179,4 +188,6 @@ def start_publishing(settings: Settings, worker: str, view: FactsView) -> FactsP
     """A publisher for `kiln worker`, on a one-connection pool of its own (a tick is one short
     upsert; it should never wait behind the task threads for a connection)."""
     engine = make_engine(settings.database_url, pool_size=1, max_overflow=0)
-    return FactsPublisher(engine, worker, view, GpuTelemetry()).start()
+    cores = usable_cores()
+    capacity = {"cores": cores, "prep_processes": settings.prep_count(cores)}
+    return FactsPublisher(engine, worker, view, GpuTelemetry(), capacity=capacity).start()

@@ -177,9 +177,11 @@ def test_a_chunk_s_pace_times_a_job_in_rounds_of_the_slots_it_takes() -> None:
     assert rate.slots_measured == pytest.approx(1.0)
     assert rate.overhead_s == pytest.approx(1.5)  # before the first lease, after the last write
     assert rate.warm_s == pytest.approx(3.0, abs=0.1)
-    # 125 chunks of 8 on 2 workers of 4 threads: 16 rounds of 8 chunks, 0.08 s each
-    shape = estimate.Shape.of(1000, 0, 0, estimate.Fleet(2, rate, threads=4, chunk_size=8))
-    assert (shape.chunks, shape.slots) == (125, 8)
+    # 125 chunks of 8 on 2 workers of 4 threads and 4 prep processes (4 chunks at once a
+    # worker, one a process: no saturation): 16 rounds of 8 chunks, 0.08 s each
+    fleet = estimate.Fleet(2, rate, threads=4, chunk_size=8, prep_processes=4)
+    shape = estimate.Shape.of(1000, 0, 0, fleet, prep_processes=4)
+    assert (shape.chunks, shape.slots, shape.stretch) == (125, 8, 1.0)
     assert estimate.run_time(1000, 0, rate, shape, loaded=True) == pytest.approx(2.8)
     assert estimate.run_time(1000, 0, rate, shape, loaded=False) == pytest.approx(5.8, abs=0.1)
     # two chunks of 512 run at once whatever the workers: 5 s each
@@ -187,8 +189,48 @@ def test_a_chunk_s_pace_times_a_job_in_rounds_of_the_slots_it_takes() -> None:
     assert estimate.run_time(1000, 0, rate, big, loaded=True) == pytest.approx(6.5)
     none = estimate.Shape.of(1000, 0, 0, estimate.Fleet(0, rate, threads=4, chunk_size=8))
     assert estimate.run_time(1000, 0, rate, none, loaded=True) is None  # no worker: no time
-    note = estimate.time_note(estimate.Fleet(2, rate, loaded=True), shape)
-    assert "8 at once" in note and "keep its pace" in note  # 8 where 1 was measured: said
+    note = estimate.time_note(estimate.Fleet(2, rate, loaded=True, prep_processes=4), shape)
+    assert "8 at once" in note and "Extrapolated" not in note
+
+
+def _parallel(at_once: int, chunks: int, per_s: float, chunk: int) -> Run:
+    """A job whose chunks run `at_once` at a time, each at `per_s` items a second."""
+    start = T0.timestamp() + 1.0
+    took = chunk / per_s
+    spans = [
+        Span(start + (n // at_once) * took, start + (n // at_once + 1) * took, chunk)
+        for n in range(chunks)
+    ]
+    finished = T0 + timedelta(seconds=max(s.end for s in spans) - T0.timestamp() + 0.5)
+    return Run("p", spans, [], T0, finished)
+
+
+def test_a_worker_past_what_was_measured_keeps_the_throughput_it_reached() -> None:
+    # 2 chunks at once at 100 items/s each: the worker did 200 items/s
+    rate = estimate.fleet_rate([_parallel(2, 8, per_s=100.0, chunk=100)])
+    assert rate.slots_measured == pytest.approx(2.0)
+    assert rate.image_s == pytest.approx(1 / 100)
+    assert estimate.saturation(rate, prep_processes=1) == pytest.approx(2.0)
+    # 10 chunks of 100 at once on one worker: 5× the measured, each at a fifth of the pace,
+    # so the 1,000 items take what 200 items/s takes (5 s), not 1 s
+    one = estimate.Fleet(1, rate, threads=16, chunk_size=100, prep_processes=1)
+    shape = estimate.Shape.of(1000, 0, 0, one, prep_processes=1)
+    assert shape.slots == 10 and shape.stretch == pytest.approx(5.0)
+    fixed = rate.overhead_s
+    assert estimate.run_time(1000, 0, rate, shape, loaded=True) == pytest.approx(
+        fixed + 5.0, abs=0.1
+    )
+    note = estimate.time_note(one, shape)
+    assert "Extrapolated" in note and "saturated beyond 2" in note
+    # on 5 workers the same 10 chunks are 2 a worker: the measured pace, 1 s
+    five = estimate.Shape.of(1000, 0, 0, estimate.Fleet(5, rate, threads=16, chunk_size=100))
+    assert five.stretch == 1.0
+    assert estimate.run_time(1000, 0, rate, five, loaded=True) == pytest.approx(
+        fixed + 1.0, abs=0.1
+    )
+    # a worker of 8 prep processes runs 8 chunks at once at the pace (one a core): 10 → 1.25×
+    wide = estimate.Shape.of(1000, 0, 0, one, prep_processes=8)
+    assert wide.stretch == pytest.approx(1.25)
 
 
 def test_a_frame_costs_what_runs_with_frames_took_beyond_their_images() -> None:
@@ -242,3 +284,23 @@ def test_a_tally_counts_frames_and_objects_named_neither(tmp_path: Path) -> None
     assert (mix.objects, mix.videos) == (4, 2)
     assert mix.frames == pytest.approx(24)  # 12 from a.mp4's header; cam's bytes at its rate
     assert mix.items == 2 + 24
+
+
+def test_a_worker_s_prep_processes_are_read_from_its_published_capacity() -> None:
+    assert estimate.published_prep({"capacity": {"cores": 8, "prep_processes": 6}}) == 6
+    assert estimate.published_prep({"capacity": {"prep_processes": 0}}) == 0  # inline prep
+    assert estimate.published_prep({"models": {}}) is None  # an older worker's facts
+    assert estimate.published_prep(None) is None
+    assert estimate.published_prep({"capacity": {"prep_processes": "auto"}}) is None
+
+
+def test_the_busiest_a_run_kept_up_is_its_whole_work_not_its_tail() -> None:
+    # 4 chunks of 100 at once at 100 items/s each (1 s), then one straggler alone for 2 s:
+    # the tail (its steady window) runs 1 chunk at once; the run did 600 items in 2 s, 3 slots'
+    # work at 100 items/s a slot
+    start = T0.timestamp() + 1.0
+    spans = [Span(start, start + 1.0, 100) for _ in range(4)] + [Span(start, start + 2.0, 200)]
+    finished = T0 + timedelta(seconds=3.5)
+    rate = estimate.fleet_rate([Run("r", spans, [], T0, finished)])
+    assert rate.image_s == pytest.approx(1 / 100)
+    assert rate.slots_measured == pytest.approx(3.0)

@@ -57,7 +57,11 @@ class Courier:
         self._thread: threading.Thread | None = None
 
     def wake(self) -> None:
-        """Look for due deliveries now (starting the courier's thread on first use)."""
+        """Look for due deliveries now (starting the courier's thread on first use). A worker
+        without the signing secret claims none: a delivery it took could only fail and wait
+        out a backoff, so it is left to the workers that can sign it."""
+        if self.settings.webhook_secret is None:
+            return
         with self._lock:
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(

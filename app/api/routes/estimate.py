@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 @router.post(
     "/estimate",
     response_model=EstimateOut,
-    responses=error_responses(401, 403, 422, 503),
+    responses=error_responses(400, 401, 403, 422, 503),
 )
 def estimate_job(body: JobCreate, context: ContextDep, tenant: TenantDep, s3: S3Dep) -> EstimateOut:
     """A bulk job's body (`model`, `source`, `options`, `video_fps`) → its objects, bytes,

@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
     "/{job_id}/retry",
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
-    responses=error_responses(401, 403, 404, 409, 422, 429, 503),
+    responses=error_responses(400, 401, 403, 404, 409, 422, 429, 503),
 )
 async def retry_job(
     request: Request,

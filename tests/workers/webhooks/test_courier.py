@@ -132,3 +132,18 @@ def test_a_slow_receiver_holds_one_sender_only(
         courier.stop()
     assert others_done < 1.5  # five delivered while the slow one was still waiting
     assert _statuses(sessions, ids) == [("delivered", 1)] * 6
+
+
+def test_a_worker_that_cannot_sign_claims_no_delivery(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    ids = _ended_jobs(sessions, 2)
+    receiver = Receiver([])
+    courier = Courier(sessions, settings.model_copy(update={"webhook_secret": None}), send=receiver)
+    try:
+        courier.wake()
+        time.sleep(0.3)  # a few sweeps' worth: it must not have started claiming
+    finally:
+        courier.stop()
+    assert receiver.got == []
+    assert _statuses(sessions, ids) == [("pending", 0), ("pending", 0)]

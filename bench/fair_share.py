@@ -2,14 +2,15 @@
 seconds after another tenant's large ones.
 
     python -m bench.fair_share [--a-jobs 4 --a-items 1000 --b-items 400 --delay 3]
+    python -m bench.fair_share --model detector      # the issue's own case
 
 Real stack (bench/stack.py: Postgres, Redis, moto S3, `kiln api`, `kiln worker`), the cheap
-`phash` model, the content cache off (every run computes). Per mode (`--modes off,on`: a
-deployment with `KILN_FAIR_SHARE` false — one FIFO, as before the fair share — then true),
-three runs over the same objects: B's job alone, A's jobs alone, then A's jobs with B's
-submitted `--delay` seconds later. It prints B's time with A over B's time alone (the target:
-within 3×) and A's total time with B against A's alone (it should grow by no more than B's
-share: about B's time alone).
+`phash` model by default (`--model`), the content cache off (every run computes). Per mode
+(`--modes off,on`: a deployment with `KILN_FAIR_SHARE` false — one FIFO, as before the fair
+share — then true), three runs over the same objects: B's job alone, A's jobs alone, then A's
+jobs with B's submitted `--delay` seconds later. It prints B's time with A over B's time alone
+(the target: within 3×) and A's total time with B against A's alone (it should grow by no more
+than B's share: about B's time alone).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def put_objects(stack: Stack, prefix: str, count: int, seed: int, size: tuple[in
         list(pool.map(put, range(count)))
 
 
-def submit(client: httpx.Client, prefix: str) -> str:
-    body = {"model": "phash", "source": {"s3": f"s3://{SOURCE_BUCKET}/{prefix}"}}
+def submit(client: httpx.Client, prefix: str, model: str) -> str:
+    body = {"model": model, "source": {"s3": f"s3://{SOURCE_BUCKET}/{prefix}"}}
     response = client.post("/v1/jobs", json=body)
     if response.status_code != 202:
         raise RuntimeError(f"submit failed: {response.status_code} {response.text}")
@@ -106,6 +107,7 @@ class Shape:
     b_items: int
     delay_s: float
     size: tuple[int, int]
+    model: str = "phash"
 
 
 def put_all(stack: Stack, shape: Shape) -> tuple[list[str], str]:
@@ -135,13 +137,15 @@ def measure(
     a, b = clients["tenant-a"], clients["tenant-b"]
     try:
         if alone_only:
-            return Figures(1.0, round(wait_all(a, [submit(a, p) for p in a_prefixes]), 2), 0, 0)
-        b_alone = wait_all(b, [submit(b, b_prefix)])
-        a_alone = wait_all(a, [submit(a, p) for p in a_prefixes])
+            return Figures(
+                1.0, round(wait_all(a, [submit(a, p, shape.model) for p in a_prefixes]), 2), 0, 0
+            )
+        b_alone = wait_all(b, [submit(b, b_prefix, shape.model)])
+        a_alone = wait_all(a, [submit(a, p, shape.model) for p in a_prefixes])
         start = time.monotonic()
-        a_jobs = [submit(a, p) for p in a_prefixes]
+        a_jobs = [submit(a, p, shape.model) for p in a_prefixes]
         time.sleep(shape.delay_s)
-        b_job = submit(b, b_prefix)
+        b_job = submit(b, b_prefix, shape.model)
         with ThreadPoolExecutor(1) as pool:
             a_done = pool.submit(wait_all, a, a_jobs)
             b_with_a = wait_all(b, [b_job])
@@ -179,6 +183,7 @@ def main(
     chunk: Annotated[int, typer.Option(help="KILN_BULK_CHUNK_SIZE.")] = 32,
     concurrency: Annotated[int, typer.Option(help="KILN_WORKER_CONCURRENCY.")] = 4,
     side: Annotated[int, typer.Option(help="Pictures' width (height ¾ of it).")] = 320,
+    model: Annotated[str, typer.Option(help="The model every job runs.")] = "phash",
     modes: Annotated[
         str, typer.Option(help="KILN_FAIR_SHARE per deployment, in order (off = one FIFO).")
     ] = "off,on",
@@ -196,7 +201,7 @@ def main(
         "KILN_WORKER_CONCURRENCY": str(concurrency),
         "KILN_CONTENT_CACHE": "false",
     }
-    shape = Shape(a_jobs, a_items, b_items, delay, (side, side * 3 // 4))
+    shape = Shape(a_jobs, a_items, b_items, delay, (side, side * 3 // 4), model)
     report: dict[str, Any] = {"shape": asdict(shape), "runs": []}
     # The main stack holds the source objects (its moto); each mode is a deployment of its own
     # beside it (its database, Redis index, store and worker), so both read the same objects

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,9 +88,12 @@ def fetch_onnx(info: ModelInfo, settings: Settings, store: ObjectStore) -> Path:
     if sha256_hex(data) != info.sha256:
         raise RuntimeError(f"The ONNX file for {info.name!r} in storage does not match its sha256.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    # Its own temporary name: two loads of one model at once (two processes, or a chunk and a
+    # warm-up) each write theirs, and the second atomic replace lands the same bytes. One
+    # shared ".part" name let the first replace take the file from under the second.
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".part", delete=False) as tmp:
+        tmp.write(data)
+    Path(tmp.name).replace(path)
     return path
 
 
